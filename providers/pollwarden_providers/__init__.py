@@ -1,0 +1,42 @@
+"""Provider tables for pollwarden: the model, the loader and the shipped tables.
+
+This package never imports ``pollwarden`` (the server depends on it, not the
+reverse), so tables can be loaded and checked without the server.
+"""
+
+from .loader import TableError, load_table, load_tables, shipped_tables_dir
+from .table import (
+    CATEGORIES,
+    AuthSpec,
+    CancelSpec,
+    Category,
+    FleetSpec,
+    LimitsSpec,
+    NotFoundSpec,
+    ProviderTable,
+    ResponseSpec,
+    ScheduleSpec,
+    StatesSpec,
+    SubmitSpec,
+    SuccessSpec,
+)
+
+__all__ = [
+    "CATEGORIES",
+    "AuthSpec",
+    "CancelSpec",
+    "Category",
+    "FleetSpec",
+    "LimitsSpec",
+    "NotFoundSpec",
+    "ProviderTable",
+    "ResponseSpec",
+    "ScheduleSpec",
+    "StatesSpec",
+    "SubmitSpec",
+    "SuccessSpec",
+    "TableError",
+    "load_table",
+    "load_tables",
+    "shipped_tables_dir",
+]

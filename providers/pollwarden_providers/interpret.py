@@ -1,0 +1,271 @@
+"""Pure interpretation of provider answers: hints, body fields and the state table.
+
+Nothing here does I/O or reads a clock: the caller passes `now` (epoch seconds),
+so every rule can be tested as a plain function.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Literal, cast
+
+from pollwarden_providers.table import Category, ProviderTable
+
+# An HTTP-date further in the past than this is not "retry now", it is garbage.
+FAR_PAST_SECONDS = 86_400.0
+# Provider text handed to the agent is cut to this many characters.
+MAX_PROVIDER_TEXT = 500
+# Nesting deeper than this is refused before anything reads the body.
+MAX_JSON_DEPTH = 32
+
+_DELTA_SECONDS = re.compile(r"^[0-9]+$")
+
+HintSource = Literal["retry_after", "poll_after", "next_check_at"]
+
+
+@dataclass(frozen=True)
+class RejectedHint:
+    """A provider hint that failed validation; recorded, then ignored."""
+
+    source: HintSource
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HintCheck:
+    """The outcome of validating one hint: a wait in seconds, or a rejection."""
+
+    seconds: float | None = None
+    rejected: RejectedHint | None = None
+
+
+def truncate_text(value: object, limit: int = MAX_PROVIDER_TEXT) -> str:
+    """Provider text cut to `limit` characters, control characters removed."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = "".join(ch if ch.isprintable() or ch in " \t" else " " for ch in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _shown(value: object) -> str:
+    return truncate_text(value, 80)
+
+
+def parse_retry_after(raw: str | None, *, now: float, max_seconds: float) -> HintCheck:
+    """Validate a `Retry-After` value (RFC 9110 §10.2.3): delta-seconds or an HTTP-date.
+
+    A date in the recent past means "no wait"; one more than a day old, a
+    negative or unparseable value, or a wait longer than `max_seconds` is rejected.
+    """
+    if raw is None:
+        return HintCheck()
+    value = raw.strip()
+    if _DELTA_SECONDS.match(value):
+        seconds = float(int(value))
+    else:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            when = None
+        if when is None:
+            reason = "negative" if value.startswith("-") else "not delta-seconds or an HTTP-date"
+            return HintCheck(rejected=RejectedHint("retry_after", _shown(raw), reason))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp() - now
+        if seconds < -FAR_PAST_SECONDS:
+            return HintCheck(rejected=RejectedHint("retry_after", _shown(raw), "more than a day in the past"))
+        seconds = max(0.0, seconds)
+    if seconds > max_seconds:
+        return HintCheck(
+            rejected=RejectedHint("retry_after", _shown(raw), f"longer than the {max_seconds:g} s maximum")
+        )
+    return HintCheck(seconds=seconds)
+
+
+def parse_poll_after(value: object, *, max_seconds: float) -> HintCheck:
+    """Validate a body hint such as `poll_after_seconds`: a finite number in [0, max]."""
+    if value is None:
+        return HintCheck()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return HintCheck(rejected=RejectedHint("poll_after", _shown(value), "not a number"))
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        return HintCheck(rejected=RejectedHint("poll_after", _shown(value), "not a finite number"))
+    if seconds < 0:
+        return HintCheck(rejected=RejectedHint("poll_after", _shown(value), "negative"))
+    if seconds > max_seconds:
+        return HintCheck(
+            rejected=RejectedHint("poll_after", _shown(value), f"longer than the {max_seconds:g} s maximum")
+        )
+    return HintCheck(seconds=seconds)
+
+
+def parse_timestamp(value: object) -> datetime | None:
+    """An RFC 3339 timestamp with an offset, or None when it is not one."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return when
+
+
+def parse_next_check_at(value: object, *, now: float, max_seconds: float) -> HintCheck:
+    """Validate a body hint such as `next_check_at` (RFC 3339) into a wait from `now`."""
+    if value is None:
+        return HintCheck()
+    when = parse_timestamp(value)
+    if when is None:
+        return HintCheck(rejected=RejectedHint("next_check_at", _shown(value), "not an RFC 3339 timestamp"))
+    seconds = when.timestamp() - now
+    if seconds < -FAR_PAST_SECONDS:
+        return HintCheck(rejected=RejectedHint("next_check_at", _shown(value), "more than a day in the past"))
+    if seconds > max_seconds:
+        return HintCheck(
+            rejected=RejectedHint("next_check_at", _shown(value), f"later than the {max_seconds:g} s maximum")
+        )
+    return HintCheck(seconds=max(0.0, seconds))
+
+
+def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when JSON nesting in `body` goes deeper than `limit` (strings are skipped)."""
+    depth = 0
+    in_string = False
+    escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+class BodyError(ValueError):
+    """The body is not a JSON object we can read."""
+
+
+def parse_json_object(body: bytes) -> dict[str, object]:
+    """Parse a JSON object body; raise `BodyError` naming what is wrong."""
+    if json_depth_exceeds(body):
+        raise BodyError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except UnicodeDecodeError as exc:
+        raise BodyError("body is not UTF-8") from exc
+    except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+        raise BodyError(f"body is not valid JSON ({truncate_text(str(exc), 120)})") from exc
+    if not isinstance(value, dict):
+        raise BodyError("body is JSON but not an object")
+    return cast(dict[str, object], value)
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def get_field(body: Mapping[str, object], dotted: str) -> object:
+    """The value at a dotted path in a JSON object, or None when any step is missing."""
+    *parents, leaf = dotted.split(".")
+    current: Mapping[str, object] = body
+    for part in parents:
+        value = current.get(part)
+        if not isinstance(value, dict):
+            return None
+        current = cast(dict[str, object], value)  # JSON objects decode with str keys
+    return current.get(leaf)
+
+
+def _present(value: object) -> bool:
+    return value is not None and value != "" and value != [] and value != {}
+
+
+@dataclass(frozen=True)
+class StatusBody:
+    """What a 2xx status body says, read through the provider's table."""
+
+    state: str | None
+    category: Category
+    error: str | None = None
+    expires_at: float | None = None
+    expires_at_rejected: str | None = None
+    result: dict[str, object] = field(default_factory=dict[str, object])
+    missing_fields: tuple[str, ...] = ()
+    poll_hint: HintCheck = HintCheck()
+
+
+def read_status_body(
+    table: ProviderTable, body: Mapping[str, object], *, now: float, max_hint_seconds: float
+) -> StatusBody:
+    """Read state, category, error, expiry, required result fields and poll hints from a body."""
+    spec = table.response
+    raw_state = get_field(body, spec.state_field)
+    category = table.category_of(raw_state)
+    state = raw_state if isinstance(raw_state, str) else (None if raw_state is None else _shown(raw_state))
+
+    error: str | None = None
+    if spec.error_field is not None:
+        raw_error = get_field(body, spec.error_field)
+        if raw_error is not None:
+            error = truncate_text(raw_error)
+
+    expires_at: float | None = None
+    expires_rejected: str | None = None
+    if spec.expires_at_field is not None:
+        raw_expiry = get_field(body, spec.expires_at_field)
+        if raw_expiry is not None:
+            parsed = parse_timestamp(raw_expiry)
+            if parsed is None:
+                expires_rejected = (
+                    f"{spec.expires_at_field}={_shown(raw_expiry)} is not an RFC 3339 timestamp"
+                )
+            else:
+                expires_at = parsed.timestamp()
+
+    result: dict[str, object] = {}
+    missing: list[str] = []
+    if category == "succeeded":
+        for name in table.success.required_fields:
+            value = get_field(body, name)
+            if _present(value) and isinstance(value, str | int | float | bool):
+                result[name] = truncate_text(value, 2000) if isinstance(value, str) else value
+            else:
+                missing.append(name)
+
+    poll_hint = HintCheck()
+    if spec.poll_after_field is not None:
+        poll_hint = parse_poll_after(get_field(body, spec.poll_after_field), max_seconds=max_hint_seconds)
+    if poll_hint.seconds is None and poll_hint.rejected is None and spec.next_check_at_field is not None:
+        poll_hint = parse_next_check_at(
+            get_field(body, spec.next_check_at_field), now=now, max_seconds=max_hint_seconds
+        )
+    return StatusBody(
+        state=state,
+        category=category,
+        error=error,
+        expires_at=expires_at,
+        expires_at_rejected=expires_rejected,
+        result=result,
+        missing_fields=tuple(missing),
+        poll_hint=poll_hint,
+    )

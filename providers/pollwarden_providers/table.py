@@ -1,0 +1,586 @@
+"""The provider table: one provider's documented HTTP contract, as data.
+
+A table says where requests go (one origin), which provider states mean what,
+which result fields a success must carry, how 404s are to be read, how fast to
+poll and what the budgets are (DESIGN §3). Everything here is validated when
+the table is loaded, so a wrong table is refused at start-up with a message
+naming the key and the fix, rather than misbehaving mid-operation.
+
+All models are frozen: a loaded table is shared by every operation and must not
+change under them. Numbers are strict (no ``"5"`` for 5, no ``true`` for 1) and
+must be finite, because TOML accepts ``inf`` and ``nan`` and neither is a
+sensible delay or budget.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Literal, Self
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+__all__ = [
+    "CATEGORIES",
+    "AuthSpec",
+    "CancelSpec",
+    "Category",
+    "FleetSpec",
+    "LimitsSpec",
+    "NotFoundSpec",
+    "ProviderTable",
+    "ResponseSpec",
+    "ScheduleSpec",
+    "StatesSpec",
+    "SubmitSpec",
+    "SuccessSpec",
+]
+
+Category = Literal["pending", "succeeded", "failed", "cancelled", "expired", "unknown"]
+"""The category of a provider state; ``unknown`` is anything the table does not list."""
+
+CATEGORIES: tuple[Category, ...] = ("pending", "succeeded", "failed", "cancelled", "expired")
+"""The categories a table can list states under, in table order (``unknown`` is never listed)."""
+
+# hide_input_in_errors: a mistaken table may hold a secret (a token pasted into
+# auth.env, a password in base_url); a logged ValidationError must not show it.
+_MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
+
+# Annotated field types. ``strict=False`` on the tuples only lets a TOML array
+# (a Python list) become a tuple; the items themselves stay strict strings.
+_PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+_NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_PositiveInt = Annotated[int, Field(gt=0)]
+_StateList = Annotated[tuple[StrictStr, ...], Field(strict=False)]
+_FieldList = Annotated[tuple[StrictStr, ...], Field(strict=False)]
+
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# RFC 9110 token: anything else would be refused by the HTTP client at request
+# time, which is far later and far less clear than refusing the table.
+_HEADER_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_PLACEHOLDER_RE = re.compile(r"\{[^{}]*\}")
+_HOST_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*\.?")
+_USERINFO_RE = re.compile(r"(?<=://)[^/?#]*@")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_JOB_ID = "{job_id}"
+
+
+def _refuse(problem: str, fix: str, key: str | None = None) -> PydanticCustomError:
+    """Build a validation error that carries its own fix (and, from a model-level check, its key).
+
+    The loader reads ``table_problem``/``table_fix``/``table_key`` from the error
+    context to build a precise TableError; the rendered message keeps both parts
+    so the models read well when validated directly, too.
+    """
+    context: dict[str, str] = {"table_problem": problem, "table_fix": fix}
+    if key is not None:
+        context["table_key"] = key
+    # pydantic fills the template from the context by name only, so a literal
+    # "{job_id}" inside a problem survives rendering.
+    return PydanticCustomError("provider_table", "{table_problem} — {table_fix}", context)
+
+
+def _has_control_or_space(value: str) -> bool:
+    return any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
+
+
+def _check_header_name(value: str | None) -> str | None:
+    if value is not None and not _HEADER_RE.fullmatch(value):
+        raise _refuse(
+            f"{value!r} is not a valid HTTP header name",
+            'use letters, digits and "-" only, e.g. "X-Request-Id"',
+        )
+    return value
+
+
+def _check_dotted_path(value: str | None) -> str | None:
+    # Dotted paths are split on "." by the interpreter; an empty segment would
+    # silently look up a key named "" instead of failing here.
+    if value is not None and (value == "" or any(part == "" for part in value.split("."))):
+        raise _refuse(
+            f"{value!r} is not a dotted path into the JSON body",
+            'write field names joined by ".", e.g. "result.url"',
+        )
+    return value
+
+
+def _check_path(value: str, *, job_id: bool) -> str:
+    """Check a request path relative to ``base_url``.
+
+    The path is appended to the one origin, so anything that could make it name
+    another host (a leading "//", a backslash, a scheme) is refused.
+    """
+    example = '"/v1/jobs/{job_id}"' if job_id else '"/v1/jobs"'
+    if not value.startswith("/"):
+        raise _refuse(
+            f"{value!r} does not start with '/'", f"write the path relative to base_url, e.g. {example}"
+        )
+    if value.startswith("//") or "\\" in value:
+        raise _refuse(
+            f"{value!r} could be read as another host",
+            f"write a plain path on base_url's host, e.g. {example}",
+        )
+    if _has_control_or_space(value) or "#" in value:
+        raise _refuse(
+            f"{value!r} contains spaces, control characters or a '#' fragment",
+            f"percent-encode them or remove them, e.g. {example}",
+        )
+    placeholders = _PLACEHOLDER_RE.findall(value)
+    others = sorted({p for p in placeholders if p != _JOB_ID})
+    if others:
+        raise _refuse(
+            f"{value!r} has placeholder(s) {', '.join(others)}; only {_JOB_ID} is filled in",
+            f"remove them or write them literally, e.g. {example}",
+        )
+    if "{" in _PLACEHOLDER_RE.sub("", value) or "}" in _PLACEHOLDER_RE.sub("", value):
+        raise _refuse(f"{value!r} has an unmatched '{{' or '}}'", f"remove it, e.g. {example}")
+    count = placeholders.count(_JOB_ID)
+    if job_id and count != 1:
+        problem = "does not contain {job_id}" if count == 0 else "contains {job_id} more than once"
+        raise _refuse(
+            f"{value!r} {problem}", f"put {_JOB_ID} exactly once where the job id goes, e.g. {example}"
+        )
+    if not job_id and count:
+        raise _refuse(
+            f"{value!r} contains {_JOB_ID}, but no job exists yet at submission",
+            f"remove it, e.g. {example}",
+        )
+    return value
+
+
+class AuthSpec(BaseModel):
+    """How the server authenticates: a secret read from its own environment, sent in one header."""
+
+    model_config = _MODEL_CONFIG
+
+    env: str = Field(description='the name of an environment variable holding the secret, e.g. "ACME_TOKEN"')
+    header: str = Field(default="Authorization", description='an HTTP header name, e.g. "Authorization"')
+    prefix: str = Field(default="", description='text put before the secret, e.g. "Bearer "')
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_a_variable_name(cls, value: str) -> str:
+        if not _ENV_RE.fullmatch(value):
+            # The value is not echoed: people paste the token itself here.
+            raise _refuse(
+                "the value is not an environment variable name",
+                'name the variable that holds the secret, not the secret, e.g. "ACME_TOKEN"',
+            )
+        return value
+
+    @field_validator("header")
+    @classmethod
+    def _header_is_a_token(cls, value: str) -> str:
+        _check_header_name(value)
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_cannot_inject(cls, value: str) -> str:
+        # A CR/LF here would let the table smuggle extra headers into every request.
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+            raise _refuse("the prefix contains control characters", 'use plain text such as "Bearer "')
+        return value
+
+
+class SubmitSpec(BaseModel):
+    """The provider's submit call; without it ``start_operation`` can only track existing jobs."""
+
+    model_config = _MODEL_CONFIG
+
+    path: str = Field(description='a path on base_url starting with "/", e.g. "/v1/jobs"')
+    method: Literal["POST", "PUT"] = Field(default="POST", description='"POST" or "PUT"')
+    idempotency_header: str | None = Field(
+        default=None,
+        description='an HTTP header name, e.g. "Idempotency-Key" (omit it if the provider has none)',
+    )
+    job_id_field: str | None = Field(
+        default=None,
+        description='a dotted path to the job id in the JSON reply, e.g. "id" (omit it to use Location)',
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_relative(cls, value: str) -> str:
+        return _check_path(value, job_id=False)
+
+    @field_validator("idempotency_header")
+    @classmethod
+    def _header_is_a_token(cls, value: str | None) -> str | None:
+        return _check_header_name(value)
+
+    @field_validator("job_id_field")
+    @classmethod
+    def _field_is_dotted(cls, value: str | None) -> str | None:
+        return _check_dotted_path(value)
+
+
+class CancelSpec(BaseModel):
+    """The provider's documented cancel call; without it nobody can cancel through pollwarden."""
+
+    model_config = _MODEL_CONFIG
+
+    path: str = Field(
+        description='a path on base_url containing {job_id} once, e.g. "/v1/jobs/{job_id}/cancel"'
+    )
+    method: Literal["POST", "PUT", "DELETE"] = Field(default="POST", description='"POST", "PUT" or "DELETE"')
+
+    @field_validator("path")
+    @classmethod
+    def _path_names_the_job(cls, value: str) -> str:
+        return _check_path(value, job_id=True)
+
+
+class ResponseSpec(BaseModel):
+    """Where the facts are in a status response (dotted paths into the JSON body, or header names)."""
+
+    model_config = _MODEL_CONFIG
+
+    state_field: str = Field(default="state", description='a dotted path into the JSON body, e.g. "state"')
+    expires_at_field: str | None = Field(default=None, description='a dotted path, e.g. "expires_at"')
+    poll_after_field: str | None = Field(default=None, description='a dotted path, e.g. "poll_after_seconds"')
+    next_check_at_field: str | None = Field(default=None, description='a dotted path, e.g. "next_check_at"')
+    error_field: str | None = Field(default=None, description='a dotted path, e.g. "error"')
+    request_id_header: str | None = Field(
+        default=None, description='an HTTP header name, e.g. "X-Request-Id"'
+    )
+    job_id_field: str | None = Field(default=None, description='a dotted path, e.g. "id"')
+
+    @field_validator(
+        "state_field",
+        "expires_at_field",
+        "poll_after_field",
+        "next_check_at_field",
+        "error_field",
+        "job_id_field",
+    )
+    @classmethod
+    def _fields_are_dotted(cls, value: str | None) -> str | None:
+        return _check_dotted_path(value)
+
+    @field_validator("request_id_header")
+    @classmethod
+    def _header_is_a_token(cls, value: str | None) -> str | None:
+        return _check_header_name(value)
+
+
+class StatesSpec(BaseModel):
+    """The provider's states by category. Matching is exact; any other value is ``unknown`` and stops."""
+
+    model_config = _MODEL_CONFIG
+
+    pending: _StateList = Field(default=(), description='a list of state strings, e.g. ["queued", "running"]')
+    succeeded: _StateList = Field(default=(), description='a list of state strings, e.g. ["succeeded"]')
+    failed: _StateList = Field(default=(), description='a list of state strings, e.g. ["failed"]')
+    cancelled: _StateList = Field(default=(), description='a list of state strings, e.g. ["cancelled"]')
+    expired: _StateList = Field(default=(), description='a list of state strings, e.g. ["expired"]')
+
+    @field_validator("pending", "succeeded", "failed", "cancelled", "expired")
+    @classmethod
+    def _states_are_exact(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for state in value:
+            # States are compared exactly, so " running" would never match what
+            # the provider sends: it is a typo, not a state.
+            if state == "" or state != state.strip():
+                raise _refuse(
+                    f"{state!r} is empty or has surrounding spaces",
+                    "write the state exactly as the provider sends it",
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _each_state_has_one_category(self) -> Self:
+        seen: dict[str, Category] = {}
+        for category in CATEGORIES:
+            for state in self.of(category):
+                first = seen.get(state)
+                if first == category:
+                    raise _refuse(
+                        f"{state!r} is listed twice under {category}",
+                        "list each state once",
+                        key=category,
+                    )
+                if first is not None:
+                    raise _refuse(
+                        f"{state!r} is listed under both {first} and {category}",
+                        "list each state under one category only",
+                        key=first,
+                    )
+                seen[state] = category
+        # Without a pending state every first answer would stop the operation,
+        # and without a succeeded state it could never succeed.
+        for category in ("pending", "succeeded"):
+            if not self.of(category):
+                raise _refuse(
+                    f"no {category} state is listed",
+                    f"list at least one state the provider reports as {category}",
+                    key=category,
+                )
+        return self
+
+    def of(self, category: Category) -> tuple[str, ...]:
+        """Return the states listed under ``category`` (none for ``unknown``)."""
+        match category:
+            case "pending":
+                return self.pending
+            case "succeeded":
+                return self.succeeded
+            case "failed":
+                return self.failed
+            case "cancelled":
+                return self.cancelled
+            case "expired":
+                return self.expired
+            case "unknown":
+                return ()
+
+    def category_of(self, state: object) -> Category:
+        """Return the category of ``state``: an exact, case-sensitive match, else ``unknown``."""
+        if not isinstance(state, str):
+            return "unknown"
+        # A str subclass could override __eq__; compare its plain-str value instead.
+        plain = str.__str__(state)
+        for category in CATEGORIES:
+            if plain in self.of(category):
+                return category
+        return "unknown"
+
+
+class SuccessSpec(BaseModel):
+    """What a success must carry; a success without these fields is a contradiction and stops."""
+
+    model_config = _MODEL_CONFIG
+
+    required_fields: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["result_url"]')
+
+    @field_validator("required_fields")
+    @classmethod
+    def _fields_are_dotted(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for field in value:
+            _check_dotted_path(field)
+        return value
+
+
+class NotFoundSpec(BaseModel):
+    """The provider's documented meaning of a 404 on the status path.
+
+    Within ``grace_seconds`` after start a 404 is eventual consistency (still
+    pending); after ``started_at + retention_seconds`` it means the job expired;
+    any other 404 is an integration failure.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    grace_seconds: _NonNegativeFloat = Field(default=0.0, description="a number of seconds >= 0, e.g. 30")
+    retention_seconds: _PositiveFloat | None = Field(
+        default=None, description="a number of seconds > 0, e.g. 604800 (omit it if undocumented)"
+    )
+
+    @model_validator(mode="after")
+    def _grace_ends_before_retention(self) -> Self:
+        if self.retention_seconds is not None and self.grace_seconds > self.retention_seconds:
+            raise _refuse(
+                "grace_seconds is longer than retention_seconds, so a 404 could mean pending and expired",
+                "make grace_seconds at most retention_seconds",
+                key="grace_seconds",
+            )
+        return self
+
+
+class ScheduleSpec(BaseModel):
+    """Local backoff: ``raw = min(max, base * 2**attempt)``, then jittered (DESIGN §1.6)."""
+
+    model_config = _MODEL_CONFIG
+
+    base_delay_seconds: _PositiveFloat = Field(default=5.0, description="a number of seconds > 0, e.g. 5")
+    max_delay_seconds: _PositiveFloat = Field(default=120.0, description="a number of seconds > 0, e.g. 120")
+
+    @model_validator(mode="after")
+    def _base_within_max(self) -> Self:
+        if self.base_delay_seconds > self.max_delay_seconds:
+            raise _refuse(
+                f"base_delay_seconds ({self.base_delay_seconds:g}) is larger than "
+                f"max_delay_seconds ({self.max_delay_seconds:g})",
+                "make base_delay_seconds at most max_delay_seconds",
+                key="base_delay_seconds",
+            )
+        return self
+
+
+class FleetSpec(BaseModel):
+    """A token bucket shared by every operation of this provider on one database."""
+
+    model_config = _MODEL_CONFIG
+
+    max_requests_per_second: _PositiveFloat = Field(description="a number > 0, e.g. 5")
+    burst: int = Field(default=1, ge=1, description="a whole number >= 1, e.g. 5")
+
+
+class LimitsSpec(BaseModel):
+    """Budget defaults and the caps an operation may never be given more than."""
+
+    model_config = _MODEL_CONFIG
+
+    default_deadline_seconds: _PositiveFloat = Field(default=2400.0, description="a number of seconds > 0")
+    max_deadline_seconds: _PositiveFloat = Field(default=86400.0, description="a number of seconds > 0")
+    default_max_status_requests: _PositiveInt = Field(default=12, description="a whole number > 0")
+    max_status_requests: _PositiveInt = Field(default=200, description="a whole number > 0")
+    max_transport_failures: _PositiveInt = Field(default=3, description="a whole number > 0")
+    max_rate_limited: _PositiveInt = Field(default=3, description="a whole number > 0")
+
+    @model_validator(mode="after")
+    def _defaults_within_caps(self) -> Self:
+        pairs: tuple[tuple[str, float, str, float], ...] = (
+            ("default_deadline_seconds", self.default_deadline_seconds,
+             "max_deadline_seconds", self.max_deadline_seconds),
+            ("default_max_status_requests", self.default_max_status_requests,
+             "max_status_requests", self.max_status_requests),
+        )  # fmt: skip
+        for default_key, default, cap_key, cap in pairs:
+            if default > cap:
+                raise _refuse(
+                    f"{default_key} ({default:g}) is larger than {cap_key} ({cap:g})",
+                    f"make {default_key} at most {cap_key}",
+                    key=default_key,
+                )
+        return self
+
+
+class ProviderTable(BaseModel):
+    """One provider's table (DESIGN §3). ``source`` is the file it was loaded from, not a TOML key."""
+
+    model_config = _MODEL_CONFIG
+
+    name: str = Field(description='lower-case letters, digits, ".", "_" or "-", e.g. "acme-export"')
+    base_url: str = Field(
+        description='an absolute http(s) URL with only scheme, host and port, e.g. "https://api.acme.example"'
+    )
+    status_path: str = Field(description='a path containing {job_id} once, e.g. "/v1/jobs/{job_id}"')
+    auth: AuthSpec | None = Field(
+        default=None, description='an [auth] table with env, e.g. env = "ACME_TOKEN"'
+    )
+    submit: SubmitSpec | None = Field(
+        default=None, description='a [submit] table with path, e.g. path = "/v1/jobs"'
+    )
+    cancel: CancelSpec | None = Field(
+        default=None, description="a [cancel] table with a path containing {job_id}"
+    )
+    response: ResponseSpec = Field(default=ResponseSpec(), description="a [response] table")
+    states: StatesSpec = Field(
+        description='a [states] table, e.g. pending = ["queued"] and succeeded = ["done"]'
+    )
+    success: SuccessSpec = Field(default=SuccessSpec(), description="a [success] table")
+    not_found: NotFoundSpec = Field(default=NotFoundSpec(), description="a [not_found] table")
+    schedule: ScheduleSpec = Field(default=ScheduleSpec(), description="a [schedule] table")
+    fleet: FleetSpec | None = Field(default=None, description="a [fleet] table with max_requests_per_second")
+    limits: LimitsSpec = Field(default=LimitsSpec(), description="a [limits] table")
+    description: str = Field(default="", description="free text for people")
+
+    _source: str = PrivateAttr(default="<memory>")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_slug(cls, value: str) -> str:
+        if not _NAME_RE.fullmatch(value):
+            raise _refuse(
+                f"{value!r} is not a valid provider name",
+                'use lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, '
+                'e.g. "acme-export"',
+            )
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_is_one_origin(cls, value: str) -> str:
+        # base_url is the only place requests may go (DESIGN §6), so it must be
+        # an origin and nothing more: a path would be ambiguous when joined, and
+        # userinfo would be a credential living in the table.
+        example = 'e.g. "https://api.acme.example"'
+        shown = repr(_USERINFO_RE.sub("***@", value))  # never echo a password
+        if _has_control_or_space(value) or "\\" in value:
+            raise _refuse(f"{shown} contains spaces, control characters or '\\'", f"remove them, {example}")
+        parts = urlsplit(value)
+        if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.netloc:
+            raise _refuse(f"{shown} is not an absolute http(s) URL", f"write scheme and host, {example}")
+        if "@" in parts.netloc:
+            raise _refuse(
+                f"{shown} contains a user name or password",
+                f"remove it and put the secret in an environment variable named by [auth], {example}",
+            )
+        if "?" in value or "#" in value:
+            raise _refuse(f"{shown} has a query or fragment", f"remove it, {example}")
+        if parts.path not in ("", "/"):
+            raise _refuse(
+                f"{shown} has a path ({parts.path!r})",
+                "keep only scheme, host and port here and move the path into status_path "
+                "(and submit.path, cancel.path)",
+            )
+        host = parts.hostname or ""
+        if not _valid_host(host):
+            raise _refuse(
+                f"{shown} has no valid host", f"write a DNS name or IP address (IDNs as punycode), {example}"
+            )
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0 or parts.netloc.endswith(":"):
+            raise _refuse(
+                f"{shown} has an invalid port", f"write a port from 1 to 65535 or omit it, {example}"
+            )
+        return value
+
+    @field_validator("status_path")
+    @classmethod
+    def _status_path_names_the_job(cls, value: str) -> str:
+        return _check_path(value, job_id=True)
+
+    @property
+    def source(self) -> str:
+        """The file this table was loaded from (``"<memory>"`` if it was built in code)."""
+        return self._source
+
+    def with_source(self, source: str) -> Self:
+        """Return a copy of this table recording ``source`` as the file it came from."""
+        copy = self.model_copy()
+        copy._source = source
+        return copy
+
+    @property
+    def origin(self) -> str:
+        """The one origin every request goes to: ``scheme://host[:port]``.
+
+        Scheme and host are lower-cased and a default port is omitted, so the
+        origin compares equal to one computed from any spelling of the same URL.
+        """
+        parts = urlsplit(self.base_url)
+        scheme = parts.scheme.lower()
+        host = parts.hostname or ""
+        if ":" in host:  # IPv6 literals keep their brackets in an origin
+            host = f"[{host}]"
+        port = parts.port
+        if port is None or port == _DEFAULT_PORTS[scheme]:
+            return f"{scheme}://{host}"
+        return f"{scheme}://{host}:{port}"
+
+    def category_of(self, state: object) -> Category:
+        """Return the category of a provider state.
+
+        Exact, case-sensitive string match with no stripping; anything else,
+        including non-strings (``None``, numbers, lists), is ``"unknown"``.
+        """
+        return self.states.category_of(state)
+
+
+def _valid_host(host: str) -> bool:
+    """Accept a DNS name or an IP literal (``urlsplit`` has already lower-cased it)."""
+    if not host:
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return _HOST_RE.fullmatch(host) is not None
+    return True

@@ -1,0 +1,705 @@
+"""Tamper-evident audit chain of controller decisions.
+
+Every decision the controller takes (submission, each poll, each refusal, each
+stop, each extension) is one row in the ``audit`` table. Rows form a hash
+chain: row *n* stores the hash of row *n-1* (``prev_hash``) and its own hash
+over ``[seq, operation_id, at, kind, payload, prev_hash]``. When the server has
+``POLLWARDEN_AUDIT_KEY`` in its environment the hash is an HMAC-SHA256 with that
+key (``keyed = 1``), so someone with write access to the database file but
+without the key cannot rewrite the chain consistently.
+
+Writing happens through :func:`append_audit`, inside the caller's write
+transaction. Reading, verifying, anchoring and exporting use plain ``sqlite3``
+on a read-only connection, so they work offline on a copy of the database file.
+
+What the chain can and cannot prove:
+
+* an edited row, a row deleted from the middle, a row replaced with a
+  consistent but unkeyed forgery (when verifying with the key) are caught;
+* a deleted tail, or a chain rewritten consistently by someone who holds the
+  key (or when no key is used), is only caught against an :class:`Anchor`
+  taken earlier and stored somewhere the database writer cannot reach.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import os
+import sqlite3
+import urllib.parse
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO, cast
+
+import aiosqlite
+
+__all__ = [
+    "AUDIT_KEY_ENV",
+    "AUDIT_SCHEMA_SQL",
+    "GENESIS_HASH",
+    "Anchor",
+    "AuditError",
+    "AuditKeyError",
+    "AuditRow",
+    "VerifyResult",
+    "append_audit",
+    "audit_key_from_env",
+    "canonical_json",
+    "export_jsonl",
+    "format_timestamp",
+    "read_anchor",
+    "read_rows",
+    "render_story",
+    "row_hash",
+    "verify_chain",
+    "write_anchor",
+]
+
+AUDIT_SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS audit (
+  seq INTEGER PRIMARY KEY,
+  operation_id TEXT NOT NULL,
+  at TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  payload TEXT NOT NULL,
+  prev_hash TEXT NOT NULL,
+  hash TEXT NOT NULL,
+  keyed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
+"""
+"""DDL of the audit table; executed by the store's migration (``executescript``)."""
+
+AUDIT_KEY_ENV = "POLLWARDEN_AUDIT_KEY"
+"""Environment variable holding the HMAC key (utf-8). Never printed or stored."""
+
+GENESIS_HASH = "0" * 64
+"""``prev_hash`` of the first row (seq 1)."""
+
+_ANCHOR_FORMAT = "pollwarden-audit-anchor/1"
+_HEX = frozenset("0123456789abcdef")
+
+
+class AuditError(Exception):
+    """The audit database cannot be read (missing file, no audit table, bad anchor file)."""
+
+
+class AuditKeyError(AuditError):
+    """A keyed chain would be continued without the key (a silent downgrade)."""
+
+
+# ---------------------------------------------------------------------------
+# hashing
+
+
+def canonical_json(value: object) -> str:
+    """Serialize ``value`` as canonical JSON: sorted keys, no spaces, utf-8 text, no NaN.
+
+    The same value always gives the same string, which is what the chain hashes.
+    Raises ``TypeError`` for values JSON cannot represent (datetimes must be
+    formatted first, e.g. with :func:`format_timestamp`) and ``ValueError`` for
+    NaN or infinities.
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def row_hash(
+    *,
+    prev_hash: str,
+    seq: int,
+    operation_id: str,
+    at: str,
+    kind: str,
+    payload: str,
+    key: bytes | None,
+) -> str:
+    """Hash of one audit row, as lowercase hex.
+
+    SHA-256 over the canonical JSON of ``[seq, operation_id, at, kind, payload,
+    prev_hash]`` (``payload`` is the stored JSON *text*), or HMAC-SHA256 with
+    ``key`` when a key is given.
+    """
+    message = canonical_json([seq, operation_id, at, kind, payload, prev_hash]).encode("utf-8")
+    if key is None:
+        return hashlib.sha256(message).hexdigest()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def audit_key_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:
+    """The audit HMAC key from ``POLLWARDEN_AUDIT_KEY`` (utf-8 bytes), or None if unset or empty."""
+    value = environ.get(AUDIT_KEY_ENV)
+    if not value:
+        return None
+    return value.encode("utf-8")
+
+
+def format_timestamp(moment: datetime) -> str:
+    """RFC 3339 UTC with a ``Z`` and millisecond precision, e.g. ``2025-04-18T10:20:00.000Z``.
+
+    Naive datetimes are refused (``ValueError``): an audit time must be unambiguous.
+    """
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError("audit timestamps must be timezone-aware (use datetime.now(UTC))")
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S") + f".{utc.microsecond // 1000:03d}Z"
+
+
+# ---------------------------------------------------------------------------
+# writing
+
+
+async def append_audit(
+    conn: aiosqlite.Connection,
+    *,
+    operation_id: str,
+    at: datetime,
+    kind: str,
+    payload: Mapping[str, object],
+    key: bytes | None,
+) -> int:
+    """Append one decision to the chain and return its ``seq``.
+
+    Must be called inside a write transaction the caller already opened
+    (``BEGIN IMMEDIATE`` on a connection with ``isolation_level=None``), so that
+    reading the chain head and inserting the new row are atomic across processes
+    sharing the database: the chain never forks. This function does not commit.
+
+    ``payload`` must be JSON-serializable (format datetimes with
+    :func:`format_timestamp`). Raises ``RuntimeError`` when no transaction is
+    open, and :class:`AuditKeyError` when the chain head is keyed but ``key`` is
+    None (continuing it unkeyed would make every later row unverifiable).
+    """
+    if not conn.in_transaction:
+        raise RuntimeError("append_audit must run inside an open write transaction (BEGIN IMMEDIATE)")
+    at_text = format_timestamp(at)
+    payload_text = canonical_json(dict(payload))
+    async with conn.execute("SELECT seq, hash, keyed FROM audit ORDER BY seq DESC LIMIT 1") as cursor:
+        head = await cursor.fetchone()
+    if head is None:
+        seq, prev_hash = 1, GENESIS_HASH
+    else:
+        head_seq, head_hash, head_keyed = int(head[0]), str(head[1]), bool(head[2])
+        if head_keyed and key is None:
+            raise AuditKeyError(
+                f"the audit chain is keyed (head seq {head_seq}); set {AUDIT_KEY_ENV} to append to it"
+            )
+        seq, prev_hash = head_seq + 1, head_hash
+    digest = row_hash(
+        prev_hash=prev_hash,
+        seq=seq,
+        operation_id=operation_id,
+        at=at_text,
+        kind=kind,
+        payload=payload_text,
+        key=key,
+    )
+    await conn.execute(
+        "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (seq, operation_id, at_text, kind, payload_text, prev_hash, digest, 1 if key is not None else 0),
+    )
+    return seq
+
+
+# ---------------------------------------------------------------------------
+# reading (sync, read-only, works on a copy of the file)
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One stored audit row; ``payload_obj`` is ``payload`` parsed (``{}`` if it is not a JSON object)."""
+
+    seq: int
+    operation_id: str
+    at: str
+    kind: str
+    payload: str
+    prev_hash: str
+    hash: str
+    keyed: bool
+    payload_obj: dict[str, object] = field(default_factory=dict[str, object], compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """The chain head at some moment: ``seq`` and ``hash`` of the last row, ``at`` when it was taken."""
+
+    seq: int
+    hash: str
+    at: str
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of :func:`verify_chain`.
+
+    ``first_broken_seq`` is the first seq that fails (for a deleted row: the
+    missing seq); ``problem`` says what is wrong. ``head_seq``/``head_hash``
+    describe the last row read. ``unkeyed_prefix`` counts unkeyed rows accepted
+    before the first keyed row (only with ``allow_unkeyed_prefix``).
+    """
+
+    ok: bool
+    rows_checked: int
+    first_broken_seq: int | None
+    problem: str | None
+    head_seq: int = 0
+    head_hash: str = GENESIS_HASH
+    unkeyed_prefix: int = 0
+
+
+_SELECT_ROWS = "SELECT seq, operation_id, at, kind, payload, prev_hash, hash, keyed FROM audit"
+
+
+def _ro_uri(db_path: Path, *, immutable: bool = False) -> str:
+    quoted = urllib.parse.quote(str(db_path.resolve()), safe="/")
+    return f"file:{quoted}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
+def _connect_ro(db_path: Path, *, immutable: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(_ro_uri(db_path, immutable=immutable), uri=True)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def _open_ro(db_path: Path) -> Generator[sqlite3.Connection]:
+    """Open the database read-only; never creates it, never writes to it."""
+    if not db_path.is_file():
+        raise AuditError(f"audit database not found: {db_path}")
+    try:
+        conn = _connect_ro(db_path, immutable=False)
+    except sqlite3.DatabaseError:
+        # A WAL database on a read-only medium cannot get its -shm file; such a
+        # copy is not being written to, so reading it as immutable is safe.
+        try:
+            conn = _connect_ro(db_path, immutable=True)
+        except sqlite3.DatabaseError as exc:
+            raise AuditError(f"cannot read audit database {db_path}: {exc}") from exc
+    with closing(conn):
+        try:
+            conn.execute("SELECT 1 FROM audit LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise AuditError(f"no readable audit table in {db_path}: {exc}") from exc
+        yield conn
+
+
+def _as_object_dict(value: object) -> dict[str, object] | None:
+    if not isinstance(value, dict):
+        return None
+    items = cast("dict[object, object]", value)
+    return {str(k): v for k, v in items.items()}
+
+
+def _parse_payload(text: str) -> dict[str, object]:
+    try:
+        value: object = json.loads(text)
+    except ValueError:
+        return {}
+    return _as_object_dict(value) or {}
+
+
+def _to_row(raw: tuple[object, ...]) -> AuditRow:
+    payload = str(raw[4])
+    return AuditRow(
+        seq=int(str(raw[0])),
+        operation_id=str(raw[1]),
+        at=str(raw[2]),
+        kind=str(raw[3]),
+        payload=payload,
+        prev_hash=str(raw[5]),
+        hash=str(raw[6]),
+        keyed=bool(raw[7]),
+        payload_obj=_parse_payload(payload),
+    )
+
+
+def _iter_rows(conn: sqlite3.Connection, operation_id: str | None) -> Iterator[AuditRow]:
+    if operation_id is None:
+        cursor = conn.execute(_SELECT_ROWS + " ORDER BY seq")
+    else:
+        cursor = conn.execute(_SELECT_ROWS + " WHERE operation_id = ? ORDER BY seq", (operation_id,))
+    for raw in cursor:
+        yield _to_row(tuple(raw))
+
+
+def read_rows(db_path: Path, operation_id: str | None = None) -> list[AuditRow]:
+    """All audit rows in chain order, or only those of ``operation_id``.
+
+    Opens the file read-only (works on an offline copy). Raises :class:`AuditError`
+    when the file or the audit table is missing.
+    """
+    with _open_ro(Path(db_path)) as conn:
+        return list(_iter_rows(conn, operation_id))
+
+
+def verify_chain(
+    db_path: Path,
+    key: bytes | None,
+    anchor: Anchor | None = None,
+    *,
+    allow_unkeyed_prefix: bool = False,
+) -> VerifyResult:
+    """Check the whole chain and return where it first breaks, if anywhere.
+
+    Checks, row by row in seq order: seqs are contiguous from 1 (a gap names the
+    deleted seq), ``prev_hash`` equals the previous row's hash, and the stored
+    hash matches the recomputed one. With ``key`` every row must be keyed: an
+    unkeyed row cannot be authenticated, so a chain rewritten with plain SHA-256
+    by someone without the key is caught (``allow_unkeyed_prefix`` accepts the
+    unkeyed rows written before the key was first configured, never after it).
+    Without ``key``, a keyed row cannot be checked and verification fails with
+    a request to set ``POLLWARDEN_AUDIT_KEY``. With ``anchor`` the head must have
+    reached the anchored seq and that row must still carry the anchored hash
+    (catches a truncated or rewritten tail). Raises :class:`AuditError` if the
+    database cannot be read.
+    """
+    expected_seq = 1
+    prev_hash = GENESIS_HASH
+    checked = 0
+    unkeyed_prefix = 0
+    seen_keyed = False
+    anchored_hash: str | None = None
+
+    def broken(seq: int, problem: str) -> VerifyResult:
+        return VerifyResult(
+            ok=False,
+            rows_checked=checked,
+            first_broken_seq=seq,
+            problem=problem,
+            head_seq=expected_seq - 1,
+            head_hash=prev_hash,
+            unkeyed_prefix=unkeyed_prefix,
+        )
+
+    with _open_ro(Path(db_path)) as conn:
+        for raw in conn.execute(_SELECT_ROWS + " ORDER BY seq"):
+            seq, operation_id, at, kind, payload, stored_prev, stored_hash, keyed_flag = raw
+            seq = int(seq)
+            if seq != expected_seq:
+                if seq < expected_seq:  # cannot happen with an INTEGER PRIMARY KEY, but be explicit
+                    return broken(seq, f"seq {seq} appears out of order")
+                missing = (
+                    f"row {expected_seq} is missing"
+                    if seq == expected_seq + 1
+                    else f"rows {expected_seq}..{seq - 1} are missing"
+                )
+                return broken(expected_seq, f"seq gap: {missing} (deleted from the chain)")
+            keyed = bool(keyed_flag)
+            if keyed:
+                seen_keyed = True
+                if key is None:
+                    return broken(seq, f"row {seq} is keyed (HMAC); set {AUDIT_KEY_ENV} to verify")
+            elif key is not None:
+                if seen_keyed:
+                    return broken(
+                        seq,
+                        f"row {seq} is not keyed although earlier rows are: "
+                        "rewritten without the key (downgrade to plain SHA-256)",
+                    )
+                if not allow_unkeyed_prefix:
+                    return broken(
+                        seq,
+                        f"row {seq} is not keyed, so the key cannot authenticate it "
+                        "(rewritten without the key, or written before the key was set)",
+                    )
+                unkeyed_prefix += 1
+            if not hmac.compare_digest(str(stored_prev), prev_hash):
+                return broken(seq, f"prev_hash of row {seq} does not match the hash of row {seq - 1}")
+            recomputed = row_hash(
+                prev_hash=str(stored_prev),
+                seq=seq,
+                operation_id=str(operation_id),
+                at=str(at),
+                kind=str(kind),
+                payload=str(payload),
+                key=key if keyed else None,
+            )
+            if not hmac.compare_digest(recomputed, str(stored_hash)):
+                reason = "row edited" + (", or the key differs from the one that wrote it" if keyed else "")
+                return broken(seq, f"hash mismatch at row {seq} ({reason})")
+            checked += 1
+            expected_seq = seq + 1
+            prev_hash = str(stored_hash)
+            if anchor is not None and seq == anchor.seq:
+                anchored_hash = prev_hash
+
+    head_seq = expected_seq - 1
+    if anchor is not None:
+        if anchor.seq > head_seq:
+            return broken(
+                head_seq + 1,
+                f"anchor at seq {anchor.seq} is beyond the head (seq {head_seq}): tail truncated",
+            )
+        if anchor.seq == 0:
+            anchored_hash = GENESIS_HASH
+        if anchored_hash is None or not hmac.compare_digest(anchored_hash, anchor.hash):
+            return broken(anchor.seq, f"row {anchor.seq} hash differs from the anchor: chain rewritten")
+    return VerifyResult(
+        ok=True,
+        rows_checked=checked,
+        first_broken_seq=None,
+        problem=None,
+        head_seq=head_seq,
+        head_hash=prev_hash,
+        unkeyed_prefix=unkeyed_prefix,
+    )
+
+
+def write_anchor(db_path: Path, out: Path) -> Anchor:
+    """Record the current chain head (seq and hash) in a JSON file at ``out`` and return it.
+
+    Keep the file where whoever can write the database cannot (another host, a
+    ticket, a signed commit). An empty chain anchors seq 0 with the genesis hash.
+    The file is written atomically (temporary file, then rename).
+    """
+    with _open_ro(Path(db_path)) as conn:
+        head = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    seq, digest = (0, GENESIS_HASH) if head is None else (int(head[0]), str(head[1]))
+    anchor = Anchor(seq=seq, hash=digest, at=format_timestamp(datetime.now(UTC)))
+    out = Path(out)
+    document = {"format": _ANCHOR_FORMAT, "seq": anchor.seq, "hash": anchor.hash, "at": anchor.at}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    return anchor
+
+
+def read_anchor(path: Path) -> Anchor:
+    """Load an anchor written by :func:`write_anchor`; raises :class:`AuditError` if it is malformed."""
+    try:
+        document: object = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise AuditError(f"cannot read anchor file {path}: {exc}") from exc
+    doc = _as_object_dict(document)
+    if doc is None:
+        raise AuditError(f"anchor file {path} is not a JSON object")
+    seq, digest, at = doc.get("seq"), doc.get("hash"), doc.get("at")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise AuditError(f"anchor file {path}: 'seq' must be a non-negative integer")
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+        raise AuditError(f"anchor file {path}: 'hash' must be 64 lowercase hex characters")
+    if not isinstance(at, str):
+        raise AuditError(f"anchor file {path}: 'at' must be a string")
+    return Anchor(seq=seq, hash=digest, at=at)
+
+
+def export_jsonl(db_path: Path, out: TextIO, operation_id: str | None = None) -> int:
+    """Write one JSON object per audit row (chain order) to ``out``; return the number of rows.
+
+    Each object has every column; ``payload`` is the parsed object and
+    ``payload_text`` the exact stored text the hash covers, so an export can be
+    re-verified without the database.
+    """
+    count = 0
+    with _open_ro(Path(db_path)) as conn:
+        for row in _iter_rows(conn, operation_id):
+            record: dict[str, object] = {
+                "seq": row.seq,
+                "operation_id": row.operation_id,
+                "at": row.at,
+                "kind": row.kind,
+                "payload": row.payload_obj,
+                "payload_text": row.payload,
+                "prev_hash": row.prev_hash,
+                "hash": row.hash,
+                "keyed": row.keyed,
+            }
+            out.write(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+# ---------------------------------------------------------------------------
+# story rendering
+
+_DELAY_SOURCE_WORDS = {
+    "local_backoff": "local backoff",
+    "provider_retry_after": "provider guidance",
+    "provider_poll_hint": "provider hint",
+    "manual_extension": "manual extension",
+    "fleet_pacing": "fleet pacing",
+}
+
+
+def _clean(value: object) -> str:
+    """Text safe for one terminal line: control characters (newlines, ESC) become spaces."""
+    text = value if isinstance(value, str) else str(value)
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def _hms(value: object) -> str:
+    moment = _parse_time(value)
+    if moment is None:
+        return _clean(value) if value is not None else "?"
+    return moment.strftime("%H:%M:%S")
+
+
+def _number(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return str(int(value)) if value.is_integer() else str(round(value, 3))
+    return _clean(value)
+
+
+def _words(value: object) -> str:
+    return _clean(value).replace("_", " ")
+
+
+def _delay_source(value: object) -> str:
+    if isinstance(value, str) and value in _DELAY_SOURCE_WORDS:
+        return _DELAY_SOURCE_WORDS[value]
+    return _words(value)
+
+
+def _next_poll(p: Mapping[str, object]) -> str:
+    next_at = p.get("next_check_at")
+    if next_at is None:
+        return ""
+    text = f", next poll {_hms(next_at)}"
+    source = p.get("delay_source")
+    if source is not None:
+        text += f" from {_delay_source(source)}"
+    return text
+
+
+def _ending(p: Mapping[str, object]) -> str:
+    """Either where waiting goes next, or why it stopped."""
+    status = p.get("status")
+    if status == "waiting" or status is None:
+        return _next_poll(p)
+    reason = p.get("stop_reason")
+    text = f", {_words(reason if reason is not None else status)}"
+    if status == "escalated":
+        text += ", escalated"
+    return text
+
+
+def _rejected_hints(p: Mapping[str, object]) -> str:
+    hints = p.get("rejected_hints")
+    if not isinstance(hints, list):
+        return ""
+    parts: list[str] = []
+    for hint in cast("list[object]", hints):
+        h = _as_object_dict(hint)
+        if h is not None:
+            value = h.get("value")
+            value_text = _number(value) if isinstance(value, int | float) else _clean(value)
+            parts.append(
+                f" (ignored hint: {_clean(h.get('source'))} {value_text}: {_clean(h.get('reason'))})"
+            )
+    return "".join(parts)
+
+
+def _start_line(verb: str, p: Mapping[str, object]) -> str:
+    job = p.get("provider_job_id")
+    text = f"{verb} job {_clean(job) if job is not None else '(no id yet)'}"
+    if p.get("deadline_at") is not None:
+        text += f", deadline {_hms(p.get('deadline_at'))}"
+    if p.get("max_status_requests") is not None:
+        text += f", budget {_number(p.get('max_status_requests'))}"
+    return text
+
+
+def _polled_line(p: Mapping[str, object]) -> str:
+    http_status = p.get("http_status")
+    if http_status is None:
+        note = p.get("note")
+        text = f"no response ({_clean(note)})" if note else "no response"
+    elif isinstance(http_status, int) and 200 <= http_status < 300:
+        text = f"polled, state {_clean(p.get('state'))}"
+    else:
+        text = f"received {_number(http_status)}"
+        if p.get("retry_after_seconds") is not None:
+            text += f", Retry-After {_number(p.get('retry_after_seconds'))}"
+    return text + _ending(p) + _rejected_hints(p)
+
+
+def _plural(count: object, one: str, many: str) -> str:
+    return one if count == 1 else many
+
+
+def _story_line(row: AuditRow) -> str:
+    p = row.payload_obj
+    at = _hms(row.at)
+    kind = row.kind
+    if kind in ("submitted", "tracking"):
+        return f"{at} {_start_line(kind, p)}"
+    if kind == "polled":
+        return f"{at} {_polled_line(p)}"
+    if kind == "stopped":
+        reason = p.get("stop_reason")
+        if reason is None:
+            note = p.get("note")
+            return f"{at} stopped" + (f": {_clean(note)}" if note else "")
+        text = f"{at} {_words(reason)} before polling"
+        return text + (", escalated" if p.get("status") == "escalated" else "")
+    if kind == "not_yet_summary":
+        count = p.get("count", 1)
+        first = _hms(p.get("first_at") if p.get("first_at") is not None else row.at)
+        last = _hms(p.get("last_at")) if p.get("last_at") is not None else first
+        span = first if count == 1 or last == first else f"{first}–{last}"
+        return f"{span} refused {_number(count)} {_plural(count, 'early check', 'early checks')} (not yet)"
+    if kind == "not_yet":
+        return f"{at} refused 1 early check (not yet){_next_poll(p)}"
+    if kind == "extension_approved":
+        parts = ["extension approved:"]
+        details: list[str] = []
+        if p.get("extra_seconds") is not None:
+            details.append(f"+{_number(p.get('extra_seconds'))} s")
+        if p.get("extra_status_requests") is not None:
+            extra = p.get("extra_status_requests")
+            details.append(f"+{_number(extra)} {_plural(extra, 'check', 'checks')}")
+        if p.get("deadline_at") is not None:
+            details.append(f"deadline {_hms(p.get('deadline_at'))}")
+        if p.get("max_status_requests") is not None:
+            details.append(f"budget {_number(p.get('max_status_requests'))}")
+        return f"{at} " + " ".join(parts) + (" " + ", ".join(details) if details else "")
+    if kind == "extension_denied":
+        return f"{at} extension denied"
+    if kind == "approval_pending":
+        note = p.get("note")
+        return f"{at} extension awaiting operator approval" + (f" {_clean(note)}" if note else "")
+    detail = p.get("note") or p.get("decision")
+    return f"{at} {_clean(kind)}" + (f": {_clean(detail)}" if detail else "")
+
+
+def render_story(rows: Sequence[AuditRow]) -> list[str]:
+    """One human-readable line per audit row, times as ``HH:MM:SS`` UTC.
+
+    Follows the source document's style, e.g.::
+
+        10:20:00 submitted job exp_71c, deadline 11:00:00, budget 12
+        10:20:05 polled, state queued, next poll 10:20:14 from local backoff
+        10:20:31 received 503, Retry-After 120, next poll 10:22:31 from provider guidance
+        10:58:00 polled, state running, request budget exhausted, escalated
+
+    Provider-supplied text is reduced to printable characters so every row
+    stays on one line and cannot inject terminal escapes.
+    """
+    return [_story_line(row) for row in rows]

@@ -1,0 +1,228 @@
+"""``pollwarden audit …`` subcommands: show, export, verify, anchor.
+
+These are offline, read-only commands: they open the database file read-only
+(a copy works too) and print to stdout. The HMAC key is read from
+``POLLWARDEN_AUDIT_KEY`` and is never printed.
+
+Exit codes: 0 ok, 1 chain broken / operation not found / anchor refused,
+2 usage error (no database given, unreadable file or anchor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pollwarden.audit import (
+    AuditError,
+    VerifyResult,
+    audit_key_from_env,
+    export_jsonl,
+    read_anchor,
+    read_rows,
+    render_story,
+    verify_chain,
+    write_anchor,
+)
+
+__all__ = ["DB_ENV", "add_audit_commands", "main"]
+
+DB_ENV = "POLLWARDEN_DB"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _db_path(args: argparse.Namespace) -> Path | None:
+    db: str | None = args.db or os.environ.get(DB_ENV) or None
+    if db is None:
+        print(f"pollwarden audit: no database: pass --db PATH or set {DB_ENV}", file=sys.stderr)
+        return None
+    return Path(db)
+
+
+def _guarded(handler: Callable[[argparse.Namespace, Path], int]) -> Handler:
+    """Resolve ``--db`` and turn unreadable files into exit code 2 with a clear message."""
+
+    def run(args: argparse.Namespace) -> int:
+        db = _db_path(args)
+        if db is None:
+            return EXIT_USAGE
+        try:
+            return handler(args, db)
+        except AuditError as exc:
+            print(f"pollwarden audit: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except BrokenPipeError:
+            # Reader went away (e.g. `| head`): stop quietly, and keep the interpreter's
+            # final flush from raising again.
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
+            return EXIT_OK
+
+    return run
+
+
+def _describe(result: VerifyResult) -> str:
+    if result.ok:
+        text = (
+            f"audit chain OK: {result.rows_checked} rows, head seq {result.head_seq} hash {result.head_hash}"
+        )
+        if result.unkeyed_prefix:
+            text += f" ({result.unkeyed_prefix} unkeyed rows before the key was set)"
+        return text
+    return f"audit chain BROKEN at seq {result.first_broken_seq}: {result.problem}"
+
+
+def _show(args: argparse.Namespace, db: Path) -> int:
+    operation_id: str = args.operation
+    rows = read_rows(db, operation_id)
+    if not rows:
+        print(f"pollwarden audit: no audit rows for operation {operation_id!r}", file=sys.stderr)
+        return EXIT_FAILED
+    for line in render_story(rows):
+        print(line)
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace, db: Path) -> int:
+    operation_id: str | None = args.operation
+    out: str | None = args.out
+    if out is None or out == "-":
+        export_jsonl(db, sys.stdout, operation_id)
+        sys.stdout.flush()
+        return EXIT_OK
+    target = Path(out)
+    try:
+        with target.open("w", encoding="utf-8") as handle:
+            count = export_jsonl(db, handle, operation_id)
+    except OSError as exc:
+        print(f"pollwarden audit: cannot write {target}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"exported {count} audit rows to {target}")
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace, db: Path) -> int:
+    anchor_file: str | None = args.anchor
+    anchor = read_anchor(Path(anchor_file)) if anchor_file is not None else None
+    result = verify_chain(
+        db, audit_key_from_env(), anchor, allow_unkeyed_prefix=bool(args.allow_unkeyed_prefix)
+    )
+    print(_describe(result))
+    if result.ok and anchor is not None:
+        print(f"anchor matched: seq {anchor.seq} taken at {anchor.at}")
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _anchor(args: argparse.Namespace, db: Path) -> int:
+    out = Path(str(args.out))
+    result = verify_chain(db, audit_key_from_env(), allow_unkeyed_prefix=bool(args.allow_unkeyed_prefix))
+    if not result.ok:
+        # Anchoring a broken chain would launder it.
+        print(_describe(result))
+        print("refusing to anchor a broken chain")
+        return EXIT_FAILED
+    try:
+        anchor = write_anchor(db, out)
+    except OSError as exc:
+        print(f"pollwarden audit: cannot write {out}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"anchored audit head seq {anchor.seq} hash {anchor.hash} at {anchor.at} to {out}")
+    return EXIT_OK
+
+
+def _add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="PATH",
+        default=None,
+        help=f"SQLite database file (default: ${DB_ENV}); opened read-only",
+    )
+
+
+def _add_unkeyed_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-unkeyed-prefix",
+        action="store_true",
+        help="with POLLWARDEN_AUDIT_KEY set, accept unkeyed rows written before the key was first used",
+    )
+
+
+def _audit_usage(parser: argparse.ArgumentParser) -> Handler:
+    def run(args: argparse.Namespace) -> int:
+        del args
+        parser.print_usage(sys.stderr)
+        print("pollwarden audit: choose a subcommand: show, export, verify, anchor", file=sys.stderr)
+        return EXIT_USAGE
+
+    return run
+
+
+def add_audit_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:  # pyright: ignore[reportPrivateUsage]
+    """Add ``audit show|export|verify|anchor`` to a CLI's subparsers.
+
+    Every leaf parser sets ``func`` to a handler ``(argparse.Namespace) -> int``
+    returning the exit code; the caller runs ``sys.exit(args.func(args))``.
+    """
+    audit = subparsers.add_parser(
+        "audit",
+        help="show, export, verify or anchor the audit chain",
+        description="Read the tamper-evident audit chain (read-only; works on a copy of the database).",
+    )
+    audit.set_defaults(func=_audit_usage(audit))
+    commands = audit.add_subparsers(dest="audit_command", metavar="{show,export,verify,anchor}")
+
+    show = commands.add_parser("show", help="print the decision story of one operation")
+    show.add_argument("operation", metavar="OPERATION", help="operation id")
+    _add_db_option(show)
+    show.set_defaults(func=_guarded(_show))
+
+    export = commands.add_parser("export", help="write audit rows as JSON lines")
+    export.add_argument("--operation", metavar="ID", default=None, help="only this operation's rows")
+    export.add_argument("--out", metavar="FILE", default=None, help="output file (default: stdout)")
+    _add_db_option(export)
+    export.set_defaults(func=_guarded(_export))
+
+    verify = commands.add_parser(
+        "verify",
+        help="check the hash chain (uses POLLWARDEN_AUDIT_KEY when set)",
+        description="Exit 0 when the chain is intact, 1 when it is broken.",
+    )
+    verify.add_argument("--anchor", metavar="FILE", default=None, help="anchor file from 'audit anchor'")
+    _add_unkeyed_option(verify)
+    _add_db_option(verify)
+    verify.set_defaults(func=_guarded(_verify))
+
+    anchor = commands.add_parser(
+        "anchor",
+        help="verify, then record the chain head in a file kept outside the database's reach",
+    )
+    anchor.add_argument("--out", metavar="FILE", required=True, help="anchor file to write")
+    _add_unkeyed_option(anchor)
+    _add_db_option(anchor)
+    anchor.set_defaults(func=_guarded(_anchor))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``audit …`` standalone (``python -m pollwarden.audit_cli audit verify --db F``)."""
+    parser = argparse.ArgumentParser(prog="pollwarden")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_audit_commands(subparsers)
+    args = parser.parse_args(argv)
+    handler: Handler = args.func
+    return handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

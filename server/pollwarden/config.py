@@ -1,0 +1,109 @@
+"""Operator configuration: flags and environment, with their defaults."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pollwarden.errors import ConfigError
+
+# Clients time out long tool calls; 50 s keeps a waiting check_status under a minute.
+MAX_WAIT_SECONDS = 50.0
+
+ApprovalMode = Literal["elicitation", "tool-confirmation"]
+
+
+def default_db_path(environ: Mapping[str, str] = os.environ) -> Path:
+    """A file in the user's data directory (XDG on Linux, Application Support on macOS)."""
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    elif sys.platform == "win32":
+        base = Path(environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    else:
+        base = Path(environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "pollwarden" / "pollwarden.db"
+
+
+@dataclass(frozen=True)
+class ExtensionCaps:
+    """Operator caps on what one person's approval can add."""
+
+    max_extensions_per_operation: int = 3
+    max_extra_seconds: float = 3600.0
+    max_extra_status_requests: int = 20
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs that is not in a provider table."""
+
+    db_path: Path
+    provider_dirs: tuple[Path, ...] = ()
+    approval_mode: ApprovalMode = "elicitation"
+    approval_ttl_seconds: float = 900.0
+    caps: ExtensionCaps = field(default_factory=ExtensionCaps)
+    max_wait_seconds: float = MAX_WAIT_SECONDS
+    progress_interval_seconds: float = 5.0
+
+
+def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a number; set it to seconds, e.g. {default:g}") from exc
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be greater than 0")
+    return value
+
+
+def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a whole number, e.g. {default}") from exc
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+def load_config(
+    *,
+    db: str | None = None,
+    providers: list[str] | None = None,
+    approval: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> ServerConfig:
+    """Combine flags (which win) with the environment and defaults."""
+    db_path = Path(db or environ.get("POLLWARDEN_DB") or default_db_path(environ)).expanduser()
+    dirs: list[Path] = []
+    for entry in providers or []:
+        dirs.append(Path(entry).expanduser())
+    if not providers and environ.get("POLLWARDEN_PROVIDERS"):
+        dirs.extend(Path(p).expanduser() for p in environ["POLLWARDEN_PROVIDERS"].split(os.pathsep) if p)
+    mode = approval or environ.get("POLLWARDEN_APPROVAL") or "elicitation"
+    if mode not in ("elicitation", "tool-confirmation"):
+        raise ConfigError(
+            f"approval mode {mode!r} is unknown; use 'elicitation' (default) or 'tool-confirmation'"
+        )
+    caps = ExtensionCaps(
+        max_extensions_per_operation=_int_env(environ, "POLLWARDEN_MAX_EXTENSIONS", 3),
+        max_extra_seconds=_float_env(environ, "POLLWARDEN_MAX_EXTRA_SECONDS", 3600.0),
+        max_extra_status_requests=_int_env(environ, "POLLWARDEN_MAX_EXTRA_REQUESTS", 20),
+    )
+    return ServerConfig(
+        db_path=db_path,
+        provider_dirs=tuple(dirs),
+        approval_mode=mode,  # type: ignore[arg-type]
+        approval_ttl_seconds=_float_env(environ, "POLLWARDEN_APPROVAL_TTL_SECONDS", 900.0),
+        caps=caps,
+    )

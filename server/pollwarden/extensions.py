@@ -1,0 +1,255 @@
+"""More time or more requests: a new authorization, planned here as pure functions.
+
+`plan_extension` clips what the agent asked for to the operator's caps and the
+provider table's limits and writes the question a person sees, using only
+recorded facts (so a repeated question reads the same). `extension_changes`
+turns an approved plan into the columns to update. Counters are never reset.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pollwarden.config import ExtensionCaps
+from pollwarden.records import OperationRecord
+from pollwarden.timefmt import iso, to_datetime
+from pollwarden.views import OperationView, allowed_actions, elapsed_until_stop, human_duration
+from pollwarden_providers.table import ProviderTable
+
+EXTENDABLE = (
+    "deadline_exceeded",
+    "request_budget_exhausted",
+    "rate_limited",
+    "unknown_state",
+    "delivery_ambiguous",
+)
+
+
+class ExtensionDecision(BaseModel):
+    """What the person is asked: a flat, bounded choice."""
+
+    decision: Literal["approve", "deny"] = Field(description="approve the stated addition, or deny it")
+
+
+class ExtensionPlan(BaseModel):
+    """The clipped request and the question for a person."""
+
+    operation_id: str
+    allowed: bool
+    refusal: str | None = None
+    stop_reason: str | None = None
+    requested_seconds: float = 0
+    requested_status_requests: int = 0
+    extra_seconds: float = 0
+    extra_status_requests: int = 0
+    clipped: list[str] = Field(default_factory=list[str])
+    bound_version: int = 0
+    question: str = ""
+    reason: str = ""
+
+
+def _hhmm(at: float) -> str:
+    return to_datetime(at).strftime("%H:%M UTC")
+
+
+def plan_extension(
+    record: OperationRecord,
+    table: ProviderTable,
+    caps: ExtensionCaps,
+    *,
+    extra_seconds: float,
+    extra_status_requests: int,
+    reason: str,
+) -> ExtensionPlan:
+    """Clip the request to the caps and explain it; `allowed=False` names why not."""
+    base = ExtensionPlan(
+        operation_id=record.operation_id,
+        allowed=False,
+        stop_reason=record.stop_reason,
+        requested_seconds=extra_seconds,
+        requested_status_requests=extra_status_requests,
+        bound_version=record.version,
+        reason=reason[:300],
+    )
+    if record.status == "waiting":
+        return base.model_copy(
+            update={
+                "refusal": "the operation is still waiting inside its approved bounds; an extension is asked "
+                "for at the escalation boundary, not in advance — keep calling check_status"
+            }
+        )
+    if "request_extension" not in allowed_actions(record, table):
+        return base.model_copy(
+            update={
+                "refusal": f"request_extension is not allowed after {record.stop_reason or record.status}; "
+                f"allowed actions: {allowed_actions(record, table) or 'none'}"
+                + (
+                    " — a person must fix the credentials or the integration; an identical retry would fail again"
+                    if record.stop_reason in ("authorization_denied", "integration_failure")
+                    else ""
+                )
+            }
+        )
+    if record.extensions_used >= caps.max_extensions_per_operation:
+        return base.model_copy(
+            update={
+                "refusal": f"this operation already had {record.extensions_used} extension(s), the operator's "
+                f"limit ({caps.max_extensions_per_operation}); a person may start a new operation instead"
+            }
+        )
+    business = record.business_deadline_at
+    if business is not None and record.stopped_at is not None and record.stopped_at >= business:
+        return base.model_copy(
+            update={
+                "refusal": f"the business deadline {iso(business)} has passed; more waiting cannot meet "
+                "it — a person decides whether the result is still worth having"
+            }
+        )
+    clipped: list[str] = []
+    seconds = max(0.0, float(extra_seconds))
+    if seconds > caps.max_extra_seconds:
+        clipped.append(f"extra_seconds {seconds:g} clipped to the operator cap {caps.max_extra_seconds:g}")
+        seconds = caps.max_extra_seconds
+    room_seconds = max(0.0, table.limits.max_deadline_seconds - (record.deadline_at - record.started_at))
+    if seconds > room_seconds:
+        clipped.append(
+            f"extra_seconds clipped to {room_seconds:g}: the table's max_deadline_seconds is "
+            f"{table.limits.max_deadline_seconds:g}"
+        )
+        seconds = room_seconds
+    requests = max(0, int(extra_status_requests))
+    if record.stop_reason == "unknown_state":
+        requests = max(1, requests)
+    if requests > caps.max_extra_status_requests:
+        clipped.append(
+            f"extra_status_requests {requests} clipped to the operator cap {caps.max_extra_status_requests}"
+        )
+        requests = caps.max_extra_status_requests
+    room_requests = max(0, table.limits.max_status_requests - record.max_status_requests)
+    if requests > room_requests:
+        clipped.append(
+            f"extra_status_requests clipped to {room_requests}: the table's max_status_requests is "
+            f"{table.limits.max_status_requests}"
+        )
+        requests = room_requests
+    budget_left = record.max_status_requests - record.status_requests_used
+    if budget_left + requests <= 0:
+        return base.model_copy(
+            update={
+                "clipped": clipped,
+                "refusal": "no status requests are left under the caps to extend with",
+            }
+        )
+    if seconds <= 0 and record.stopped_at is not None and record.stopped_at >= record.deadline_at:
+        return base.model_copy(
+            update={
+                "clipped": clipped,
+                "refusal": "no time is left under the caps to extend the deadline with",
+            }
+        )
+    plan = base.model_copy(
+        update={
+            "allowed": True,
+            "extra_seconds": seconds,
+            "extra_status_requests": requests,
+            "clipped": clipped,
+        }
+    )
+    return plan.model_copy(update={"question": extension_question(record, plan)})
+
+
+def extension_question(record: OperationRecord, plan: ExtensionPlan) -> str:
+    """The facts a person needs, from recorded values only."""
+    stopped = record.stopped_at if record.stopped_at is not None else record.updated_at
+    earliest_deadline = max(record.deadline_at, stopped) + plan.extra_seconds
+    if record.stop_reason == "unknown_state":
+        addition = (
+            f"a pause of {human_duration(plan.extra_seconds)}, then {plan.extra_status_requests} more check(s) "
+            f"of the unknown state {record.state!r}"
+        )
+    else:
+        addition = f"{human_duration(plan.extra_seconds)} more and {plan.extra_status_requests} more status request(s)"
+    lines = [
+        f"Approve more waiting for {record.operation_id}?",
+        f"Provider job: {record.provider_job_id} ({record.provider})",
+        f"State: {record.state or '(none)'}; stopped because {record.stop_reason}",
+        f"Elapsed: {human_duration(elapsed_until_stop(record, stopped))}",
+        f"Status requests used: {record.status_requests_used} of {record.max_status_requests}",
+        f"Would add: {addition}",
+        f"Resulting budget: {record.max_status_requests + plan.extra_status_requests} status requests",
+        f"Resulting deadline: {human_duration(plan.extra_seconds)} after approval (at the earliest "
+        f"{_hhmm(earliest_deadline)})",
+    ]
+    if record.business_deadline_at is not None:
+        if earliest_deadline > record.business_deadline_at:
+            lines.append(
+                f"Impact: the new deadline falls after the business deadline {_hhmm(record.business_deadline_at)}; "
+                "waiting stops at the business deadline"
+            )
+        else:
+            lines.append(f"Impact: still before the business deadline {_hhmm(record.business_deadline_at)}")
+    if plan.clipped:
+        lines.append("Clipped: " + "; ".join(plan.clipped))
+    if plan.reason:
+        lines.append(f"Agent's reason (untrusted): {plan.reason}")
+    lines.append("Choices: approve or deny. Counters are kept; nothing is resubmitted.")
+    return "\n".join(lines)
+
+
+def extension_changes(
+    record: OperationRecord, table: ProviderTable, plan: ExtensionPlan, *, now: float
+) -> dict[str, object]:
+    """The columns an approved plan changes. Counters are kept; only limits and the schedule move."""
+    start_from = max(record.deadline_at, now)
+    max_deadline = record.started_at + table.limits.max_deadline_seconds
+    changes: dict[str, object] = {
+        "status": "waiting",
+        "stop_reason": None,
+        "stop_detail": None,
+        "stopped_at": None,
+        "max_status_requests": record.max_status_requests + plan.extra_status_requests,
+        "delay_source": "manual_extension",
+        "next_check_at": now,
+    }
+    if record.stop_reason == "unknown_state":
+        # A bounded pause: no check before it ends, then the granted checks.
+        pause_end = now + plan.extra_seconds
+        changes["next_check_at"] = pause_end
+        changes["deadline_at"] = min(
+            max_deadline, max(record.deadline_at, pause_end + table.schedule.max_delay_seconds)
+        )
+    else:
+        changes["deadline_at"] = min(max_deadline, start_from + plan.extra_seconds)
+    if record.stop_reason == "delivery_ambiguous":
+        changes["max_transport_failures"] = (
+            record.transport_failures_used + table.limits.max_transport_failures
+        )
+    if record.stop_reason == "rate_limited":
+        changes["max_rate_limited"] = record.rate_limited_used + table.limits.max_rate_limited
+        # The provider asked us to slow down: the first check after approval waits a base delay.
+        changes["next_check_at"] = now + table.schedule.base_delay_seconds
+    return changes
+
+
+ExtensionOutcome = Literal[
+    "approved", "denied", "cancelled", "refused", "pending_approval", "void", "expired"
+]
+
+
+class ExtensionResult(BaseModel):
+    """What became of a request for more time or requests."""
+
+    operation_id: str
+    decision: ExtensionOutcome = Field(
+        description="approved (new limits recorded), denied/cancelled (nothing changed), refused (not allowed "
+        "here), pending_approval (a person must decide outside the chat), void/expired (the approval no "
+        "longer applies)."
+    )
+    message: str
+    approval_id: str | None = None
+    granted_extra_seconds: float = 0
+    granted_extra_status_requests: int = 0
+    clipped: list[str] = Field(default_factory=list[str])
+    operation: OperationView

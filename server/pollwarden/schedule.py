@@ -1,0 +1,77 @@
+"""The polling schedule: exponential backoff with a floored jitter, and provider hints.
+
+Small pure policies in the style of tenacity: each takes numbers and a random
+source and returns a number, so they are tested and simulated without sleeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pollwarden.clock import RandomSource
+
+# A 429 without guidance skips this many doublings: "increase the delay markedly".
+RATE_LIMIT_EXTRA_DOUBLINGS = 2
+# A poll hint is a suggestion, but never below this fraction of the base delay,
+# so a provider answering "poll again in 0 s" cannot start a storm.
+HINT_FLOOR_FRACTION = 0.5
+
+
+def raw_delay(attempt: int, base: float, maximum: float) -> float:
+    """`min(maximum, base * 2**attempt)`, safe for any attempt count."""
+    if attempt >= 64:  # 2**64 · base is past any maximum; avoid float overflow
+        return maximum
+    return min(maximum, base * (2.0 ** max(0, attempt)))
+
+
+def jittered_delay(raw: float, rng: RandomSource) -> float:
+    """A uniform draw in [0.5·raw, raw]: spread out, but never near zero."""
+    return raw * (0.5 + 0.5 * rng.random())
+
+
+def local_backoff(attempt: int, base: float, maximum: float, rng: RandomSource) -> float:
+    """The local delay before the next status request after `attempt` completed polls."""
+    return jittered_delay(raw_delay(attempt, base, maximum), rng)
+
+
+@dataclass(frozen=True)
+class PlannedCheck:
+    """When the next status request may go out, and why then."""
+
+    at: float
+    delay_source: str
+    # True when the wait is a provider minimum (Retry-After) that may not be shortened.
+    mandatory: bool
+
+
+def plan_next_check(
+    *,
+    now: float,
+    attempt: int,
+    base: float,
+    maximum: float,
+    rng: RandomSource,
+    retry_after: float | None = None,
+    poll_hint: float | None = None,
+    rate_limited_without_guidance: bool = False,
+) -> PlannedCheck:
+    """Choose the next check time from the local backoff and the provider's hints.
+
+    `Retry-After` is a minimum: the result is never earlier. A poll hint is a
+    suggestion that replaces the local backoff (with a floor). A 429 without
+    guidance backs off markedly further.
+    """
+    extra = RATE_LIMIT_EXTRA_DOUBLINGS if rate_limited_without_guidance else 0
+    local = local_backoff(attempt + extra, base, maximum * (2**extra), rng)
+    if poll_hint is not None:
+        suggested, source = max(poll_hint, HINT_FLOOR_FRACTION * base), "provider_poll_hint"
+    else:
+        suggested, source = local, "local_backoff"
+    if retry_after is not None and retry_after >= suggested:
+        return PlannedCheck(now + retry_after, "provider_retry_after", mandatory=True)
+    return PlannedCheck(now + suggested, source, mandatory=False)
+
+
+def first_check_at(start: float, base: float, maximum: float, rng: RandomSource) -> float:
+    """The first status request is allowed after the attempt-0 delay from the start."""
+    return start + local_backoff(0, base, maximum, rng)
