@@ -433,13 +433,20 @@ class Controller:
                 record = await self.store.note_refusal(operation_id, now)
                 return self.view(record, "not_yet")
             owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            reserved = await self.store.reserve(
-                operation_id, owner=owner, now=now, lease_seconds=self.lease_seconds
+            reservation = await self.store.reserve(
+                operation_id, owner=owner, now=now, lease_seconds=self.lease_seconds, fleet=table.fleet
             )
-            if reserved is None:
+            if reservation.paced:
+                # The provider's shared pace is used up: this operation now holds the next free slot.
+                slot = reservation.record.next_check_at
+                if slot <= wait_until:
+                    await self._wait(slot, wait_started, wait_until, now, progress, False)
+                    continue
+                return self.view(reservation.record, "not_yet")
+            if not reservation.reserved:
                 continue  # another process moved first: look again
             fault_point("after_reservation")
-            return await self._send_and_record(reserved, table, owner)
+            return await self._send_and_record(reservation.record, table, owner)
         raise InvalidRequest("check_status could not settle; try again")  # pragma: no cover
 
     async def _wait(

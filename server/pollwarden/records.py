@@ -83,6 +83,7 @@ class OperationRecord:
     created_at: float
     updated_at: float
     version: int
+    fleet_slot_at: float | None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row | tuple[Any, ...], columns: list[str]) -> OperationRecord:

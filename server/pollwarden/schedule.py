@@ -75,3 +75,28 @@ def plan_next_check(
 def first_check_at(start: float, base: float, maximum: float, rng: RandomSource) -> float:
     """The first status request is allowed after the attempt-0 delay from the start."""
     return start + local_backoff(0, base, maximum, rng)
+
+
+@dataclass(frozen=True)
+class PacingStep:
+    """One fleet-pacing step (GCRA): admitted now, or a booked slot later."""
+
+    admitted: bool
+    slot_at: float  # when this request may go out (== now when admitted)
+    next_tat: float  # the bucket's new theoretical arrival time
+
+
+def pace(tat: float | None, *, now: float, rate: float, burst: int) -> PacingStep:
+    """Admit or book one request against a shared rate (the generic cell rate algorithm).
+
+    `tat` is the bucket's theoretical arrival time. Up to `burst` requests pass
+    at once; after that each request is booked the next free slot, one every
+    1/rate seconds, in the order they arrive at the gate, so none starves.
+    """
+    interval = 1.0 / rate
+    tolerance = (burst - 1) * interval
+    current = now if tat is None else max(tat, now)
+    earliest = current - tolerance
+    if earliest <= now:
+        return PacingStep(True, now, current + interval)
+    return PacingStep(False, earliest, current + interval)

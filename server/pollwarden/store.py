@@ -20,7 +20,9 @@ import aiosqlite
 from pollwarden.audit import AUDIT_SCHEMA_SQL, append_audit
 from pollwarden.errors import StoreError
 from pollwarden.records import OPERATION_COLUMNS, OperationRecord
+from pollwarden.schedule import pace
 from pollwarden.timefmt import iso, to_datetime
+from pollwarden_providers.table import FleetSpec
 
 BUSY_TIMEOUT_SECONDS = 5.0
 # A looping agent's refusals become one audit row per this many calls (or one
@@ -95,15 +97,37 @@ _MIGRATIONS: list[str] = [
     CREATE INDEX approvals_by_operation ON approvals(operation_id, status);
     """
     + AUDIT_SCHEMA_SQL,
-    # 2: the shared token bucket for [fleet] pacing, one row per provider
+    # 2: [fleet] pacing shared by every process: one GCRA clock per provider,
+    # and the slot booked for an operation that had to wait for one.
     """
     CREATE TABLE fleet_buckets (
         provider TEXT PRIMARY KEY,
-        tokens REAL NOT NULL,
-        updated_at REAL NOT NULL
+        tat REAL NOT NULL
     );
+    ALTER TABLE operations ADD COLUMN fleet_slot_at REAL;
     """,
 ]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The outcome of trying to reserve one status request."""
+
+    record: OperationRecord
+    reserved: bool
+    paced: bool
+
+
+def _may_reserve(record: OperationRecord, now: float) -> bool:
+    """The reservation guard, in Python (the SQL guard is the one that counts)."""
+    lease_free = record.lease_owner is None or (record.lease_expires_at or 0.0) <= now
+    return (
+        record.status == "waiting"
+        and now < record.effective_deadline
+        and now >= record.next_check_at
+        and record.status_requests_used < record.max_status_requests
+        and lease_free
+    )
 
 
 @dataclass(frozen=True)
@@ -350,17 +374,49 @@ class Store:
         return record
 
     async def reserve(
-        self, operation_id: str, *, owner: str, now: float, lease_seconds: float
-    ) -> OperationRecord | None:
-        """Count one status request and take the lease, atomically; None when not allowed now.
+        self,
+        operation_id: str,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        fleet: FleetSpec | None = None,
+    ) -> Reservation:
+        """Count one status request and take the lease, atomically.
 
         The guard re-checks every precondition (waiting, before the deadline, not
         too early, budget left, lease free) so a racing process cannot slip in.
-        The record returned is reloaded after taking the lease.
+        With `fleet`, the provider's shared pace is taken in the same
+        transaction: a request over the pace is booked the next free slot
+        instead (nothing counted). The record returned is reloaded.
         """
         async with self.write() as conn:
+            current = await self._must_fetch(operation_id)
+            if fleet is not None and _may_reserve(current, now) and current.fleet_slot_at is None:
+                async with conn.execute(
+                    "SELECT tat FROM fleet_buckets WHERE provider = ?", (current.provider,)
+                ) as cur:
+                    row = await cur.fetchone()
+                step = pace(
+                    None if row is None else float(row[0]),
+                    now=now,
+                    rate=fleet.max_requests_per_second,
+                    burst=fleet.burst,
+                )
+                await conn.execute(
+                    "INSERT INTO fleet_buckets (provider, tat) VALUES (?, ?) "
+                    "ON CONFLICT(provider) DO UPDATE SET tat = excluded.tat",
+                    (current.provider, step.next_tat),
+                )
+                if not step.admitted:
+                    await conn.execute(
+                        "UPDATE operations SET fleet_slot_at = ?, next_check_at = ?, delay_source = 'fleet_pacing', "
+                        "version = version + 1, updated_at = ? WHERE operation_id = ?",
+                        (step.slot_at, step.slot_at, now, operation_id),
+                    )
+                    return Reservation(await self._must_fetch(operation_id), reserved=False, paced=True)
             cur = await conn.execute(
-                "UPDATE operations SET status_requests_used = status_requests_used + 1, "
+                "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
                 "lease_owner = ?, lease_expires_at = ?, version = version + 1, updated_at = ? "
                 "WHERE operation_id = ? AND status = 'waiting' "
                 "AND ? < deadline_at AND (business_deadline_at IS NULL OR ? < business_deadline_at) "
@@ -368,9 +424,8 @@ class Store:
                 "AND (lease_owner IS NULL OR lease_expires_at <= ?)",
                 (owner, now + lease_seconds, now, operation_id, now, now, now, now),
             )
-            if cur.rowcount != 1:
-                return None
-            return await self._must_fetch(operation_id)
+            record = await self._must_fetch(operation_id)
+            return Reservation(record, reserved=cur.rowcount == 1, paced=False)
 
     async def apply_answer(
         self,
@@ -579,32 +634,6 @@ class Store:
             payload = decision_payload(record, kind=kind, outcome=None, note=note)
             payload.update(extra)
             await self._audit(record, at, kind, payload)
-
-    # -- fleet pacing ---------------------------------------------------------------
-
-    async def take_fleet_token(self, provider: str, *, rate: float, burst: int, now: float) -> float:
-        """Take one token from the provider's shared bucket; 0.0 when taken, else seconds to wait."""
-        async with self.write() as conn:
-            return await take_token_in_transaction(conn, provider, rate=rate, burst=burst, now=now)
-
-
-async def take_token_in_transaction(
-    conn: aiosqlite.Connection, provider: str, *, rate: float, burst: int, now: float
-) -> float:
-    """Token bucket step inside an open write transaction: 0.0 when a token was taken."""
-    async with conn.execute(
-        "SELECT tokens, updated_at FROM fleet_buckets WHERE provider = ?", (provider,)
-    ) as cur:
-        row = await cur.fetchone()
-    tokens = float(burst) if row is None else min(float(burst), row[0] + max(0.0, now - row[1]) * rate)
-    if tokens >= 1.0:
-        await conn.execute(
-            "INSERT INTO fleet_buckets (provider, tokens, updated_at) VALUES (?, ?, ?) "
-            "ON CONFLICT(provider) DO UPDATE SET tokens = excluded.tokens, updated_at = excluded.updated_at",
-            (provider, tokens - 1.0, now),
-        )
-        return 0.0
-    return (1.0 - tokens) / rate
 
 
 def decision_payload(
