@@ -1,0 +1,189 @@
+"""Test harness: provider tables for the fake provider, and a server on an injected clock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mcp.client import Client
+from mcp_types import CallToolResult
+
+from pollwarden.clock import FakeClock, RandomSource
+from pollwarden.config import ServerConfig
+from pollwarden.fake_provider import FakeProvider
+from pollwarden.server import build_server, controller_factory
+from pollwarden_providers.loader import load_table
+
+
+def base_table(base_url: str, name: str = "acme") -> dict[str, Any]:
+    """A provider table for the fake provider with a small, fast schedule."""
+    return {
+        "name": name,
+        "base_url": base_url,
+        "status_path": "/v1/jobs/{job_id}",
+        "submit": {
+            "path": "/v1/jobs",
+            "method": "POST",
+            "idempotency_header": "Idempotency-Key",
+            "job_id_field": "id",
+        },
+        "response": {
+            "state_field": "state",
+            "expires_at_field": "expires_at",
+            "poll_after_field": "poll_after_seconds",
+            "next_check_at_field": "next_check_at",
+            "error_field": "error",
+            "request_id_header": "X-Request-Id",
+        },
+        "states": {
+            "pending": ["queued", "running"],
+            "succeeded": ["succeeded"],
+            "failed": ["failed"],
+            "cancelled": ["cancelled"],
+            "expired": ["expired"],
+        },
+        "success": {"required_fields": ["result_url"]},
+        "not_found": {"grace_seconds": 30},
+        "schedule": {"base_delay_seconds": 5, "max_delay_seconds": 120},
+        "limits": {
+            "default_deadline_seconds": 2400,
+            "max_deadline_seconds": 86400,
+            "default_max_status_requests": 12,
+            "max_status_requests": 200,
+            "max_transport_failures": 3,
+            "max_rate_limited": 3,
+        },
+    }
+
+
+def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge `overrides` into a copy of `base`; a None value deletes the key."""
+    out = json.loads(json.dumps(base))
+    for key, value in overrides.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)  # type: ignore[arg-type]
+        else:
+            out[key] = value
+    return out
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def to_toml(table: Mapping[str, Any]) -> str:
+    """A provider table (scalars at the top, one level of sections) as TOML text."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, Mapping)]
+    for key, section in table.items():
+        if isinstance(section, Mapping):
+            lines.append(f"\n[{key}]")
+            lines.extend(f"{k} = {_toml_value(v)}" for k, v in section.items())
+    return "\n".join(lines) + "\n"
+
+
+def write_table(directory: Path, table: Mapping[str, Any]) -> Path:
+    """Write the table as `<name>.toml` and check that it loads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{table['name']}.toml"
+    path.write_text(to_toml(table))
+    load_table(path)
+    return path
+
+
+class SteppedRandom:
+    """A random source that returns the given values in turn (then repeats the last)."""
+
+    def __init__(self, *values: float) -> None:
+        self.values = list(values) or [0.5]
+        self.i = 0
+
+    def random(self) -> float:
+        value = self.values[min(self.i, len(self.values) - 1)]
+        self.i += 1
+        return value
+
+
+@dataclass
+class Harness:
+    """A server on a fake clock, its database, and the fake provider it talks to."""
+
+    tmp: Path
+    fake: FakeProvider
+    clock: FakeClock
+    rng: RandomSource
+    table: dict[str, Any]
+    environ: dict[str, str] = field(default_factory=dict[str, str])
+    approval_mode: str = "elicitation"
+
+    @property
+    def db_path(self) -> Path:
+        return self.tmp / "pollwarden.db"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.tmp / "tables"
+
+    def config(self) -> ServerConfig:
+        return ServerConfig(
+            db_path=self.db_path,
+            provider_dirs=(self.tables_dir,),
+            approval_mode=self.approval_mode,  # type: ignore[arg-type]
+        )
+
+    def server(self) -> Any:
+        write_table(self.tables_dir, self.table)
+        factory = controller_factory(self.config(), clock=self.clock, rng=self.rng, environ=self.environ)
+        return build_server(factory)
+
+    @asynccontextmanager
+    async def client(self, **client_kwargs: Any) -> AsyncGenerator[Client]:
+        """An in-process SDK client (2026-07-28 by default; mode='legacy' for the handshake era)."""
+        async with Client(self.server(), **client_kwargs) as client:
+            yield client
+
+
+def make_harness(
+    tmp: Path,
+    fake: FakeProvider,
+    *,
+    table: Mapping[str, Any] | None = None,
+    rng: RandomSource | None = None,
+    clock: FakeClock | None = None,
+    environ: dict[str, str] | None = None,
+) -> Harness:
+    """A harness whose provider table `acme` points at `fake`."""
+    return Harness(
+        tmp=tmp,
+        fake=fake,
+        clock=clock or FakeClock(),
+        rng=rng or SteppedRandom(1.0),
+        table=merge(base_table(fake.base_url), table or {}),
+        environ=environ or {},
+    )
+
+
+def view(result: CallToolResult) -> dict[str, Any]:
+    """The structured output of a tool call, failing loudly on a tool error."""
+    assert not result.is_error, f"tool error: {result.content}"
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content  # type: ignore[return-value]
+
+
+def error_text(result: CallToolResult) -> str:
+    """The text of a tool error."""
+    assert result.is_error, f"expected a tool error, got {result.structured_content}"
+    return " ".join(getattr(block, "text", "") for block in result.content)
