@@ -91,6 +91,13 @@ async def _decide(config: ServerConfig, approval_id: str, approve: bool, by: str
             f"{approval_id} had expired at {iso(approval.expires_at)}; nothing was approved", file=sys.stderr
         )
         return 1
+    if approval.status == "void":
+        print(
+            f"{approval_id} is void: operation {approval.operation_id} changed (state, counters or deadline) "
+            "after the person was asked; nothing was approved — the agent must ask again",
+            file=sys.stderr,
+        )
+        return 1
     if approval.status not in ("approved", "denied"):
         print(f"{approval_id} is already {approval.status}; nothing changed", file=sys.stderr)
         return 1

@@ -48,6 +48,9 @@ class ServerConfig:
     caps: ExtensionCaps = field(default_factory=ExtensionCaps)
     max_wait_seconds: float = MAX_WAIT_SECONDS
     progress_interval_seconds: float = 5.0
+    # The lease on one in-flight request; None means the controller's default
+    # (longer than any one request can take). Env POLLWARDEN_LEASE_SECONDS: tests only.
+    lease_seconds: float | None = None
 
 
 def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -106,4 +109,5 @@ def load_config(
         approval_mode=mode,  # type: ignore[arg-type]
         approval_ttl_seconds=_float_env(environ, "POLLWARDEN_APPROVAL_TTL_SECONDS", 900.0),
         caps=caps,
+        lease_seconds=_float_env(environ, "POLLWARDEN_LEASE_SECONDS", 0.0) or None,
     )

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import signal
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
 from pollwarden.extensions import ExtensionPlan, ExtensionResult, extension_changes, plan_extension
+from pollwarden.faults import fault_point
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord, status_for
 from pollwarden.schedule import first_check_at
@@ -43,18 +43,7 @@ from pollwarden_providers.table import ProviderTable
 
 log = logging.getLogger("pollwarden")
 
-# Test-only fault hook: the step named here kills the process with SIGKILL.
-FAULT_ENV = "POLLWARDEN_FAULT_STEP"
-FAULT_STEPS = ("after_reservation", "after_request_sent", "after_response", "before_persist")
-
 ProgressCallback = Callable[[float, float | None, str], Awaitable[None]]
-
-
-def fault_point(step: str) -> None:
-    """Die here, hard, when the test-only fault hook names this step."""
-    if os.environ.get(FAULT_ENV) == step:
-        log.error("fault hook: SIGKILL at %s", step)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def fingerprint(provider: str, account_context: str, payload: object) -> str:
@@ -118,7 +107,12 @@ class Controller:
 
     @property
     def lease_seconds(self) -> float:
-        """Longer than any one request can take, so a live owner never loses its lease."""
+        """Longer than any one request can take, so a live owner never loses its lease.
+
+        `config.lease_seconds` (env POLLWARDEN_LEASE_SECONDS) overrides it for crash tests.
+        """
+        if self.config.lease_seconds is not None:
+            return self.config.lease_seconds
         return self.http.limits.total_timeout_seconds + 10.0
 
     # -- start_operation --------------------------------------------------------
@@ -616,6 +610,8 @@ class Controller:
         approvals = await self.store.list_approvals(operation_id=record.operation_id)
         now = self.clock.now()
         for approval in approvals:
+            if approval.kind != "extension":
+                continue  # a cancel approval is used by the next cancel_operation call
             if approval.status == "pending" and now >= approval.expires_at:
                 await self.store.close_approval(
                     approval.approval_id, status="expired", at=now, note="nobody decided in time"

@@ -18,6 +18,7 @@ import anyio
 import httpx2
 
 from pollwarden.decide import NoAnswer, ProviderAnswer, UnusableAnswer
+from pollwarden.faults import fault_point
 from pollwarden_providers.request_building import (
     auth_headers,
     job_url,
@@ -80,6 +81,12 @@ class _Decoder:
         return piece
 
 
+async def _after_request_sent(response: httpx2.Response) -> None:
+    """Response hook: the provider has the request and answered headers (test-only fault step)."""
+    del response
+    fault_point("after_request_sent")
+
+
 class ProviderHTTP:
     """Sends the few requests pollwarden makes to providers."""
 
@@ -106,6 +113,7 @@ class ProviderHTTP:
                 "Accept": "application/json",
                 "Accept-Encoding": "gzip, deflate",
             },
+            event_hooks={"response": [_after_request_sent]},
         )
 
     async def aclose(self) -> None:

@@ -30,12 +30,14 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from pollwarden import followups
 from pollwarden.audit import audit_key_from_env, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig
 from pollwarden.controller import Controller
 from pollwarden.errors import ConfigError, OperationError, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
+from pollwarden.followups import FollowUpResult
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.store import open_store
 from pollwarden.views import OperationView
@@ -155,6 +157,26 @@ async def _ask_person(
     return Elicit(plan.question, ExtensionDecision)
 
 
+async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
+    return await _run(followups.plan_cancel(_controller(ctx), operation_id))
+
+
+async def _ask_cancel(
+    plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)], ctx: Context[Any, Any]
+) -> Elicit[followups.ConfirmCancel] | None:
+    """Ask only when a cancel is allowed, not yet approved, and a prompt is possible."""
+    controller = _controller(ctx)
+    if (
+        not plan.allowed
+        or plan.approved_id is not None
+        or controller.config.approval_mode == "tool-confirmation"
+    ):
+        return None
+    if not _client_can_elicit(ctx):
+        return None
+    return Elicit(plan.question, followups.ConfirmCancel)
+
+
 def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCPServer[Controller]:
     """The MCP server with its tools and resources."""
 
@@ -271,6 +293,57 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
                 # The resolver did not ask: this client cannot show a prompt.
                 return await controller.request_operator_approval(plan)
             return await controller.record_answer(plan, "cancelled")
+
+        return await _run(work())
+
+    @mcp.tool(
+        description="The validated result fields of a succeeded operation, recorded as its own follow-up. "
+        "Refused (with the reason and the allowed actions) before a validated success.",
+        annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    )
+    async def fetch_result(operation_id: str, ctx: Context[Any, Any]) -> FollowUpResult:
+        return await _run(followups.fetch_result(_controller(ctx), operation_id))
+
+    @mcp.tool(
+        description="Cancel the job at the provider with its documented cancel call, after a person approves. "
+        "Only where the provider table has [cancel] and only after deadline_exceeded, "
+        "request_budget_exhausted or rate_limited. Sent once, never retried, never resubmitted.",
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=True
+        ),
+    )
+    async def cancel_operation(
+        operation_id: str,
+        plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)],
+        decision: Annotated[ElicitationResult[followups.ConfirmCancel], Resolve(_ask_cancel)],
+        ctx: Context[Any, Any],
+    ) -> FollowUpResult:
+        controller = _controller(ctx)
+
+        async def work() -> FollowUpResult:
+            if not plan.allowed:
+                record = await controller.load(operation_id)
+                return followups.refused_cancel(controller, record, plan)
+            if plan.approved_id is not None:
+                return await followups.send_cancel(
+                    controller, plan, approval_id=plan.approved_id, by="operator (CLI)"
+                )
+            if controller.config.approval_mode == "tool-confirmation":
+                return await followups.send_cancel(
+                    controller, plan, approval_id=None, by="client tool confirmation"
+                )
+            answer: object = decision.data if isinstance(decision, AcceptedElicitation) else None
+            if isinstance(answer, followups.ConfirmCancel):
+                if answer.decision == "cancel_at_provider":
+                    return await followups.send_cancel(
+                        controller, plan, approval_id=None, by="person (elicitation)"
+                    )
+                return await followups.record_cancel_answer(controller, plan, "denied")
+            if isinstance(decision, DeclinedElicitation):
+                return await followups.record_cancel_answer(controller, plan, "denied")
+            if isinstance(decision, AcceptedElicitation):
+                return await followups.request_cancel_approval(controller, plan)
+            return await followups.record_cancel_answer(controller, plan, "cancelled")
 
         return await _run(work())
 

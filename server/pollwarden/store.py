@@ -8,6 +8,8 @@ IN (…)` and check the row count). Several server processes share one file.
 from __future__ import annotations
 
 import json
+import math
+import os
 import sqlite3
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -25,6 +27,8 @@ from pollwarden.timefmt import iso, to_datetime
 from pollwarden_providers.table import FleetSpec
 
 BUSY_TIMEOUT_SECONDS = 5.0
+# Overrides BUSY_TIMEOUT_SECONDS (the database-fault tests use a short one).
+BUSY_TIMEOUT_ENV = "POLLWARDEN_BUSY_TIMEOUT_SECONDS"
 # A looping agent's refusals become one audit row per this many calls (or one
 # per decision in between), so the audit cannot grow without bound.
 REFUSALS_PER_SUMMARY = 100
@@ -106,7 +110,39 @@ _MIGRATIONS: list[str] = [
     );
     ALTER TABLE operations ADD COLUMN fleet_slot_at REAL;
     """,
+    # 3: follow-up operations (fetch_result, cancel), each with its own record
+    """
+    CREATE TABLE followups (
+        followup_id TEXT PRIMARY KEY,
+        operation_id TEXT NOT NULL REFERENCES operations(operation_id),
+        kind TEXT NOT NULL CHECK (kind IN ('fetch_result', 'cancel')),
+        status TEXT NOT NULL CHECK (status IN ('done', 'refused', 'sent', 'failed', 'ambiguous')),
+        approval_id TEXT,
+        requested_at REAL NOT NULL,
+        finished_at REAL,
+        http_status INTEGER,
+        answer TEXT,
+        note TEXT
+    );
+    CREATE INDEX followups_by_operation ON followups(operation_id, requested_at);
+    """,
 ]
+
+
+@dataclass(frozen=True)
+class FollowupRecord:
+    """One follow-up operation (fetch_result, cancel) with its own record."""
+
+    followup_id: str
+    operation_id: str
+    kind: str
+    status: str
+    approval_id: str | None
+    requested_at: float
+    finished_at: float | None
+    http_status: int | None
+    answer: str | None
+    note: str | None
 
 
 @dataclass(frozen=True)
@@ -170,11 +206,25 @@ _APPROVAL_COLUMNS = [
 _COLUMNS_SQL = ", ".join(OPERATION_COLUMNS)
 
 
+def busy_timeout_seconds() -> float:
+    """How long a write waits for another process's lock before giving up with a clear error."""
+    raw = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return BUSY_TIMEOUT_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise StoreError(f"{BUSY_TIMEOUT_ENV}={raw!r} must be a number of seconds greater than 0, e.g. 5")
+    return value
+
+
 def _describe(exc: sqlite3.Error, path: Path) -> StoreError:
     text = str(exc)
     if "locked" in text or "busy" in text:
         return StoreError(
-            f"the database {path} stayed locked by another process for more than {BUSY_TIMEOUT_SECONDS:g} s; "
+            f"the database {path} stayed locked by another process for more than {busy_timeout_seconds():g} s; "
             "nothing was changed — try again shortly, or find the process holding it"
         )
     if "readonly" in text or "read-only" in text:
@@ -564,7 +614,13 @@ class Store:
             approval = await self._fetch_approval(approval_id)
             if approval is None or approval.status != "pending":
                 return approval
-            new_status = "expired" if at >= approval.expires_at else ("approved" if approve else "denied")
+            current = await self._must_fetch(approval.operation_id)
+            if at >= approval.expires_at:
+                new_status = "expired"
+            elif approve and current.version != approval.bound_version:
+                new_status = "void"  # the operation changed since the person was asked
+            else:
+                new_status = "approved" if approve else "denied"
             await conn.execute(
                 "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ? "
                 "WHERE approval_id = ? AND status = 'pending'",
@@ -573,8 +629,9 @@ class Store:
             record = await self._must_fetch(approval.operation_id)
             kind = {
                 "approved": "approval_granted",
-                "denied": "extension_denied",
+                "denied": f"{approval.kind}_denied",
                 "expired": "approval_expired",
+                "void": "approval_void",
             }[new_status]
             await self._audit(
                 record,
@@ -634,6 +691,70 @@ class Store:
             payload = decision_payload(record, kind=kind, outcome=None, note=note)
             payload.update(extra)
             await self._audit(record, at, kind, payload)
+
+    # -- follow-up operations ---------------------------------------------------------
+
+    async def record_followup(
+        self,
+        *,
+        followup_id: str,
+        operation_id: str,
+        kind: str,
+        status: str,
+        at: float,
+        approval_id: str | None = None,
+        http_status: int | None = None,
+        answer: str | None = None,
+        note: str | None = None,
+        operation_changes: Mapping[str, object] | None = None,
+        expect_version: int | None = None,
+    ) -> FollowupRecord | None:
+        """Record one follow-up and its audit row; optionally change the operation in the same transaction.
+
+        With `operation_changes`, the operation is updated only if its version is
+        still `expect_version`; otherwise nothing is written and None is returned.
+        """
+        async with self.write() as conn:
+            if operation_changes:
+                sets = ", ".join(f"{c} = ?" for c in operation_changes)
+                cur = await conn.execute(
+                    f"UPDATE operations SET {sets}, version = version + 1, updated_at = ? "
+                    "WHERE operation_id = ? AND version = ?",
+                    [*operation_changes.values(), at, operation_id, expect_version],
+                )
+                if cur.rowcount != 1:
+                    return None
+            await conn.execute(
+                "INSERT INTO followups (followup_id, operation_id, kind, status, approval_id, requested_at, "
+                "finished_at, http_status, answer, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (followup_id, operation_id, kind, status, approval_id, at, at, http_status, answer, note),
+            )
+            if approval_id is not None:
+                await conn.execute(
+                    "UPDATE approvals SET status = 'applied', note = ? WHERE approval_id = ? AND status = 'approved'",
+                    (f"used by {followup_id}", approval_id),
+                )
+            record = await self._must_fetch(operation_id)
+            payload = decision_payload(record, kind=f"{kind}_{status}", outcome=None, note=note)
+            payload.update(followup_id=followup_id, http_status=http_status, approval_id=approval_id)
+            await self._audit(record, at, f"{kind}_{status}", payload)
+        return FollowupRecord(
+            followup_id, operation_id, kind, status, approval_id, at, at, http_status, answer, note
+        )
+
+    async def list_followups(self, operation_id: str) -> list[FollowupRecord]:
+        """The follow-ups of one operation, oldest first."""
+
+        async def work() -> list[FollowupRecord]:
+            async with self.conn.execute(
+                "SELECT followup_id, operation_id, kind, status, approval_id, requested_at, finished_at, "
+                "http_status, answer, note FROM followups WHERE operation_id = ? ORDER BY requested_at, rowid",
+                (operation_id,),
+            ) as cur:
+                rows = await cur.fetchall()
+            return [FollowupRecord(*tuple(r)) for r in rows]
+
+        return await self._guard(work)
 
 
 def decision_payload(
@@ -706,13 +827,14 @@ async def open_store(path: Path, *, audit_key: bytes | None = None) -> AsyncGene
             f"the directory {path.parent} for the database does not exist; create it, or point --db / "
             "POLLWARDEN_DB at a writable location"
         )
+    busy_timeout = busy_timeout_seconds()
     try:
-        conn = await aiosqlite.connect(str(path), isolation_level=None, timeout=BUSY_TIMEOUT_SECONDS)
+        conn = await aiosqlite.connect(str(path), isolation_level=None, timeout=busy_timeout)
     except sqlite3.Error as exc:
         raise _describe(exc, path) from exc
     try:
         try:
-            await conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            await conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             async with conn.execute("PRAGMA journal_mode = WAL") as cur:
                 await cur.fetchone()
             # FULL: the reservation must be on disk before the request leaves.
