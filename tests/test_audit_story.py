@@ -1,0 +1,167 @@
+"""The audit an operator reads: the story of a scripted scenario, bounded refusals, the CLI on real data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import make_harness, view
+from pollwarden.audit import read_rows, render_story, verify_chain
+from pollwarden.fake_provider import FakeProvider, http, pending, succeeded
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_story_of_queued_503_running_succeeded_matches_the_expected_lines(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script(
+        "exp_71c",
+        [
+            pending("queued"),
+            http(503, headers={"Retry-After": "120", "X-Request-Id": "req-2"}),
+            pending("running"),
+            succeeded(),
+        ],
+    )
+    h = make_harness(tmp_path, fake)  # clock starts 2025-04-18T10:20:00Z; jitter draws 1.0 (delay = raw)
+    async with h.client() as client:
+        await client.call_tool(
+            "start_operation",
+            {"provider": "acme", "operation_id": "report-export-2025-04-18-01", "provider_job_id": "exp_71c"},
+        )
+        op = {"operation_id": "report-export-2025-04-18-01", "wait_seconds": 50}
+        view(await client.call_tool("check_status", op))  # queued
+        view(await client.call_tool("check_status", op))  # 503, Retry-After 120
+        h.clock.advance(120)
+        view(await client.call_tool("check_status", {**op, "wait_seconds": 0}))  # running
+        final = view(await client.call_tool("check_status", op))  # succeeded
+        assert final["status"] == "succeeded"
+        resource = await client.read_resource("pollwarden://operations/report-export-2025-04-18-01/audit")
+
+    expected = [
+        "10:20:00 tracking job exp_71c, deadline 11:00:00, budget 12",
+        "10:20:05 polled, state queued, next poll 10:20:15 from local backoff",
+        "10:20:15 received 503, Retry-After 120, next poll 10:22:15 from provider guidance",
+        "10:22:15 polled, state running, next poll 10:22:55 from local backoff",
+        "10:22:55 polled, state succeeded, succeeded",
+    ]
+    story = render_story(read_rows(h.db_path, "report-export-2025-04-18-01"))
+    assert story == expected
+    assert resource.contents[0].text.splitlines() == expected  # type: ignore[union-attr]
+
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pollwarden",
+            "audit",
+            "show",
+            "report-export-2025-04-18-01",
+            "--db",
+            str(h.db_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == expected
+
+
+async def test_every_decision_row_carries_the_fields_an_operator_needs(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("j1", [http(503, headers={"Retry-After": "30", "X-Request-Id": "req-9"}), pending("running")])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await client.call_tool(
+            "start_operation", {"provider": "acme", "operation_id": "op-j1", "provider_job_id": "j1"}
+        )
+        view(await client.call_tool("check_status", {"operation_id": "op-j1", "wait_seconds": 50}))
+    polled = [r for r in read_rows(h.db_path, "op-j1") if r.kind == "polled"][0]
+    payload: dict[str, Any] = polled.payload_obj
+    for key in (
+        "state",
+        "outcome",
+        "next_check_at",
+        "delay_source",
+        "status_requests_used",
+        "max_status_requests",
+        "deadline_at",
+        "http_status",
+        "category",
+        "provider_request_id",
+        "decision",
+    ):
+        assert key in payload, key
+    assert payload["http_status"] == 503
+    assert payload["delay_source"] == "provider_retry_after"
+    assert payload["retry_after_seconds"] == 30
+    assert payload["provider_request_id"] == "req-9"
+    assert (payload["status_requests_used"], payload["max_status_requests"]) == (1, 12)
+
+
+async def test_a_looping_agent_is_summarised_not_recorded_call_by_call(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("loop", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await client.call_tool(
+            "start_operation", {"provider": "acme", "operation_id": "op-loop", "provider_job_id": "loop"}
+        )
+        for _ in range(250):
+            assert (
+                view(await client.call_tool("check_status", {"operation_id": "op-loop"}))["outcome"]
+                == "not_yet"
+            )
+        view(await client.call_tool("check_status", {"operation_id": "op-loop", "wait_seconds": 50}))
+    rows = read_rows(h.db_path, "op-loop")
+    summaries = [r for r in rows if r.kind == "not_yet_summary"]
+    assert sum(int(r.payload_obj["count"]) for r in summaries) == 250
+    assert len(rows) <= 6  # tracking, 3 summaries, polled
+    story = render_story(rows)
+    assert any("refused 100 early checks (not yet)" in line for line in story)
+    assert any("refused 50 early checks (not yet)" in line for line in story)
+    assert story[-1].endswith("from local backoff")
+    assert fake.status_requests("loop") and len(fake.status_requests("loop")) == 1
+
+
+async def test_the_chain_verifies_and_export_writes_one_json_line_per_decision(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("j2", [pending("running"), succeeded()])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await client.call_tool(
+            "start_operation", {"provider": "acme", "operation_id": "op-j2", "provider_job_id": "j2"}
+        )
+        for _ in range(2):
+            view(await client.call_tool("check_status", {"operation_id": "op-j2", "wait_seconds": 50}))
+    assert verify_chain(h.db_path, None).ok
+    out = tmp_path / "audit.jsonl"
+    exported = subprocess.run(
+        [sys.executable, "-m", "pollwarden", "audit", "export", "--db", str(h.db_path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert exported.returncode == 0, exported.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["kind"] for line in lines] == ["tracking", "polled", "polled"]
+    verified = subprocess.run(
+        [sys.executable, "-m", "pollwarden", "audit", "verify", "--db", str(h.db_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert verified.returncode == 0
+    assert "audit chain OK: 3 rows" in verified.stdout
