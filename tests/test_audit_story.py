@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from harness import make_harness, view
 from pollwarden.audit import read_rows, render_story, verify_chain
 from pollwarden.fake_provider import FakeProvider, http, pending, succeeded
@@ -84,7 +85,7 @@ async def test_every_decision_row_carries_the_fields_an_operator_needs(
             "start_operation", {"provider": "acme", "operation_id": "op-j1", "provider_job_id": "j1"}
         )
         view(await client.call_tool("check_status", {"operation_id": "op-j1", "wait_seconds": 50}))
-    polled = [r for r in read_rows(h.db_path, "op-j1") if r.kind == "polled"][0]
+    polled = next(r for r in read_rows(h.db_path, "op-j1") if r.kind == "polled")
     payload: dict[str, Any] = polled.payload_obj
     for key in (
         "state",
@@ -130,7 +131,8 @@ async def test_a_looping_agent_is_summarised_not_recorded_call_by_call(
     assert any("refused 100 early checks (not yet)" in line for line in story)
     assert any("refused 50 early checks (not yet)" in line for line in story)
     assert story[-1].endswith("from local backoff")
-    assert fake.status_requests("loop") and len(fake.status_requests("loop")) == 1
+    assert fake.status_requests("loop")
+    assert len(fake.status_requests("loop")) == 1
 
 
 async def test_the_chain_verifies_and_export_writes_one_json_line_per_decision(
