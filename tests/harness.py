@@ -15,6 +15,7 @@ from mcp_types import CallToolResult
 from pollwarden.clock import FakeClock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.fake_provider import FakeProvider
+from pollwarden.provider_http import HttpLimits
 from pollwarden.server import build_server, controller_factory
 from pollwarden_providers.loader import load_table
 
@@ -127,6 +128,7 @@ class Harness:
     rng: RandomSource
     table: dict[str, Any]
     environ: dict[str, str] = field(default_factory=dict[str, str])
+    http_limits: HttpLimits | None = None  # caps on provider requests (None: the defaults)
     approval_mode: str = "elicitation"
 
     @property
@@ -146,7 +148,9 @@ class Harness:
 
     def server(self) -> Any:
         write_table(self.tables_dir, self.table)
-        factory = controller_factory(self.config(), clock=self.clock, rng=self.rng, environ=self.environ)
+        factory = controller_factory(
+            self.config(), clock=self.clock, rng=self.rng, environ=self.environ, http_limits=self.http_limits
+        )
         return build_server(factory)
 
     @asynccontextmanager
@@ -164,6 +168,7 @@ def make_harness(
     rng: RandomSource | None = None,
     clock: FakeClock | None = None,
     environ: dict[str, str] | None = None,
+    http_limits: HttpLimits | None = None,
 ) -> Harness:
     """A harness whose provider table `acme` points at `fake`."""
     return Harness(
@@ -173,6 +178,7 @@ def make_harness(
         rng=rng or SteppedRandom(1.0),
         table=merge(base_table(fake.base_url), table or {}),
         environ=environ or {},
+        http_limits=http_limits,
     )
 
 

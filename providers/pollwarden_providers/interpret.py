@@ -23,6 +23,10 @@ FAR_PAST_SECONDS = 86_400.0
 MAX_PROVIDER_TEXT = 500
 # Nesting deeper than this is refused before anything reads the body.
 MAX_JSON_DEPTH = 32
+# A provider state longer than this is cut (after its category is looked up).
+MAX_STATE_TEXT = 200
+# A Retry-After longer than this is rejected unread (no real one is; int() refuses > 4300 digits).
+MAX_HINT_TEXT = 64
 
 _DELTA_SECONDS = re.compile(r"^[0-9]+$")
 
@@ -44,6 +48,7 @@ class HintCheck:
 
     seconds: float | None = None
     rejected: RejectedHint | None = None
+    source: HintSource | None = None
 
 
 def truncate_text(value: object, limit: int = MAX_PROVIDER_TEXT) -> str:
@@ -66,19 +71,23 @@ def parse_retry_after(raw: str | None, *, now: float, max_seconds: float) -> Hin
     if raw is None:
         return HintCheck()
     value = raw.strip()
+    if len(value) > MAX_HINT_TEXT:
+        return HintCheck(
+            rejected=RejectedHint(
+                "retry_after", _shown(raw), f"{len(value)} characters long; not a plausible Retry-After"
+            )
+        )
     if _DELTA_SECONDS.match(value):
         seconds = float(int(value))
     else:
         try:
             when = parsedate_to_datetime(value)
+            if when.tzinfo is None:  # "-0000" and asctime dates: RFC 9110 says GMT
+                when = when.replace(tzinfo=UTC)
+            seconds = when.timestamp() - now
         except (TypeError, ValueError, IndexError, OverflowError):
-            when = None
-        if when is None:
             reason = "negative" if value.startswith("-") else "not delta-seconds or an HTTP-date"
             return HintCheck(rejected=RejectedHint("retry_after", _shown(raw), reason))
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = when.timestamp() - now
         if seconds < -FAR_PAST_SECONDS:
             return HintCheck(rejected=RejectedHint("retry_after", _shown(raw), "more than a day in the past"))
         seconds = max(0.0, seconds)
@@ -86,7 +95,7 @@ def parse_retry_after(raw: str | None, *, now: float, max_seconds: float) -> Hin
         return HintCheck(
             rejected=RejectedHint("retry_after", _shown(raw), f"longer than the {max_seconds:g} s maximum")
         )
-    return HintCheck(seconds=seconds)
+    return HintCheck(seconds=seconds, source="retry_after")
 
 
 def parse_poll_after(value: object, *, max_seconds: float) -> HintCheck:
@@ -95,7 +104,10 @@ def parse_poll_after(value: object, *, max_seconds: float) -> HintCheck:
         return HintCheck()
     if isinstance(value, bool) or not isinstance(value, int | float):
         return HintCheck(rejected=RejectedHint("poll_after", _shown(value), "not a number"))
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer with hundreds of digits
+        seconds = math.inf
     if not math.isfinite(seconds):
         return HintCheck(rejected=RejectedHint("poll_after", _shown(value), "not a finite number"))
     if seconds < 0:
@@ -104,7 +116,7 @@ def parse_poll_after(value: object, *, max_seconds: float) -> HintCheck:
         return HintCheck(
             rejected=RejectedHint("poll_after", _shown(value), f"longer than the {max_seconds:g} s maximum")
         )
-    return HintCheck(seconds=seconds)
+    return HintCheck(seconds=seconds, source="poll_after")
 
 
 def parse_timestamp(value: object) -> datetime | None:
@@ -116,6 +128,10 @@ def parse_timestamp(value: object) -> datetime | None:
     except ValueError:
         return None
     if when.tzinfo is None:
+        return None
+    try:
+        when.timestamp()
+    except (OverflowError, ValueError):  # year 1 with a positive offset, and the like
         return None
     return when
 
@@ -134,7 +150,7 @@ def parse_next_check_at(value: object, *, now: float, max_seconds: float) -> Hin
         return HintCheck(
             rejected=RejectedHint("next_check_at", _shown(value), f"later than the {max_seconds:g} s maximum")
         )
-    return HintCheck(seconds=max(0.0, seconds))
+    return HintCheck(seconds=max(0.0, seconds), source="next_check_at")
 
 
 def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -212,6 +228,8 @@ class StatusBody:
     result: dict[str, object] = field(default_factory=dict[str, object])
     missing_fields: tuple[str, ...] = ()
     poll_hint: HintCheck = HintCheck()
+    # Every body hint that failed validation (recorded, then ignored).
+    rejected_hints: tuple[RejectedHint, ...] = ()
 
 
 def read_status_body(
@@ -221,7 +239,10 @@ def read_status_body(
     spec = table.response
     raw_state = get_field(body, spec.state_field)
     category = table.category_of(raw_state)
-    state = raw_state if isinstance(raw_state, str) else (None if raw_state is None else _shown(raw_state))
+    if raw_state is None:
+        state = None
+    else:
+        state = truncate_text(raw_state, MAX_STATE_TEXT) if isinstance(raw_state, str) else _shown(raw_state)
 
     error: str | None = None
     if spec.error_field is not None:
@@ -252,13 +273,17 @@ def read_status_body(
             else:
                 missing.append(name)
 
-    poll_hint = HintCheck()
+    # poll_after wins when both are valid; a rejected one never hides the other.
+    checks: list[HintCheck] = []
     if spec.poll_after_field is not None:
-        poll_hint = parse_poll_after(get_field(body, spec.poll_after_field), max_seconds=max_hint_seconds)
-    if poll_hint.seconds is None and poll_hint.rejected is None and spec.next_check_at_field is not None:
-        poll_hint = parse_next_check_at(
-            get_field(body, spec.next_check_at_field), now=now, max_seconds=max_hint_seconds
+        checks.append(parse_poll_after(get_field(body, spec.poll_after_field), max_seconds=max_hint_seconds))
+    if spec.next_check_at_field is not None:
+        checks.append(
+            parse_next_check_at(
+                get_field(body, spec.next_check_at_field), now=now, max_seconds=max_hint_seconds
+            )
         )
+    poll_hint = next((c for c in checks if c.seconds is not None), HintCheck())
     return StatusBody(
         state=state,
         category=category,
@@ -268,4 +293,5 @@ def read_status_body(
         result=result,
         missing_fields=tuple(missing),
         poll_hint=poll_hint,
+        rejected_hints=tuple(c.rejected for c in checks if c.rejected is not None),
     )

@@ -2,13 +2,14 @@
 
 The agent supplies job ids and payloads, never URLs: a job id is
 percent-encoded as one path segment, so `../admin`, `a/b`, `x?y=1` and
-`%2e%2e` stay inside the segment.
+`%2e%2e` stay inside the segment. The ids `.` and `..` are refused outright:
+URL normalisation would turn them into "this directory" and "the parent".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from urllib.parse import quote, unquote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
 from pollwarden_providers.table import ProviderTable
 
@@ -18,11 +19,33 @@ class EgressError(ValueError):
 
 
 class MissingCredentialError(LookupError):
-    """The environment variable the table names for credentials is not set."""
+    """The environment variable the table names for credentials is not set (or unusable)."""
+
+
+# A job id longer than this is refused: no provider documents such ids.
+MAX_JOB_ID_LENGTH = 256
+# A credential shorter than this is not redacted from provider answers
+# (replacing every "ab" in a body would corrupt it); such a secret is no secret.
+MIN_REDACTED_SECRET_LENGTH = 6
+REDACTED = "[redacted]"
+
+
+def job_id_problem(job_id: str) -> str | None:
+    """Why `job_id` cannot be sent as a path segment, or None when it can."""
+    if not job_id.strip():
+        return "it is empty"
+    if len(job_id) > MAX_JOB_ID_LENGTH:
+        return f"it is longer than {MAX_JOB_ID_LENGTH} characters"
+    if job_id in (".", ".."):
+        return f"{job_id!r} would be read as a relative path, not a job id"
+    return None
 
 
 def encode_job_id(job_id: str) -> str:
-    """The job id as a single, fully percent-encoded path segment."""
+    """The job id as a single, fully percent-encoded path segment (`EgressError` if it cannot be one)."""
+    problem = job_id_problem(job_id)
+    if problem is not None:
+        raise EgressError(f"refusing job id: {problem}")
     # safe="" encodes "/" too; "%" is encoded, so "%2e%2e" cannot decode into "..".
     return quote(job_id, safe="")
 
@@ -69,6 +92,23 @@ def ensure_same_origin(table: ProviderTable, url: str) -> None:
         )
 
 
+def describe_location(location: str, limit: int = 200) -> str:
+    """A `Location` header as safe to note: no user name, password, query or fragment; one line, capped."""
+    text = "".join(ch for ch in location.strip() if ch.isprintable())
+    try:
+        parts = urlsplit(text)
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host  # an IPv6 literal keeps its brackets
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return "(an unparseable Location)"
+    netloc = f"{host}{port}" if parts.netloc else ""
+    shown = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    if parts.query or parts.fragment or parts.username is not None:
+        shown += " (credentials, query or fragment not shown)"
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
 def resolve_location(table: ProviderTable, base_url: str, location: str) -> str:
     """Resolve a `Location` header against `base_url`; refuse other origins."""
     absolute = urljoin(base_url, location.strip())
@@ -86,7 +126,8 @@ def job_id_from_location(table: ProviderTable, location_url: str) -> str | None:
     segment = path[len(prefix) : len(path) - len(suffix)] if suffix else path[len(prefix) :]
     if not segment or "/" in segment:
         return None
-    return unquote(segment)
+    job_id = unquote(segment)
+    return job_id if job_id_problem(job_id) is None else None
 
 
 def auth_headers(table: ProviderTable, environ: Mapping[str, str]) -> dict[str, str]:
@@ -103,4 +144,18 @@ def auth_headers(table: ProviderTable, environ: Mapping[str, str]) -> dict[str, 
             f"provider {table.name!r} needs credentials in the environment variable {table.auth.env}; "
             f"set it in the server's environment (it is never shown to the agent)"
         )
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        # The value is never echoed: the HTTP client would refuse it with the value in its message.
+        raise MissingCredentialError(
+            f"the environment variable {table.auth.env} (credentials for provider {table.name!r}) contains "
+            "a line break or another control character; set it to the bare token"
+        )
     return {table.auth.header: table.auth.prefix + value}
+
+
+def secret_values(table: ProviderTable, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The credential values to redact from anything a provider sends back."""
+    if table.auth is None:
+        return ()
+    value = environ.get(table.auth.env) or ""
+    return (value,) if len(value) >= MIN_REDACTED_SECRET_LENGTH else ()

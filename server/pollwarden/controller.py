@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -28,22 +29,41 @@ from pollwarden.extensions import ExtensionPlan, ExtensionResult, extension_chan
 from pollwarden.faults import fault_point
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord, status_for
-from pollwarden.schedule import first_check_at
+from pollwarden.schedule import first_check_at, local_backoff
 from pollwarden.store import Store
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.views import OperationView, Outcome, allowed_actions, operation_view
-from pollwarden_providers.interpret import get_field, parse_json_object, truncate_text
+from pollwarden_providers.interpret import (
+    BodyError,
+    RejectedHint,
+    get_field,
+    parse_json_object,
+    parse_retry_after,
+    truncate_text,
+)
 from pollwarden_providers.request_building import (
+    MAX_JOB_ID_LENGTH,
     EgressError,
     MissingCredentialError,
+    describe_location,
     job_id_from_location,
+    job_id_problem,
     resolve_location,
+    submit_url,
 )
 from pollwarden_providers.table import ProviderTable
 
 log = logging.getLogger("pollwarden")
 
+# While another process's request is in flight, look again after this long.
+IN_FLIGHT_RECHECK_SECONDS = 0.5
+
 ProgressCallback = Callable[[float, float | None, str], Awaitable[None]]
+
+# An idempotency key travels in a header: visible ASCII only, so it cannot inject one.
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+# A submission payload is stored and sent as JSON; larger inputs belong behind a reference.
+MAX_SUBMIT_BYTES = 256 * 1024
 
 
 def fingerprint(provider: str, account_context: str, payload: object) -> str:
@@ -98,12 +118,16 @@ class Controller:
             )
         return record
 
-    def view(self, record: OperationRecord, outcome: Outcome | None = None) -> OperationView:
+    def view(
+        self, record: OperationRecord, outcome: Outcome | None = None, *, retry_at: float | None = None
+    ) -> OperationView:
         """The operation view, with the extension suggestion clipped to the operator caps."""
         table = self.tables.get(record.provider)
         caps = self.config.caps
         suggestion = (min(900.0, caps.max_extra_seconds), min(4, caps.max_extra_status_requests))
-        return operation_view(record, table, now=self.clock.now(), outcome=outcome, suggestion=suggestion)
+        return operation_view(
+            record, table, now=self.clock.now(), outcome=outcome, suggestion=suggestion, retry_at=retry_at
+        )
 
     @property
     def lease_seconds(self) -> float:
@@ -136,8 +160,11 @@ class Controller:
                 "give exactly one of provider_job_id (track a job that already exists) or submit "
                 "(a JSON object to submit as a new job)"
             )
-        if provider_job_id is not None and (not provider_job_id.strip() or len(provider_job_id) > 256):
-            raise InvalidRequest("provider_job_id must be 1 to 256 characters")
+        if provider_job_id is not None and (problem := job_id_problem(provider_job_id)) is not None:
+            raise InvalidRequest(
+                f"provider_job_id cannot be used: {problem}; pass the provider's job id exactly, "
+                f"1 to {MAX_JOB_ID_LENGTH} characters"
+            )
         if submit is not None and table.submit is None:
             raise InvalidRequest(
                 f"provider {provider!r} has no [submit] section, so pollwarden cannot submit to it; "
@@ -171,12 +198,24 @@ class Controller:
             except ValueError as exc:
                 raise InvalidRequest(f"business_deadline_at: {exc}") from exc
             if business_at <= now:
-                raise InvalidRequest(f"business_deadline_at {business_deadline_at} has already passed")
+                raise InvalidRequest(
+                    f"business_deadline_at {business_deadline_at} has already passed (now is {iso(now)}); "
+                    "give a future RFC 3339 time, or omit it"
+                )
         if idempotency_key is not None and (
             submit is None or not table.submit or not table.submit.idempotency_header
         ):
             raise InvalidRequest(
                 "idempotency_key only applies to submit on a provider whose table names an idempotency_header"
+            )
+        if idempotency_key is not None and not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+            raise InvalidRequest(
+                "idempotency_key must be 1 to 255 visible ASCII characters without spaces, "
+                "e.g. 'report-2025-04-18-01'"
+            )
+        if submit is not None and len(json.dumps(submit, default=str)) > MAX_SUBMIT_BYTES:
+            raise InvalidRequest(
+                f"submit is larger than {MAX_SUBMIT_BYTES} bytes as JSON; pass a reference to large inputs"
             )
 
         account = account_context_of(table)
@@ -224,134 +263,359 @@ class Controller:
                     f"operation {operation_id!r} already exists for a different provider, job or payload; "
                     "use a new operation_id"
                 )
+            if idempotency_key is not None and idempotency_key != record.idempotency_key:
+                raise OperationConflict(
+                    f"operation {operation_id!r} was recorded with a different idempotency key; "
+                    "call again without idempotency_key (the recorded one is re-used) or use a new operation_id"
+                )
             log.info("start_operation %s: existing record returned", operation_id)
         if record.status == "submitting":
             record = await self._submit(record, table)
         return self.view(record)
 
     async def _submit(self, record: OperationRecord, table: ProviderTable) -> OperationRecord:
-        """Send the submission once; on a crash-and-recall the same idempotency key is re-used."""
+        """Send the submission at most once per call, and never create a second job (DESIGN §1.13, §1.14).
+
+        The record, its fingerprint and its idempotency key are on disk before
+        anything is sent. The submit request goes out under a lease that only a
+        recorded outcome clears, so a lease found without an outcome means a call
+        stopped after (perhaps) sending: with an idempotency key the request is
+        resent with the same key (the provider answers with the same job);
+        without one the operation stops as `delivery_ambiguous` and is never resent.
+        """
         assert table.submit is not None
-        assert record.submit_payload_json is not None
-        has_idempotency = bool(table.submit.idempotency_header and record.idempotency_key)
-        if not has_idempotency and record.version > 1:
-            # A submission without idempotency may already have been sent by the
-            # crashed call: never send a second one.
+        now = self.clock.now()
+        has_key = bool(table.submit.idempotency_header and record.idempotency_key)
+        if record.lease_owner is not None and (record.lease_expires_at or 0.0) > now:
+            return record  # another call is sending it right now: never two at once
+        if now >= record.effective_deadline:
+            return await self._stop_submission(
+                record,
+                "deadline_exceeded",
+                f"the {record.deadline_name} {iso(record.effective_deadline)} passed before the provider "
+                "accepted the submission; nothing more is sent",
+                at=now,
+            )
+        interrupted = record.lease_owner is not None
+        if interrupted and not has_key:
             return await self._stop_submission(
                 record,
                 "delivery_ambiguous",
-                "the submission may have been sent before a crash and the provider has no idempotency; "
-                "never resubmitted",
+                "a call sent (or was about to send) the submission and stopped before recording the answer; "
+                "the provider has no idempotency, so the job may or may not exist and it is never resubmitted. "
+                "A person checks the provider's console",
+                at=now,
             )
-        claimed = await self.store.update_fields(
+        if not interrupted and _submission_failures(record) and now < record.next_check_at:
+            return record  # a retry is allowed from next_check_at (stop_detail says when)
+        owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        claimed = await self.store.claim_submission(
             record.operation_id,
-            {"updated_at": self.clock.now()},
-            expect_status=("submitting",),
-            audit_kind="submit_sent",
-            at=self.clock.now(),
-            note=f"idempotency key {'present' if has_idempotency else 'absent'}",
+            owner=owner,
+            now=now,
+            lease_seconds=self.lease_seconds,
+            allow_stale=has_key,
+            note=(
+                ("resending after an interrupted call, " if interrupted else "")
+                + (
+                    "with the recorded idempotency key"
+                    if has_key
+                    else "without idempotency: sent at most once"
+                )
+            ),
         )
         if claimed is None:
             return await self.load(record.operation_id)
-        payload = json.loads(record.submit_payload_json)
-        answer = await self.http.submit(table, payload, record.idempotency_key)
-        now = self.clock.now()
+        assert claimed.submit_payload_json is not None
+        payload = json.loads(claimed.submit_payload_json)
+        answer = await self.http.submit(table, payload, claimed.idempotency_key)
         if isinstance(answer, NoAnswer):
-            if not answer.sent and not has_idempotency:
-                detail = f"submission not delivered ({answer.detail}); nothing was created, start again"
-                return await self._stop_submission(record, "integration_failure", detail, at=now)
-            if has_idempotency:
-                # Safe to retry with the same key: leave it submitting for the next call.
-                await self.store.update_fields(
-                    record.operation_id,
-                    {"updated_at": now},
-                    expect_status=("submitting",),
-                    audit_kind="submit_unanswered",
-                    at=now,
-                    note=f"{answer.detail}; call start_operation again with the same operation_id to retry "
-                    "with the same idempotency key",
-                )
-                return await self.load(record.operation_id)
-            return await self._stop_submission(
-                record,
-                "delivery_ambiguous",
-                f"submission {answer.detail}; the provider may or may not have created the job and has no "
-                "idempotency, so it is never resubmitted",
-                at=now,
+            return await self._submission_failed(
+                claimed,
+                table,
+                owner,
+                detail=answer.detail,
+                sent=answer.sent,
+                has_key=has_key,
+                at=answer.received_at,
             )
         if isinstance(answer, UnusableAnswer):
             return await self._stop_submission(
-                record, "integration_failure", f"submission answer unusable: {answer.reason}", at=now
+                claimed,
+                "integration_failure",
+                f"the submission's HTTP {answer.status_code} answer was refused: {answer.reason}; the job may "
+                "exist, a person checks the provider's console",
+                at=answer.received_at,
+                http_status=answer.status_code,
+                owner=owner,
             )
-        return await self._accept_submission(record, table, answer)
+        return await self._accept_submission(claimed, table, answer, owner, has_key=has_key)
 
     async def _accept_submission(
-        self, record: OperationRecord, table: ProviderTable, answer: ProviderAnswer
+        self,
+        record: OperationRecord,
+        table: ProviderTable,
+        answer: ProviderAnswer,
+        owner: str,
+        *,
+        has_key: bool,
     ) -> OperationRecord:
+        """Read the submit answer: a job id from the documented field or a same-origin Location, or a stop."""
         assert table.submit is not None
         now = answer.received_at
         code = answer.status_code
+        retry_after = parse_retry_after(
+            answer.headers.get("retry-after"), now=now, max_seconds=table.limits.max_deadline_seconds
+        )
+        rejected = [retry_after.rejected] if retry_after.rejected is not None else []
+
+        async def stop(reason: str, detail: str) -> OperationRecord:
+            return await self._stop_submission(
+                record, reason, detail, at=now, http_status=code, owner=owner, rejected=rejected
+            )
+
         if code in (401, 403):
-            return await self._stop_submission(
-                record, "authorization_denied", f"HTTP {code} on submission", at=now, http_status=code
+            return await stop(
+                "authorization_denied",
+                f"HTTP {code} on submission: the provider refused these credentials; a person must check access",
             )
-        if code not in (200, 201, 202):
-            return await self._stop_submission(
-                record, "integration_failure", f"HTTP {code} on submission", at=now, http_status=code
-            )
-        job_id: str | None = None
-        where = ""
-        if table.submit.job_id_field:
-            try:
-                body = parse_json_object(answer.body)
-            except ValueError as exc:
-                return await self._stop_submission(
-                    record,
-                    "integration_failure",
-                    f"submission body unreadable: {exc}",
-                    at=now,
-                    http_status=code,
-                )
-            value = get_field(body, table.submit.job_id_field)
-            if isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip():
-                job_id = str(value)
-                where = f"body field {table.submit.job_id_field}"
-        if job_id is None and "location" in answer.headers:
-            location = answer.headers["location"]
-            try:
-                absolute = resolve_location(table, table.origin + table.submit.path, location)
-            except EgressError as exc:
-                return await self._stop_submission(
-                    record,
-                    "integration_failure",
-                    f"submission Location {truncate_text(location, 120)} refused: {exc}",
-                    at=now,
-                    http_status=code,
-                )
-            job_id = job_id_from_location(table, absolute)
-            where = "Location header"
-        if job_id is None or len(job_id) > 256:
-            return await self._stop_submission(
-                record,
+        if 300 <= code < 400:
+            raw_location = answer.headers.get("location")
+            return await stop(
                 "integration_failure",
-                "the submission answer names no job id in the documented field or a same-origin Location; "
-                "pollwarden never guesses one",
+                f"HTTP {code} redirect on submission, not followed (requests go to {table.origin} only); "
+                f"Location {describe_location(raw_location) if raw_location else '(none)'}",
+            )
+        if code == 429:
+            used = record.rate_limited_used + 1
+            if used >= record.max_rate_limited:
+                return await self._stop_submission(
+                    record,
+                    "rate_limited",
+                    f"HTTP 429 on submission {used} times (limit {record.max_rate_limited}); nothing was created",
+                    at=now,
+                    http_status=code,
+                    owner=owner,
+                    rejected=rejected,
+                    changes={"rate_limited_used": used},
+                )
+            return await self._retry_submission_later(
+                record,
+                table,
+                owner,
+                at=now,
+                changes={"rate_limited_used": used, "last_http_status": code, "last_http_at": now},
+                what=f"the provider answered 429 (rate limited, {used} of {record.max_rate_limited})",
+                resend="sends it again",
+                attempt=used,
+                retry_after=retry_after.seconds,
+                rejected=rejected,
+            )
+        if code >= 500:
+            return await self._submission_failed(
+                record,
+                table,
+                owner,
+                detail=f"HTTP {code}",
+                sent=True,
+                has_key=has_key,
                 at=now,
                 http_status=code,
+                retry_after=retry_after.seconds,
+                rejected=rejected,
             )
-        updated = await self.store.update_fields(
+        if code not in (200, 201, 202):
+            return await stop(
+                "integration_failure",
+                f"HTTP {code} on submission: not an acceptance (200, 201 or 202); the provider refused the request",
+            )
+
+        job_id: str | None = None
+        where = ""
+        why_not: list[str] = []
+        field_name = table.submit.job_id_field
+        if field_name is not None:
+            try:
+                body: dict[str, object] | None = parse_json_object(answer.body)
+            except BodyError as exc:
+                body = None
+                why_not.append(f"the body is unreadable ({exc})")
+            value = get_field(body, field_name) if body is not None else None
+            if isinstance(value, str | int) and not isinstance(value, bool):
+                problem = job_id_problem(str(value))
+                if problem is None:
+                    job_id, where = str(value), f"body field {field_name}"
+                else:
+                    why_not.append(f"the body field {field_name} is not a usable job id ({problem})")
+            elif body is not None:
+                why_not.append(f"the body has no {field_name!r} field")
+        raw_location = answer.headers.get("location")
+        if job_id is None and raw_location:
+            try:
+                absolute = resolve_location(table, submit_url(table), raw_location)
+            except EgressError:
+                return await stop(
+                    "integration_failure",
+                    f"HTTP {code}: the submission's Location {describe_location(raw_location)} is not on "
+                    f"{table.origin}; it is never followed or used, and no job id is guessed. The job may exist: "
+                    "a person checks the provider's console",
+                )
+            job_id = job_id_from_location(table, absolute)
+            if job_id is None:
+                why_not.append(
+                    f"the Location {describe_location(raw_location)} does not match status_path "
+                    f"{table.status_path}"
+                )
+            else:
+                where = "Location header"
+        elif job_id is None:
+            why_not.append("there is no Location header")
+        if job_id is None:
+            return await stop(
+                "integration_failure",
+                f"HTTP {code}: the submission answer names no job id ({'; '.join(why_not)}); pollwarden never "
+                "guesses one. The job may exist: a person checks the provider's console",
+            )
+
+        first = first_check_at(
+            now, table.schedule.base_delay_seconds, table.schedule.max_delay_seconds, self.rng
+        )
+        next_at, source = first, "local_backoff"
+        if retry_after.seconds is not None and now + retry_after.seconds > first:
+            next_at, source = now + retry_after.seconds, "provider_retry_after"
+        updated = await self.store.finish_submission(
             record.operation_id,
-            {
+            owner=owner,
+            changes={
                 "status": "waiting",
                 "provider_job_id": job_id,
                 "last_http_status": code,
                 "last_http_at": now,
                 "provider_request_id": _request_id(table, answer.headers),
+                "next_check_at": next_at,
+                "delay_source": source,
+                "retry_after_seconds": retry_after.seconds,
+                "stop_detail": None,
             },
-            expect_status=("submitting",),
-            audit_kind="submitted",
+            kind="submitted",
             at=now,
-            note=f"job id from {where}",
+            note=f"HTTP {code}, job id from the {where}",
+            payload_extra={"rejected_hints": _hints_payload(rejected)},
+        )
+        return updated or await self.load(record.operation_id)
+
+    async def _submission_failed(
+        self,
+        record: OperationRecord,
+        table: ProviderTable,
+        owner: str,
+        *,
+        detail: str,
+        sent: bool,
+        has_key: bool,
+        at: float,
+        http_status: int | None = None,
+        retry_after: float | None = None,
+        rejected: list[RejectedHint] | None = None,
+    ) -> OperationRecord:
+        """No usable answer to a submit request: a transport failure (or 5xx), counted.
+
+        Sent without idempotency: the job may exist, so stop (`delivery_ambiguous`).
+        Otherwise a later start_operation may send it again, until the N-th failure.
+        """
+        failures = record.transport_failures_used + 1
+        counted: dict[str, object] = {"transport_failures_used": failures, "last_http_at": at}
+        if http_status is not None:
+            counted["last_http_status"] = http_status
+        budget = f"transport failures {failures} of {record.max_transport_failures}"
+        if sent and not has_key:
+            return await self._stop_submission(
+                record,
+                "delivery_ambiguous",
+                f"the submission was sent and got no usable answer ({detail}); the provider has no idempotency, "
+                "so the job may or may not exist and it is never resubmitted. A person checks the provider's "
+                f"console ({budget})",
+                at=at,
+                owner=owner,
+                changes=counted,
+                rejected=rejected,
+            )
+        if failures >= record.max_transport_failures:
+            if sent or has_key:
+                reason = "delivery_ambiguous"
+                text = (
+                    f"no usable answer to {failures} submission attempts (last: {detail}); the job may exist "
+                    "under the recorded idempotency key. Never resubmitted: a person checks the provider's console"
+                )
+            else:
+                reason = "integration_failure"
+                text = (
+                    f"the provider at {table.origin} could not be reached for {failures} submission attempts "
+                    f"(last: {detail}); nothing was delivered, no job exists. Check that the provider is "
+                    "reachable, then start a new operation"
+                )
+            return await self._stop_submission(
+                record, reason, f"{text} ({budget})", at=at, owner=owner, changes=counted, rejected=rejected
+            )
+        if sent:
+            what = f"the submission got no usable answer ({detail}) and may have reached the provider"
+            resend = "resends it with the same idempotency key, so the provider returns the same job"
+        else:
+            what = f"the submission never left ({detail}); nothing reached the provider"
+            resend = "sends it again"
+        return await self._retry_submission_later(
+            record,
+            table,
+            owner,
+            at=at,
+            changes=counted,
+            what=f"{what} ({budget})",
+            resend=resend,
+            attempt=failures,
+            retry_after=retry_after,
+            rejected=rejected,
+        )
+
+    async def _retry_submission_later(
+        self,
+        record: OperationRecord,
+        table: ProviderTable,
+        owner: str,
+        *,
+        at: float,
+        changes: Mapping[str, object],
+        what: str,
+        resend: str,
+        attempt: int,
+        retry_after: float | None,
+        rejected: list[RejectedHint] | None,
+    ) -> OperationRecord:
+        """Leave the operation `submitting`, with the earliest time a start_operation call may try again."""
+        wait = local_backoff(
+            attempt - 1, table.schedule.base_delay_seconds, table.schedule.max_delay_seconds, self.rng
+        )
+        source = "local_backoff"
+        if retry_after is not None and retry_after >= wait:
+            wait, source = retry_after, "provider_retry_after"
+        retry_at = at + wait
+        detail = (
+            f"{what}. Call start_operation again with the same operation_id from {iso(retry_at)}: "
+            f"it {resend}; an earlier call sends nothing"
+        )
+        updated = await self.store.finish_submission(
+            record.operation_id,
+            owner=owner,
+            changes={
+                **changes,
+                "next_check_at": retry_at,
+                "delay_source": source,
+                "retry_after_seconds": retry_after,
+                "stop_detail": detail,
+            },
+            kind="submit_unanswered",
+            at=at,
+            note=detail,
+            payload_extra={"rejected_hints": _hints_payload(rejected or [])},
         )
         return updated or await self.load(record.operation_id)
 
@@ -363,24 +627,42 @@ class Controller:
         *,
         at: float | None = None,
         http_status: int | None = None,
+        owner: str | None = None,
+        changes: Mapping[str, object] | None = None,
+        rejected: list[RejectedHint] | None = None,
     ) -> OperationRecord:
+        """Stop a submission; with `owner`, also release the lease taken to send it."""
         at = self.clock.now() if at is None else at
-        changes: dict[str, object] = {
+        stop: dict[str, object] = {
+            **(changes or {}),
             "status": status_for(reason),
             "stop_reason": reason,
             "stop_detail": detail,
             "stopped_at": at,
         }
         if http_status is not None:
-            changes.update(last_http_status=http_status, last_http_at=at)
-        updated = await self.store.update_fields(
-            record.operation_id,
-            changes,
-            expect_status=("submitting",),
-            audit_kind="stopped",
-            at=at,
-            note=detail,
-        )
+            stop.update(last_http_status=http_status, last_http_at=at)
+        if owner is not None:
+            updated = await self.store.finish_submission(
+                record.operation_id,
+                owner=owner,
+                changes=stop,
+                kind="stopped",
+                at=at,
+                note=detail,
+                payload_extra={"rejected_hints": _hints_payload(rejected or [])},
+            )
+        else:
+            # Nothing in flight (checked by the caller): an interrupted call's lease is cleared too.
+            stop.update(lease_owner=None, lease_expires_at=None)
+            updated = await self.store.update_fields(
+                record.operation_id,
+                stop,
+                expect_status=("submitting",),
+                audit_kind="stopped",
+                at=at,
+                note=detail,
+            )
         return updated or await self.load(record.operation_id)
 
     # -- check_status -----------------------------------------------------------------
@@ -415,17 +697,19 @@ class Controller:
                 if stopped is not None:
                     return self.view(stopped, "stopped")
             lease_busy = record.lease_owner is not None and (record.lease_expires_at or 0) > now
-            allowed_at = (
-                max(record.next_check_at, record.lease_expires_at or 0)
-                if lease_busy
-                else record.next_check_at
-            )
-            if now < allowed_at or lease_busy:
+            allowed_at = record.next_check_at
+            if lease_busy:
+                # Another request is in flight: its answer will move next_check_at, so
+                # look again shortly rather than at the lease's (long) expiry.
+                allowed_at = max(
+                    allowed_at, min(record.lease_expires_at or now, now + IN_FLIGHT_RECHECK_SECONDS)
+                )
+            if now < allowed_at:
                 if allowed_at <= wait_until:
                     await self._wait(allowed_at, wait_started, wait_until, now, progress, lease_busy)
                     continue
                 record = await self.store.note_refusal(operation_id, now)
-                return self.view(record, "not_yet")
+                return self.view(record, "not_yet", retry_at=allowed_at)
             owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
             reservation = await self.store.reserve(
                 operation_id, owner=owner, now=now, lease_seconds=self.lease_seconds, fleet=table.fleet
@@ -673,6 +957,15 @@ def _after_no(record: OperationRecord) -> str:
 def record_allowed(record: OperationRecord) -> list[str]:
     """Allowed actions without a table (for messages)."""
     return allowed_actions(record, None)
+
+
+def _submission_failures(record: OperationRecord) -> int:
+    """Failed submit attempts so far (only submission moves these counters before a job id exists)."""
+    return record.transport_failures_used + record.rate_limited_used
+
+
+def _hints_payload(hints: list[RejectedHint]) -> list[dict[str, str]]:
+    return [{"source": h.source, "value": h.value, "reason": h.reason} for h in hints]
 
 
 def _request_id(table: ProviderTable, headers: Mapping[str, str]) -> str | None:

@@ -5,17 +5,21 @@ lease, with this request already counted), the provider's answer, the time and
 a random source. It returns a `Transition` that the store applies in one
 transaction. Nothing in a provider answer can change a budget, a deadline or an
 approval: only counters, the observed state and the next check time move.
+
+Hints (`Retry-After` on any status code, a body's poll hint) are validated
+first; every rejected one is carried on the transition, whatever the answer
+turns out to mean, so the audit records what was ignored and why.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from pollwarden.clock import RandomSource
 from pollwarden.records import OperationRecord, status_for
 from pollwarden.schedule import plan_next_check
+from pollwarden.timefmt import iso
 from pollwarden_providers.interpret import (
     BodyError,
     HintCheck,
@@ -25,6 +29,7 @@ from pollwarden_providers.interpret import (
     read_status_body,
     truncate_text,
 )
+from pollwarden_providers.request_building import describe_location
 from pollwarden_providers.table import ProviderTable
 
 
@@ -112,8 +117,23 @@ def _keep_waiting(
     rate_limited_without_guidance: bool,
     base: Transition,
 ) -> Transition:
-    """Schedule the next check, or stop when the budget or the deadline leaves no room."""
-    rejected = tuple(h.rejected for h in (retry_after, poll_hint) if h.rejected is not None)
+    """Schedule the next check, or stop when the budget or the deadline leaves no room.
+
+    `base.rejected_hints` already holds every rejected hint. A valid poll hint
+    that lands at or after the deadline is a suggestion that cannot be honoured:
+    it is recorded as ignored and the local backoff is used instead.
+    """
+    rejected = base.rejected_hints
+    deadline = record.effective_deadline
+    if poll_hint.seconds is not None and now + poll_hint.seconds >= deadline:
+        rejected += (
+            RejectedHint(
+                poll_hint.source or "poll_after",
+                f"{poll_hint.seconds:g} s",
+                f"ends after the {record.deadline_name}; local backoff used instead",
+            ),
+        )
+        poll_hint = HintCheck()
     used_after = record.status_requests_used
     if used_after >= record.max_status_requests:
         return replace(
@@ -135,7 +155,6 @@ def _keep_waiting(
         poll_hint=poll_hint.seconds,
         rate_limited_without_guidance=rate_limited_without_guidance,
     )
-    deadline = record.effective_deadline
     if plan.at >= deadline:
         why = "the provider's Retry-After" if plan.mandatory else "the next allowed check"
         return replace(
@@ -192,14 +211,21 @@ def decide_after_response(
         )
 
     if isinstance(answer, UnusableAnswer):
-        unread = Transition(status="waiting", http_status=answer.status_code)
-        return _stop(unread, "integration_failure", f"HTTP {answer.status_code}, {answer.reason}")
+        unread = Transition(status="waiting", http_status=answer.status_code, note=answer.reason)
+        return _stop(
+            unread, "integration_failure", f"HTTP {answer.status_code} answer refused: {answer.reason}"
+        )
 
     code = answer.status_code
     headers = answer.headers
     request_id = _request_id(table, headers)
     retry_after = parse_retry_after(headers.get("retry-after"), now=now, max_seconds=max_hint)
-    answered = Transition(status="waiting", http_status=code, provider_request_id=request_id)
+    answered = Transition(
+        status="waiting",
+        http_status=code,
+        provider_request_id=request_id,
+        rejected_hints=(retry_after.rejected,) if retry_after.rejected else (),
+    )
 
     if code >= 500:
         base = replace(answered, transport_failure=True)
@@ -210,7 +236,6 @@ def decide_after_response(
                 stop_reason="delivery_ambiguous",
                 stop_detail=f"HTTP {code}; transport failures {limits_note}",
                 retry_after_seconds=retry_after.seconds,
-                rejected_hints=(retry_after.rejected,) if retry_after.rejected else (),
             )
         return _keep_waiting(
             record,
@@ -240,7 +265,6 @@ def decide_after_response(
                 stop_reason="rate_limited",
                 stop_detail=f"HTTP 429 {used} times (limit {record.max_rate_limited})",
                 retry_after_seconds=retry_after.seconds,
-                rejected_hints=(retry_after.rejected,) if retry_after.rejected else (),
             )
         return _keep_waiting(
             record,
@@ -254,11 +278,13 @@ def decide_after_response(
         )
 
     if 300 <= code < 400:
-        location = truncate_text(headers.get("location", ""), 200) or None
+        raw_location = headers.get("location")
+        location = describe_location(raw_location) if raw_location else None
         return _stop(
             answered,
             "integration_failure",
-            f"HTTP {code} redirect (not followed) to {location or 'no Location'}",
+            f"HTTP {code} redirect, not followed (requests go to {table.origin} only); "
+            f"Location {location or '(none)'}",
             location=location,
         )
 
@@ -296,7 +322,11 @@ def decide_after_response(
 
     read = read_status_body(table, body, now=now, max_hint_seconds=max_hint)
     answered = replace(
-        answered, state=read.state, category=read.category, provider_expires_at=read.expires_at
+        answered,
+        state=read.state,
+        category=read.category,
+        provider_expires_at=read.expires_at,
+        rejected_hints=answered.rejected_hints + read.rejected_hints,
     )
     if read.state is None:
         return _stop(answered, "integration_failure", f"the body has no {table.response.state_field!r} field")
@@ -326,8 +356,8 @@ def decide_after_response(
         return _stop(
             answered,
             "integration_failure",
-            f"contradiction: still {read.state!r} after the provider's own expiry "
-            f"{json.dumps(body.get(table.response.expires_at_field or ''), default=str)}",
+            f"contradiction: the provider still reports {read.state!r} after its own expiry "
+            f"{iso(read.expires_at)} ({table.response.expires_at_field})",
         )
     base = answered
     if read.expires_at_rejected:

@@ -5,11 +5,18 @@ Thin I/O around the pure rules: it returns a `ProviderAnswer`, a `NoAnswer`
 never raises for anything a provider does. The transport is a seam
 (`httpx2.AsyncBaseTransport`), so tests use a real loopback server instead of
 patching.
+
+A provider that echoes our credential back (in an error message, a header, a
+Location) gets it replaced by "[redacted]" before anything else reads the
+answer, so the secret cannot travel on into the database, the audit or a tool
+result. The HTTP libraries' own debug logs (which show response headers) pass
+through the same redaction.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,14 +27,41 @@ import httpx2
 from pollwarden.decide import NoAnswer, ProviderAnswer, UnusableAnswer
 from pollwarden.faults import fault_point
 from pollwarden_providers.request_building import (
+    REDACTED,
     auth_headers,
     job_url,
+    secret_values,
     status_url,
     submit_url,
 )
 from pollwarden_providers.table import ProviderTable
 
 USER_AGENT = "pollwarden/0.1"
+# The HTTP libraries' loggers; their DEBUG traces include response headers.
+_HTTP_LOGGERS = (
+    "httpx2",
+    "httpcore2.connection",
+    "httpcore2.http11",
+    "httpcore2.http2",
+    "httpcore2.proxy",
+    "httpcore2.socks",
+)
+
+
+class _RedactingFilter(logging.Filter):
+    """Replaces the credentials this client has sent in anything the HTTP libraries log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            message = record.getMessage()
+            redacted = _redact_text(message, tuple(self.secrets))
+            if redacted != message:
+                record.msg, record.args = redacted, None
+        return True
 
 
 @dataclass(frozen=True)
@@ -115,9 +149,14 @@ class ProviderHTTP:
             },
             event_hooks={"response": [_after_request_sent]},
         )
+        self._log_filter = _RedactingFilter()
+        for name in _HTTP_LOGGERS:
+            logging.getLogger(name).addFilter(self._log_filter)
 
     async def aclose(self) -> None:
         """Close the connection pool."""
+        for name in _HTTP_LOGGERS:
+            logging.getLogger(name).removeFilter(self._log_filter)
         await self._client.aclose()
 
     def credentials(self, table: ProviderTable) -> dict[str, str]:
@@ -158,10 +197,12 @@ class ProviderHTTP:
         content: bytes | None = None,
     ) -> ProviderAnswer | NoAnswer | UnusableAnswer:
         all_headers = {**self.credentials(table), **headers}
+        secrets = secret_values(table, self.environ)
+        self._log_filter.secrets.update(secrets)
         try:
             with anyio.fail_after(self.limits.total_timeout_seconds):
                 async with self._client.stream(method, url, headers=all_headers, content=content) as response:
-                    return await self._read(response)
+                    return await self._read(response, secrets)
         except TimeoutError:
             return NoAnswer(
                 "response_too_slow",
@@ -180,9 +221,11 @@ class ProviderHTTP:
                 "connection_error", f"connection lost ({type(exc).__name__})", self.now(), sent=True
             )
 
-    async def _read(self, response: httpx2.Response) -> ProviderAnswer | UnusableAnswer:
+    async def _read(
+        self, response: httpx2.Response, secrets: tuple[str, ...]
+    ) -> ProviderAnswer | UnusableAnswer:
         received = self.now()
-        headers = {k.lower(): v for k, v in response.headers.items()}
+        headers = {k.lower(): _redact_text(v, secrets) for k, v in response.headers.items()}
         if 300 <= response.status_code < 400:
             # Never read or follow a redirect: the Location is only noted.
             return ProviderAnswer(response.status_code, headers, b"", received)
@@ -202,4 +245,18 @@ class ProviderHTTP:
             )
         except zlib.error:
             return UnusableAnswer(response.status_code, "body is not valid compressed data", received)
-        return ProviderAnswer(response.status_code, headers, bytes(body), self.now())
+        return ProviderAnswer(response.status_code, headers, _redact_bytes(bytes(body), secrets), self.now())
+
+
+def _redact_text(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def _redact_bytes(body: bytes, secrets: tuple[str, ...]) -> bytes:
+    """Replace each secret in the body, raw and as it would appear escaped inside a JSON string."""
+    for secret in secrets:
+        for form in {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}:
+            body = body.replace(form.encode(), REDACTED.encode())
+    return body

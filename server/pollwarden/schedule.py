@@ -100,3 +100,18 @@ def pace(tat: float | None, *, now: float, rate: float, burst: int) -> PacingSte
     if earliest <= now:
         return PacingStep(True, now, current + interval)
     return PacingStep(False, earliest, current + interval)
+
+
+# A booked slot is held for one pacing interval after its time, and never less
+# than this (a caller waiting with wait_seconds arrives within milliseconds).
+FLEET_SLOT_GRACE_FLOOR_SECONDS = 0.25
+
+
+def slot_still_held(slot_at: float, *, now: float, rate: float) -> bool:
+    """Whether a booked slot may still be used at `now` without pacing again.
+
+    A slot left unused past its grace is gone (the bucket already spent it): the
+    late request queues again like any other, so agents that all come back late
+    cannot reach the provider together.
+    """
+    return now <= slot_at + max(1.0 / rate, FLEET_SLOT_GRACE_FLOOR_SECONDS)

@@ -11,7 +11,8 @@ import json
 import logging
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -26,7 +27,7 @@ from mcp.server.mcpserver import (
     MCPServer,
     Resolve,
 )
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
@@ -35,7 +36,7 @@ from pollwarden.audit import audit_key_from_env, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig
 from pollwarden.controller import Controller
-from pollwarden.errors import ConfigError, OperationError, PollwardenError, StoreError
+from pollwarden.errors import ConfigError, OperationError, OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
@@ -110,8 +111,28 @@ def controller_factory(
     return factory
 
 
+@dataclass(frozen=True)
+class DatabaseUnavailable:
+    """The lifespan context when the database could not be opened at start-up (missing, read-only, locked)."""
+
+    reason: str
+
+    @property
+    def message(self) -> str:
+        """What every tool call answers: the problem and its fix, then the restart it needs."""
+        return (
+            f"{self.reason}. pollwarden could not open its database when it started, so no tool works; "
+            "fix this, then restart the pollwarden server (reconnect it in the MCP client)"
+        )
+
+
+ServerContext = Controller | DatabaseUnavailable
+
+
 def _controller(ctx: Context[Any, Any]) -> Controller:
     controller = ctx.request_context.lifespan_context
+    if isinstance(controller, DatabaseUnavailable):
+        raise ToolError(controller.message)
     assert isinstance(controller, Controller)
     return controller
 
@@ -124,6 +145,16 @@ async def _run(work: Awaitable[T]) -> T:
         raise ToolError(str(exc)) from exc
     except PollwardenError as exc:  # pragma: no cover - every raise site is one of the above
         raise ToolError(str(exc)) from exc
+
+
+async def _read(work: Awaitable[T]) -> T:
+    """For resources: an unknown operation is 'not found' with the message, not an internal error."""
+    try:
+        return await work
+    except OperationNotFound as exc:
+        raise ResourceNotFoundError(str(exc)) from exc
+    except PollwardenError as exc:
+        raise ResourceError(str(exc)) from exc
 
 
 async def _plan(
@@ -177,15 +208,22 @@ async def _ask_cancel(
     return Elicit(plan.question, followups.ConfirmCancel)
 
 
-def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCPServer[Controller]:
+def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCPServer[ServerContext]:
     """The MCP server with its tools and resources."""
 
     @asynccontextmanager
-    async def lifespan(_: MCPServer[Controller]) -> AsyncGenerator[Controller]:
-        async with factory() as controller:
-            yield controller
+    async def lifespan(_: MCPServer[ServerContext]) -> AsyncGenerator[ServerContext]:
+        async with AsyncExitStack() as stack:
+            context: ServerContext
+            try:
+                context = await stack.enter_async_context(factory())
+            except StoreError as exc:
+                # Stay up and say why on every call: a server that dies at start-up tells the agent nothing.
+                log.error("database unusable: %s; every tool call answers with this until a restart", exc)
+                context = DatabaseUnavailable(str(exc))
+            yield context
 
-    mcp: MCPServer[Controller] = MCPServer(
+    mcp: MCPServer[ServerContext] = MCPServer(
         name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0"
     )
 
@@ -374,7 +412,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         mime_type="application/json",
     )
     async def operation_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
-        view = await _run(_controller(ctx).get_operation(operation_id))
+        view = await _read(_controller(ctx).get_operation(operation_id))
         return view.model_dump_json(indent=2)
 
     @mcp.resource(
@@ -385,7 +423,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
     )
     async def audit_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
         controller = _controller(ctx)
-        await _run(controller.load(operation_id))
+        await _read(controller.load(operation_id))
         db: Path = controller.store.path
         rows = await anyio.to_thread.run_sync(lambda: read_rows(db, operation_id))
         return "\n".join(render_story(rows)) + "\n"

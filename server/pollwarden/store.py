@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
+import anyio
 
 from pollwarden.audit import AUDIT_SCHEMA_SQL, append_audit
 from pollwarden.errors import StoreError
 from pollwarden.records import OPERATION_COLUMNS, OperationRecord
-from pollwarden.schedule import pace
+from pollwarden.schedule import pace, slot_still_held
 from pollwarden.timefmt import iso, to_datetime
 from pollwarden_providers.table import FleetSpec
 
@@ -247,34 +248,44 @@ class Store:
         self.conn = conn
         self.path = path
         self.audit_key = audit_key
+        # One connection per process, shared by concurrent tool calls: one
+        # transaction (or read) at a time on it, or BEGIN would nest.
+        self._lock = anyio.Lock()
 
     # -- plumbing ---------------------------------------------------------
 
     @asynccontextmanager
     async def write(self) -> AsyncGenerator[aiosqlite.Connection]:
         """A `BEGIN IMMEDIATE` transaction: the write lock is taken up front, so reads inside are current."""
-        try:
-            await self.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise _describe(exc, self.path) from exc
-        try:
-            yield self.conn
-        except BaseException:
-            with suppress(sqlite3.Error):
-                await self.conn.execute("ROLLBACK")
-            raise
-        try:
-            await self.conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with suppress(sqlite3.Error):
-                await self.conn.execute("ROLLBACK")
-            raise _describe(exc, self.path) from exc
+        async with self._lock:
+            try:
+                await self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _describe(exc, self.path) from exc
+            try:
+                yield self.conn
+            except sqlite3.Error as exc:
+                # A write refused inside the transaction (read-only file, full disk): the same clear error.
+                with suppress(sqlite3.Error):
+                    await self.conn.execute("ROLLBACK")
+                raise _describe(exc, self.path) from exc
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    await self.conn.execute("ROLLBACK")
+                raise
+            try:
+                await self.conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                with suppress(sqlite3.Error):
+                    await self.conn.execute("ROLLBACK")
+                raise _describe(exc, self.path) from exc
 
     async def _guard(self, work: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await work()
-        except sqlite3.Error as exc:
-            raise _describe(exc, self.path) from exc
+        async with self._lock:
+            try:
+                return await work()
+            except sqlite3.Error as exc:
+                raise _describe(exc, self.path) from exc
 
     async def _fetch_operation(self, operation_id: str) -> OperationRecord | None:
         async with self.conn.execute(
@@ -407,6 +418,71 @@ class Store:
                 )
         return record
 
+    # -- submission ---------------------------------------------------------------
+
+    async def claim_submission(
+        self,
+        operation_id: str,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        allow_stale: bool,
+        note: str,
+    ) -> OperationRecord | None:
+        """Take the submission lease before the submit request is sent (None: not free).
+
+        The lease stays on the record until `finish_submission` clears it, so a
+        lease found later without an outcome means a call stopped mid-submission.
+        An expired lease is taken over only with `allow_stale` (the provider has
+        idempotency, so sending again cannot create a second job).
+        """
+        params: list[object] = [owner, now + lease_seconds, now, operation_id]
+        free = "lease_owner IS NULL"
+        if allow_stale:
+            free = "(lease_owner IS NULL OR lease_expires_at <= ?)"
+            params.append(now)
+        async with self.write() as conn:
+            cur = await conn.execute(
+                "UPDATE operations SET lease_owner = ?, lease_expires_at = ?, version = version + 1, "
+                f"updated_at = ? WHERE operation_id = ? AND status = 'submitting' AND {free}",
+                params,
+            )
+            if cur.rowcount != 1:
+                return None
+            record = await self._must_fetch(operation_id)
+            payload = decision_payload(record, kind="submit_sending", outcome=None, note=note)
+            await self._audit(record, now, "submit_sending", payload)
+        return record
+
+    async def finish_submission(
+        self,
+        operation_id: str,
+        *,
+        owner: str,
+        changes: Mapping[str, object],
+        kind: str,
+        at: float,
+        note: str | None,
+        payload_extra: Mapping[str, object] | None = None,
+    ) -> OperationRecord | None:
+        """Record what one submit request led to and release the lease (None: the lease was lost)."""
+        sets = "".join(f"{c} = ?, " for c in changes)
+        async with self.write() as conn:
+            cur = await conn.execute(
+                f"UPDATE operations SET {sets}lease_owner = NULL, lease_expires_at = NULL, "
+                "version = version + 1, updated_at = ? "
+                "WHERE operation_id = ? AND status = 'submitting' AND lease_owner = ?",
+                [*changes.values(), at, operation_id, owner],
+            )
+            if cur.rowcount != 1:
+                return None
+            record = await self._must_fetch(operation_id)
+            payload = decision_payload(record, kind=kind, outcome=None, note=note)
+            payload.update(payload_extra or {})
+            await self._audit(record, at, kind, payload)
+        return record
+
     # -- the check procedure ---------------------------------------------------
 
     async def note_refusal(self, operation_id: str, at: float) -> OperationRecord:
@@ -442,7 +518,13 @@ class Store:
         """
         async with self.write() as conn:
             current = await self._must_fetch(operation_id)
-            if fleet is not None and _may_reserve(current, now) and current.fleet_slot_at is None:
+            # A booked slot is used without pacing again, unless it was left unused past its grace.
+            held = (
+                fleet is not None
+                and current.fleet_slot_at is not None
+                and slot_still_held(current.fleet_slot_at, now=now, rate=fleet.max_requests_per_second)
+            )
+            if fleet is not None and _may_reserve(current, now) and not held:
                 async with conn.execute(
                     "SELECT tat FROM fleet_buckets WHERE provider = ?", (current.provider,)
                 ) as cur:
@@ -474,8 +556,21 @@ class Store:
                 "AND (lease_owner IS NULL OR lease_expires_at <= ?)",
                 (owner, now + lease_seconds, now, operation_id, now, now, now, now),
             )
+            if cur.rowcount == 1 and current.lease_owner is not None:
+                await self._audit_lease_recovery(current, now)
             record = await self._must_fetch(operation_id)
             return Reservation(record, reserved=cur.rowcount == 1, paced=False)
+
+    async def _audit_lease_recovery(self, before: OperationRecord, at: float) -> None:
+        """Make a check that never finished (its process died, say) visible when its expired lease is taken."""
+        note = (
+            f"the check holding status request {before.status_requests_used} did not finish within its lease "
+            f"(expired {iso(before.lease_expires_at)}; its process may have stopped). That request stays "
+            "counted: it may have reached the provider. It is never re-sent"
+        )
+        await self._flush_refusals(before)  # keep the story in order: refusals while it was held come first
+        payload = decision_payload(before, kind="lease_recovered", outcome=None, note=note)
+        await self._audit(before, at, "lease_recovered", payload)
 
     async def apply_answer(
         self,
@@ -516,15 +611,18 @@ class Store:
     ) -> OperationRecord | None:
         """Stop a waiting operation (deadline passed, budget used) when no request is in flight."""
         async with self.write() as conn:
+            before = await self._must_fetch(operation_id)
             cur = await conn.execute(
                 "UPDATE operations SET status = ?, stop_reason = ?, stop_detail = ?, stopped_at = ?, "
-                "version = version + 1, updated_at = ? "
+                "lease_owner = NULL, lease_expires_at = NULL, version = version + 1, updated_at = ? "
                 "WHERE operation_id = ? AND status = 'waiting' "
                 "AND (lease_owner IS NULL OR lease_expires_at <= ?)",
                 (status, reason, detail, at, at, operation_id, at),
             )
             if cur.rowcount != 1:
                 return None
+            if before.lease_owner is not None:
+                await self._audit_lease_recovery(before, at)
             record = await self._flush_refusals(await self._must_fetch(operation_id))
             await self._audit(
                 record, at, "stopped", decision_payload(record, kind="stopped", outcome="stopped")

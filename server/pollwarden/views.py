@@ -49,7 +49,10 @@ def allowed_actions(record: OperationRecord, table: ProviderTable | None) -> lis
     """The tools the agent may call next for this operation (read-only tools are always allowed)."""
     if record.status == "waiting":
         return ["check_status"]
-    if record.status == "submitting" or record.stop_reason is None:
+    if record.status == "submitting":
+        # Calling it again with the same operation_id is safe: it never submits twice.
+        return ["start_operation"]
+    if record.stop_reason is None:
         return []
     if record.provider_job_id is None:
         return []  # a submission whose fate is unknown is never retried
@@ -232,7 +235,12 @@ def _next_step_message(record: OperationRecord, outcome: Outcome | None, wait: f
             f"({record.delay_source}); call check_status then (wait_seconds lets the server wait for you)."
         )
     if record.status == "submitting":
-        return "The submission's outcome is being recorded; call get_operation again."
+        if record.lease_owner is None and record.stop_detail:
+            return f"Not submitted yet: {record.stop_detail}."
+        return (
+            "The submission is being sent (or a call sending it stopped before recording the answer). "
+            "Call start_operation again with the same operation_id after a while: it never submits twice."
+        )
     if record.status == "succeeded":
         return "The job succeeded with every required field; call fetch_result for the validated result."
     if record.status == "escalated":
@@ -250,10 +258,12 @@ def operation_view(
     now: float,
     outcome: Outcome | None = None,
     suggestion: tuple[float, int] = (900.0, 4),
+    retry_at: float | None = None,
 ) -> OperationView:
-    """Build the view the tools return."""
+    """Build the view the tools return; `retry_at` overrides when the next call may send a request."""
     waiting = record.status == "waiting"
-    wait = max(0.0, record.next_check_at - now) if waiting else None
+    next_at = record.next_check_at if retry_at is None else max(record.next_check_at, retry_at)
+    wait = max(0.0, next_at - now) if waiting else None
     escalation: Escalation | None = None
     if record.status == "escalated" and record.stop_reason is not None:
         options = escalation_options(record, table, suggestion)
@@ -273,7 +283,7 @@ def operation_view(
         category=record.category,
         stop_reason=record.stop_reason,
         stop_detail=record.stop_detail,
-        next_check_at=iso(record.next_check_at) if waiting else None,
+        next_check_at=iso(next_at) if waiting else None,
         retry_after_seconds=wait,
         delay_source=record.delay_source if waiting else None,
         status_requests_used=record.status_requests_used,

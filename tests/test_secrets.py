@@ -1,0 +1,143 @@
+"""A canary credential reaches the provider, and nothing else: not tool output, the database, the audit,
+the logs or an error message — even when the provider echoes it back.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp_types import CallToolResult
+
+from harness import Harness, error_text, make_harness, view
+from pollwarden.audit import export_jsonl
+from pollwarden.fake_provider import FakeProvider, Step, failed, http
+
+pytestmark = pytest.mark.anyio
+
+WITH_AUTH: dict[str, Any] = {"auth": {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}}
+
+
+def db_bytes(h: Harness) -> bytes:
+    """The database file and its -wal and -shm companions, as stored on disk."""
+    paths = [
+        h.db_path,
+        h.db_path.with_name(h.db_path.name + "-wal"),
+        h.db_path.with_name(h.db_path.name + "-shm"),
+    ]
+    return b"".join(path.read_bytes() for path in paths if path.exists())
+
+
+def text_of(result: CallToolResult) -> str:
+    content = " ".join(getattr(block, "text", "") for block in result.content)
+    return content + json.dumps(result.structured_content)
+
+
+async def test_a_canary_credential_reaches_the_provider_and_appears_nowhere_else(
+    tmp_path: Path, fake: FakeProvider, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    canary = f"canary-{uuid.uuid4()}"
+    # The provider echoes the credential everywhere it can: a header, the body, an error, a Location.
+    fake.script(
+        "job_0001",
+        [
+            Step(
+                body={"state": "running", "echo": f"Bearer {canary}"},
+                headers={"X-Request-Id": f"req-{canary}"},
+            ),
+            failed(f"invalid token Bearer {canary}"),
+        ],
+    )
+    fake.script("leaky", [http(302, headers={"Location": f"http://127.0.0.1:9/steal/{canary}?t={canary}"})])
+    h = make_harness(tmp_path, fake, table=WITH_AUTH, environ={"ACME_TOKEN": canary})
+    outputs: list[str] = []
+    async with h.client() as client:
+
+        async def call(name: str, args: dict[str, Any]) -> CallToolResult:
+            result = await client.call_tool(name, args)
+            outputs.append(text_of(result))
+            return result
+
+        started = view(
+            await call("start_operation", {"provider": "acme", "operation_id": "op-c", "submit": {"n": 1}})
+        )
+        assert started["provider_job_id"] == "job_0001"
+        first = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 50}))
+        assert first["provider_request_id"] == "req-[redacted]"
+        ended = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 50}))
+        assert ended["error"] == "invalid token Bearer [redacted]"
+        await call(
+            "start_operation", {"provider": "acme", "operation_id": "op-l", "provider_job_id": "leaky"}
+        )
+        redirected = view(await call("check_status", {"operation_id": "op-l", "wait_seconds": 50}))
+        assert redirected["stop_reason"] == "integration_failure"
+        conflict = await call(
+            "start_operation", {"provider": "acme", "operation_id": "op-c", "submit": {"n": 2}}
+        )
+        assert "different provider, job or payload" in error_text(conflict)
+        await call("get_operation", {"operation_id": "op-c"})
+        await call("list_operations", {})
+        for uri in ("pollwarden://operations/op-c", "pollwarden://operations/op-c/audit"):
+            outputs.append(str(await client.read_resource(uri)))
+        while_open = db_bytes(h)
+
+    sent = fake.log()
+    assert len(sent) == 4
+    assert all(entry["headers"]["authorization"] == f"Bearer {canary}" for entry in sent)
+
+    exported = io.StringIO()
+    assert export_jsonl(h.db_path, exported) > 0
+    captured = capsys.readouterr()
+    logged = caplog.text + " ".join(repr(r.args) + str(r.exc_info) for r in caplog.records)
+    needle = canary.encode()
+    assert needle not in while_open
+    assert needle not in db_bytes(h)
+    for where, text in {
+        "tool output": "\n".join(outputs),
+        "audit export": exported.getvalue(),
+        "logs": logged,
+        "stdout/stderr": captured.out + captured.err,
+    }.items():
+        assert canary not in text, f"the canary leaked into the {where}"
+    assert "[redacted]" in "\n".join(outputs)
+
+
+async def test_a_missing_credential_is_a_clear_error_at_start_with_nothing_sent_or_recorded(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = make_harness(tmp_path, fake, table=WITH_AUTH, environ={})
+    async with h.client() as client:
+        for args in ({"provider_job_id": "j1"}, {"submit": {"n": 1}}):
+            result = await client.call_tool(
+                "start_operation", {"provider": "acme", "operation_id": "op-m", **args}
+            )
+            text = error_text(result)
+            assert "ACME_TOKEN" in text
+            assert "environment variable" in text
+        listed = view(await client.call_tool("list_operations", {}))
+    assert listed["count"] == 0
+    assert fake.log() == []
+
+
+async def test_a_credential_with_a_line_break_is_refused_without_showing_its_value(
+    tmp_path: Path, fake: FakeProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    canary = f"canary-{uuid.uuid4()}"
+    h = make_harness(tmp_path, fake, table=WITH_AUTH, environ={"ACME_TOKEN": f"{canary}\r\nX-Evil: 1"})
+    async with h.client() as client:
+        result = await client.call_tool(
+            "start_operation", {"provider": "acme", "operation_id": "op-n", "provider_job_id": "j1"}
+        )
+    text = error_text(result)
+    assert "ACME_TOKEN" in text
+    assert "line break" in text
+    assert canary not in text
+    assert canary not in caplog.text
+    assert fake.log() == []
