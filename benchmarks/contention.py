@@ -1,0 +1,383 @@
+"""Many server processes on one database: throughput and tail latency under lock contention.
+
+    python benchmarks/contention.py                       # 1 process, then 8; about 40 s
+    python benchmarks/contention.py --processes 4 --seconds 5
+
+Each worker is its own process running pollwarden's MCP server with the
+in-process SDK `Client` (the full tool path, without stdio framing) against
+one shared SQLite file (WAL, synchronous=FULL, BEGIN IMMEDIATE for every
+change). The fake provider runs as its own process on 127.0.0.1. Every worker
+repeats the same mix for a fixed time, one call in flight at a time:
+
+    start_operation  ->  check_status (polled: one provider request)
+                     ->  check_status (not_yet) x 2
+
+The 1-process baseline runs first, in the same run, so both rows come from
+the same machine state. Prints a table and writes benchmarks/results/contention.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp.client import Client
+
+from pollwarden.config import ServerConfig
+from pollwarden.server import build_server, controller_factory
+from pollwarden.store import open_store
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STARTUP_SECONDS = 15.0
+READY_TIMEOUT_SECONDS = 120.0
+IDLE_PER_WORKER = 20
+KINDS = ("start_operation", "check_polled", "check_not_yet")
+
+TABLE_TOML = """\
+name = "{name}"
+base_url = "{base_url}"
+status_path = "/v1/jobs/{{job_id}}"
+
+[response]
+state_field = "state"
+
+[states]
+pending = ["queued", "running"]
+succeeded = ["succeeded"]
+failed = ["failed"]
+cancelled = ["cancelled"]
+expired = ["expired"]
+
+[success]
+required_fields = ["result_url"]
+
+[schedule]
+base_delay_seconds = {delay!r}
+max_delay_seconds = {delay!r}
+
+[limits]
+default_deadline_seconds = 86400
+max_deadline_seconds = 86400
+default_max_status_requests = 1000000
+max_status_requests = 1000000
+"""
+
+
+@contextmanager
+def fake_provider_process(workdir: Path) -> Generator[str]:
+    """`python -m pollwarden.fake_provider` on a free 127.0.0.1 port; yields its base URL."""
+    log_path = workdir / "fake_provider.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pollwarden.fake_provider", "--port", "0"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            first = log_path.read_text().splitlines()[:1]
+            if first and first[0].startswith("http://127.0.0.1:"):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the fake provider did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.02)
+        yield first[0].strip()
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def quiet_logs() -> None:
+    """Warnings only: one INFO line per provider request would be most of the output."""
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("httpx2", "httpx", "mcp", "pollwarden"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]
+
+
+def machine() -> dict[str, Any]:
+    """Where the numbers came from."""
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# ----- one worker process ----------------------------------------------------------------------
+
+
+async def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Set up, say ready, wait for go, run the mix until the time is up; return the samples."""
+    config = ServerConfig(db_path=Path(args.db), provider_dirs=(Path(args.tables),))
+    me = f"w{args.worker_id}-{args.phase}"
+    rng = random.Random(args.worker_id)
+    latencies: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    errors: list[str] = []
+    async with Client(build_server(controller_factory(config))) as client:
+
+        async def call(kind: str, tool: str, arguments: dict[str, Any], expect: str | None) -> None:
+            started = time.perf_counter()
+            result = await client.call_tool(tool, arguments)
+            elapsed = time.perf_counter() - started
+            if result.is_error:
+                errors.append(" ".join(getattr(b, "text", "") for b in result.content)[:300])
+                return
+            content: dict[str, Any] = result.structured_content or {}
+            if expect is not None and content.get("outcome") != expect:
+                errors.append(f"{tool}: expected {expect}, got {content.get('outcome')}")
+                return
+            if kind in latencies:
+                latencies[kind].append(elapsed)
+
+        poll_op = f"{me}-poll"
+        await call(
+            "setup",
+            "start_operation",
+            {"provider": "fast", "operation_id": poll_op, "provider_job_id": "busy"},
+            None,
+        )
+        idle = [f"{me}-idle-{i:03d}" for i in range(IDLE_PER_WORKER)]
+        for op in idle:
+            await call(
+                "setup",
+                "start_operation",
+                {"provider": "slow", "operation_id": op, "provider_job_id": "busy"},
+                None,
+            )
+        Path(args.ready).write_text("ready")
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        go = Path(args.go)
+        while not go.exists():  # bounded wait for the driver's signal
+            if time.monotonic() > deadline:
+                raise TimeoutError("no go signal from the driver")
+            await anyio.sleep(0.005)
+        stop_at = float(go.read_text()) + args.seconds
+        n = 0
+        while time.time() < stop_at:
+            n += 1
+            start = {"provider": "slow", "operation_id": f"{me}-new-{n:06d}", "provider_job_id": "busy"}
+            await call("start_operation", "start_operation", start, None)
+            await call("check_polled", "check_status", {"operation_id": poll_op}, "polled")
+            for _ in range(2):
+                await call("check_not_yet", "check_status", {"operation_id": rng.choice(idle)}, "not_yet")
+    return {"latencies": latencies, "errors": errors, "seconds": args.seconds}
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    """Entry point of one worker: results as JSON to --out."""
+    quiet_logs()
+    result = anyio.run(worker, args)
+    Path(args.out).write_text(json.dumps(result))
+    return 0
+
+
+# ----- the driver --------------------------------------------------------------------------------
+
+
+def _tail(phase_dir: Path) -> str:
+    """The end of every worker's stderr, for an error message."""
+    return "\n".join(p.read_text()[-1500:] for p in sorted(phase_dir.glob("err-*.log")) if p.read_text())
+
+
+def run_phase(
+    processes: int, seconds: float, workdir: Path, db: Path, tables: Path, phase: str
+) -> dict[str, Any]:
+    """Start `processes` workers, release them together, collect and summarise their samples."""
+    phase_dir = workdir / phase
+    phase_dir.mkdir()
+    go = phase_dir / "go"
+    children: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
+    try:
+        for k in range(processes):
+            ready, out = phase_dir / f"ready-{k}", phase_dir / f"out-{k}.json"
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                "--worker-id",
+                str(k),
+                "--phase",
+                phase,
+                "--db",
+                str(db),
+                "--tables",
+                str(tables),
+                "--seconds",
+                str(seconds),
+                "--ready",
+                str(ready),
+                "--go",
+                str(go),
+                "--out",
+                str(out),
+            ]
+            errlog = (phase_dir / f"err-{k}.log").open("w")
+            children.append((subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=errlog), ready, out))
+            errlog.close()
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while not all(ready.exists() for _, ready, _ in children):
+            for child, _, _ in children:
+                if child.poll() is not None and child.returncode != 0:
+                    raise RuntimeError(f"a worker failed during setup:\n{_tail(phase_dir)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("workers did not become ready in time")
+            time.sleep(0.02)
+        go.write_text(repr(time.time() + 0.2))
+        for child, _, _ in children:
+            child.wait(timeout=seconds + READY_TIMEOUT_SECONDS)
+            if child.returncode != 0:
+                raise RuntimeError(f"a worker exited with {child.returncode}:\n{_tail(phase_dir)}")
+    finally:
+        for child, _, _ in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=5)
+    merged: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    errors: list[str] = []
+    for _, _, out in children:
+        data = json.loads(out.read_text())
+        for kind in KINDS:
+            merged[kind].extend(data["latencies"][kind])
+        errors.extend(data["errors"])
+    checks = merged["check_polled"] + merged["check_not_yet"]
+    row: dict[str, Any] = {
+        "processes": processes,
+        "seconds": seconds,
+        "checks_per_second": round(len(checks) / seconds, 1),
+        "calls_per_second": round(sum(len(v) for v in merged.values()) / seconds, 1),
+        "check_p50_ms": round(percentile(checks, 50) * 1000, 2),
+        "check_p95_ms": round(percentile(checks, 95) * 1000, 2),
+        "check_p99_ms": round(percentile(checks, 99) * 1000, 2),
+        "errors": len(errors),
+        "error_examples": sorted(set(errors))[:5],
+    }
+    for kind in KINDS:
+        row[kind] = {
+            "count": len(merged[kind]),
+            "p50_ms": round(percentile(merged[kind], 50) * 1000, 2),
+            "p95_ms": round(percentile(merged[kind], 95) * 1000, 2),
+        }
+    return row
+
+
+async def prepare(db: Path, base_url: str) -> None:
+    """Create the database once (so workers do not race on migrations) and script the job."""
+    async with open_store(db):
+        pass
+    async with httpx2.AsyncClient(base_url=base_url, timeout=10.0, trust_env=False) as control:
+        body = {"kind": "status", "job_id": "busy", "steps": [{"status": 200, "body": {"state": "running"}}]}
+        (await control.post("/_control/script", json=body)).raise_for_status()
+
+
+def render(rows: Sequence[dict[str, Any]]) -> str:
+    """The result table as fixed-width text."""
+    header = (
+        f"{'processes':>9} {'checks/s':>9} {'calls/s':>8} {'check p50':>10} {'p95':>8} {'p99':>8} "
+        f"{'polled p95':>11} {'not_yet p95':>12} {'start p95':>10} {'errors':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r['processes']:>9} {r['checks_per_second']:>9.1f} {r['calls_per_second']:>8.1f} "
+            f"{r['check_p50_ms']:>8.2f}ms {r['check_p95_ms']:>6.2f}ms {r['check_p99_ms']:>6.2f}ms "
+            f"{r['check_polled']['p95_ms']:>9.2f}ms {r['check_not_yet']['p95_ms']:>10.2f}ms "
+            f"{r['start_operation']['p95_ms']:>8.2f}ms {r['errors']:>7}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Driver (default) or one worker (--worker)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "contention.json")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-id", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--db", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--tables", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--ready", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--go", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    if not 1 <= args.processes <= 32:
+        parser.error("--processes must be 1 to 32")
+    if not 1 <= args.seconds <= 120:
+        parser.error("--seconds must be 1 to 120")
+    quiet_logs()
+    where = machine()
+    with tempfile.TemporaryDirectory(prefix="pollwarden-bench-") as tmp:
+        workdir = Path(tmp)
+        with fake_provider_process(workdir) as base_url:
+            tables = workdir / "tables"
+            tables.mkdir()
+            (tables / "fast.toml").write_text(
+                TABLE_TOML.format(name="fast", base_url=base_url, delay=0.000001)
+            )
+            (tables / "slow.toml").write_text(TABLE_TOML.format(name="slow", base_url=base_url, delay=3600.0))
+            db = workdir / "contention.db"
+            anyio.run(prepare, db, base_url)
+            rows = [
+                run_phase(1, args.seconds, workdir, db, tables, "baseline"),
+                run_phase(args.processes, args.seconds, workdir, db, tables, "contended"),
+            ]
+    result = {
+        "benchmark": "contention",
+        "mix": "per round: start_operation, check_status polled, check_status not_yet x2",
+        "machine": where,
+        "rows": rows,
+        "checks_per_second_ratio": round(rows[1]["checks_per_second"] / rows[0]["checks_per_second"], 2),
+        "check_p95_ratio": round(rows[1]["check_p95_ms"] / rows[0]["check_p95_ms"], 2),
+    }
+    print(
+        f"{args.processes} processes on one SQLite database vs 1, {args.seconds:g} s each, mixed operations"
+    )
+    print(render(rows))
+    print(
+        f"checks/s x{result['checks_per_second_ratio']}, check p95 x{result['check_p95_ratio']} "
+        f"({where['cpu_count']} CPUs)"
+    )
+    out: Path = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

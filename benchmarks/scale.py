@@ -1,0 +1,295 @@
+"""Does a check cost more when the database holds many operations?
+
+    python benchmarks/scale.py                       # 10 then 10,000 active operations, about a minute
+    python benchmarks/scale.py --operations 2000     # quicker
+
+The fake provider runs as its own process on 127.0.0.1; pollwarden runs in
+this process behind the in-process MCP `Client`, on the real clock, with one
+SQLite file (WAL, synchronous=FULL). The same measurement runs twice: with 10
+active (waiting) operations in the database, and again after filling it to
+`--operations` active operations with real `start_operation` calls (through
+the controller directly, one transaction and audit row each, as the tool
+does). Measured each time: the median and p95 of `check_status` that polls
+(one provider request) and of `check_status` answered `not_yet`, and
+`start_operation` throughput through the MCP client. The fill itself gives
+`start_operation` throughput through the controller.
+
+Prints a table and writes benchmarks/results/scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp.client import Client
+
+from pollwarden.config import ServerConfig
+from pollwarden.server import build_server, controller_factory
+from pollwarden_providers.table import ProviderTable
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STARTUP_SECONDS = 15.0
+SMALL = 10
+
+
+def provider_table(name: str, base_url: str, delay_seconds: float) -> ProviderTable:
+    """A table for the fake provider whose every check is `delay_seconds` after the last."""
+    return ProviderTable.model_validate(
+        {
+            "name": name,
+            "base_url": base_url,
+            "status_path": "/v1/jobs/{job_id}",
+            "response": {"state_field": "state"},
+            "states": {
+                "pending": ["queued", "running"],
+                "succeeded": ["succeeded"],
+                "failed": ["failed"],
+                "cancelled": ["cancelled"],
+                "expired": ["expired"],
+            },
+            "success": {"required_fields": ["result_url"]},
+            "schedule": {"base_delay_seconds": delay_seconds, "max_delay_seconds": delay_seconds},
+            "limits": {
+                "default_deadline_seconds": 86400,
+                "max_deadline_seconds": 86400,
+                # Large enough that one operation can be polled for the whole run.
+                "default_max_status_requests": 1_000_000,
+                "max_status_requests": 1_000_000,
+            },
+        }
+    )
+
+
+@contextmanager
+def fake_provider_process(workdir: Path) -> Generator[str]:
+    """`python -m pollwarden.fake_provider` on a free 127.0.0.1 port; yields its base URL."""
+    log_path = workdir / "fake_provider.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pollwarden.fake_provider", "--port", "0"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            first = log_path.read_text().splitlines()[:1]
+            if first and first[0].startswith("http://127.0.0.1:"):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the fake provider did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.02)
+        yield first[0].strip()
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def quiet_logs() -> None:
+    """Warnings only: one INFO line per provider request would be most of the output."""
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("httpx2", "httpx", "mcp", "pollwarden"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]
+
+
+def ms(samples: Sequence[float]) -> dict[str, float]:
+    """Median and p95 in milliseconds."""
+    return {
+        "median_ms": round(percentile(samples, 50) * 1000, 3),
+        "p95_ms": round(percentile(samples, 95) * 1000, 3),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """Where the numbers came from."""
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def structured(result: Any) -> dict[str, Any]:
+    """The structured output of a tool call; a tool error raises with its text."""
+    if result.is_error:
+        raise RuntimeError(" ".join(getattr(b, "text", "") for b in result.content))
+    value: dict[str, Any] = result.structured_content
+    return value
+
+
+class Bench:
+    """One database and one MCP client; names new operations."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.created = 0
+
+    async def start(self, provider: str, job: str) -> str:
+        self.created += 1
+        op = f"{provider}-{self.created:06d}"
+        args = {"provider": provider, "operation_id": op, "provider_job_id": job}
+        structured(await self.client.call_tool("start_operation", args))
+        return op
+
+    async def check(self, op: str, expect: str) -> float:
+        started = time.perf_counter()
+        result = await self.client.call_tool("check_status", {"operation_id": op})
+        elapsed = time.perf_counter() - started
+        outcome = structured(result)["outcome"]
+        if outcome != expect:
+            raise RuntimeError(f"expected {expect} for {op}, got {outcome}")
+        return elapsed
+
+    async def checks(self, samples: int, poll_op: str, idle_ops: Sequence[str]) -> dict[str, Any]:
+        """check_status polled and not_yet, interleaved."""
+        polled: list[float] = []
+        refused: list[float] = []
+        for i in range(samples):
+            polled.append(await self.check(poll_op, "polled"))
+            refused.append(await self.check(idle_ops[i % len(idle_ops)], "not_yet"))
+        return {"check_status_polled": ms(polled), "check_status_not_yet": ms(refused)}
+
+    async def starts(self, count: int) -> float:
+        """start_operation calls per second through the MCP client."""
+        started = time.perf_counter()
+        for _ in range(count):
+            await self.start("slow", "scale-idle")
+        return round(count / (time.perf_counter() - started), 1)
+
+
+async def run(
+    operations: int, samples: int, start_calls: int, workdir: Path, base_url: str
+) -> dict[str, Any]:
+    """Measure at 10 operations, fill to `operations`, measure again."""
+    async with httpx2.AsyncClient(base_url=base_url, timeout=10.0, trust_env=False) as control:
+        for job in ("scale-poll", "scale-idle"):
+            body = {"kind": "status", "job_id": job, "steps": [{"status": 200, "body": {"state": "running"}}]}
+            (await control.post("/_control/script", json=body)).raise_for_status()
+    tables = {
+        "fast": provider_table("fast", base_url, 0.000001),
+        "slow": provider_table("slow", base_url, 3600.0),
+    }
+    db = workdir / "scale.db"
+    factory = controller_factory(ServerConfig(db_path=db), tables=tables)
+    async with Client(build_server(factory)) as client, factory() as controller:
+        bench = Bench(client)
+        idle = [await bench.start("slow", "scale-idle") for _ in range(SMALL - 1)]
+        poll_op = await bench.start("fast", "scale-poll")
+        await bench.checks(max(20, samples // 10), poll_op, idle)  # warm-up, discarded
+        small_count = await controller.store.count_operations()
+        small = await bench.checks(samples, poll_op, idle)
+        small["start_operation_mcp_per_second"] = await bench.starts(start_calls)
+
+        fill = operations - await controller.store.count_operations()
+        started = time.perf_counter()
+        for n in range(fill):
+            await controller.start_operation(
+                provider="slow", operation_id=f"fill-{n:06d}", provider_job_id="scale-idle"
+            )
+        fill_seconds = time.perf_counter() - started
+        large_count = await controller.store.count_operations()
+        # Idle operations spread across the whole id range, so reads are not all in one page.
+        spread = [f"fill-{n:06d}" for n in range(0, fill, max(1, fill // 50))]
+        large = await bench.checks(samples, poll_op, spread)
+        large["start_operation_mcp_per_second"] = await bench.starts(start_calls)
+    return {
+        "small": {"operations": small_count, **small},
+        "large": {"operations": large_count, **large},
+        "fill": {
+            "start_operation_calls": fill,
+            "seconds": round(fill_seconds, 2),
+            "start_operation_controller_per_second": round(fill / fill_seconds, 1),
+        },
+        "database_bytes": db.stat().st_size + sum(p.stat().st_size for p in workdir.glob("scale.db-*")),
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """The result table as fixed-width text."""
+    small, large, fill = result["small"], result["large"], result["fill"]
+    header = f"{'measure':<38} {small['operations']:>9,} ops {large['operations']:>9,} ops {'ratio':>7}"
+    lines = [header, "-" * len(header)]
+    for key, label in (
+        ("check_status_polled", "check_status -> polled"),
+        ("check_status_not_yet", "check_status -> not_yet"),
+    ):
+        for stat in ("median_ms", "p95_ms"):
+            a, b = small[key][stat], large[key][stat]
+            lines.append(
+                f"{label + ' ' + stat.replace('_ms', ' (ms)'):<38} {a:>13.2f} {b:>13.2f} {b / a:>7.2f}"
+            )
+    a, b = small["start_operation_mcp_per_second"], large["start_operation_mcp_per_second"]
+    lines.append(f"{'start_operation via MCP (per second)':<38} {a:>13.1f} {b:>13.1f} {b / a:>7.2f}")
+    lines.append(
+        f"fill: {fill['start_operation_calls']:,} start_operation calls through the controller in "
+        f"{fill['seconds']:.1f} s = {fill['start_operation_controller_per_second']:.0f}/s; "
+        f"database {result['database_bytes'] / 1e6:.1f} MB"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start the fake provider, measure, print and save the table."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--operations", type=int, default=10_000)
+    parser.add_argument("--samples", type=int, default=400)
+    parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    args = parser.parse_args(argv)
+    quiet_logs()
+    if not 100 <= args.operations <= 100_000:
+        parser.error("--operations must be 100 to 100000")
+    if not 10 <= args.samples <= 10_000:
+        parser.error("--samples must be 10 to 10000")
+    where = machine()
+    with tempfile.TemporaryDirectory(prefix="pollwarden-bench-") as tmp:
+        workdir = Path(tmp)
+        with fake_provider_process(workdir) as base_url:
+            measured = anyio.run(run, args.operations, args.samples, args.samples, workdir, base_url)
+    result = {
+        "benchmark": "scale",
+        "samples": args.samples,
+        "start_operation_mcp_calls": args.samples,
+        "machine": where,
+        **measured,
+    }
+    print(f"check_status cost as the database grows ({args.samples} samples each, in-process MCP client)")
+    print(render(result))
+    out: Path = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
