@@ -401,15 +401,11 @@ class Store:
         note: str | None = None,
     ) -> OperationRecord | None:
         """Guarded update: applies only while the status is one of `expect_status`."""
-        sets = ", ".join(f"{c} = ?" for c in changes)
         marks = ", ".join("?" for _ in expect_status)
         async with self.write() as conn:
-            cur = await conn.execute(
-                f"UPDATE operations SET {sets}, version = version + 1, updated_at = ? "
-                f"WHERE operation_id = ? AND status IN ({marks})",
-                [*changes.values(), at, operation_id, *expect_status],
-            )
-            if cur.rowcount != 1:
+            if not await _guarded_update(
+                conn, operation_id, changes, at=at, guard=f"status IN ({marks})", guard_params=expect_status
+            ):
                 return None
             record = await self._must_fetch(operation_id)
             if audit_kind is not None:
@@ -467,15 +463,16 @@ class Store:
         payload_extra: Mapping[str, object] | None = None,
     ) -> OperationRecord | None:
         """Record what one submit request led to and release the lease (None: the lease was lost)."""
-        sets = "".join(f"{c} = ?, " for c in changes)
         async with self.write() as conn:
-            cur = await conn.execute(
-                f"UPDATE operations SET {sets}lease_owner = NULL, lease_expires_at = NULL, "
-                "version = version + 1, updated_at = ? "
-                "WHERE operation_id = ? AND status = 'submitting' AND lease_owner = ?",
-                [*changes.values(), at, operation_id, owner],
-            )
-            if cur.rowcount != 1:
+            released = {**changes, "lease_owner": None, "lease_expires_at": None}
+            if not await _guarded_update(
+                conn,
+                operation_id,
+                released,
+                at=at,
+                guard="status = 'submitting' AND lease_owner = ?",
+                guard_params=(owner,),
+            ):
                 return None
             record = await self._must_fetch(operation_id)
             payload = decision_payload(record, kind=kind, outcome=None, note=note)
@@ -586,7 +583,6 @@ class Store:
         Applied only while this caller still holds the lease: an answer that
         arrives after the lease was lost and taken over is audited, not applied.
         """
-        sets = ", ".join(f"{c} = ?" for c in changes)
         async with self.write() as conn:
             before = await self._must_fetch(operation_id)
             if before.lease_owner != owner:
@@ -595,10 +591,9 @@ class Store:
                 await self._audit(before, at, "late_answer_ignored", payload)
                 return before, False
             before = await self._flush_refusals(before)
-            await conn.execute(
-                f"UPDATE operations SET {sets}, lease_owner = NULL, lease_expires_at = NULL, "
-                "version = version + 1, updated_at = ? WHERE operation_id = ? AND lease_owner = ?",
-                [*changes.values(), at, operation_id, owner],
+            released = {**changes, "lease_owner": None, "lease_expires_at": None}
+            await _guarded_update(
+                conn, operation_id, released, at=at, guard="lease_owner = ?", guard_params=(owner,)
             )
             record = await self._must_fetch(operation_id)
             payload = decision_payload(record, kind="polled", outcome="polled")
@@ -759,15 +754,16 @@ class Store:
         payload_extra: Mapping[str, object],
     ) -> OperationRecord | None:
         """Grant a new authorization, only if the operation is still as it was when asked."""
-        sets = ", ".join(f"{c} = ?" for c in changes)
         async with self.write() as conn:
-            cur = await conn.execute(
-                f"UPDATE operations SET {sets}, extensions_used = extensions_used + 1, "
-                "version = version + 1, updated_at = ? WHERE operation_id = ? AND version = ? "
-                "AND status = 'escalated'",
-                [*changes.values(), at, operation_id, bound_version],
-            )
-            if cur.rowcount != 1:
+            if not await _guarded_update(
+                conn,
+                operation_id,
+                changes,
+                at=at,
+                guard="version = ? AND status = 'escalated'",
+                guard_params=(bound_version,),
+                also="extensions_used = extensions_used + 1, ",
+            ):
                 return None
             if approval_id is not None:
                 await conn.execute(
@@ -813,15 +809,15 @@ class Store:
         still `expect_version`; otherwise nothing is written and None is returned.
         """
         async with self.write() as conn:
-            if operation_changes:
-                sets = ", ".join(f"{c} = ?" for c in operation_changes)
-                cur = await conn.execute(
-                    f"UPDATE operations SET {sets}, version = version + 1, updated_at = ? "
-                    "WHERE operation_id = ? AND version = ?",
-                    [*operation_changes.values(), at, operation_id, expect_version],
-                )
-                if cur.rowcount != 1:
-                    return None
+            if operation_changes and not await _guarded_update(
+                conn,
+                operation_id,
+                operation_changes,
+                at=at,
+                guard="version = ?",
+                guard_params=(expect_version,),
+            ):
+                return None
             await conn.execute(
                 "INSERT INTO followups (followup_id, operation_id, kind, status, approval_id, requested_at, "
                 "finished_at, http_status, answer, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -853,6 +849,26 @@ class Store:
             return [FollowupRecord(*tuple(r)) for r in rows]
 
         return await self._guard(work)
+
+
+async def _guarded_update(
+    conn: aiosqlite.Connection,
+    operation_id: str,
+    changes: Mapping[str, object],
+    *,
+    at: float,
+    guard: str,
+    guard_params: Sequence[object],
+    also: str = "",
+) -> bool:
+    """Update one operation's columns (bumping its version) only where `guard` holds; True when applied."""
+    sets = "".join(f"{column} = ?, " for column in changes)
+    cur = await conn.execute(
+        f"UPDATE operations SET {sets}{also}version = version + 1, updated_at = ? "
+        f"WHERE operation_id = ? AND {guard}",
+        [*changes.values(), at, operation_id, *guard_params],
+    )
+    return cur.rowcount == 1
 
 
 def decision_payload(
