@@ -255,3 +255,29 @@ async def test_a_wrong_provider_table_stops_serve_at_start_up_naming_the_file_th
     async with h.client() as client:
         assert view(await client.call_tool("get_operation", {"operation_id": "op-safe"})) == before
     assert fake.log() == []
+
+
+def test_serving_http_on_a_non_loopback_host_is_refused_unless_asked_for(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pollwarden",
+            "serve",
+            "--transport",
+            "http",
+            "--host",
+            "0.0.0.0",
+            "--db",
+            str(tmp_path / "x.db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "not a loopback address" in done.stderr
+    assert "--allow-non-loopback" in done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "x.db").exists()

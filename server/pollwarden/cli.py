@@ -23,6 +23,9 @@ from pollwarden.timefmt import iso
 
 log = logging.getLogger("pollwarden")
 
+# Only on these does the MCP SDK keep its DNS-rebinding protection on.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="SQLite file shared by every pollwarden process (env POLLWARDEN_DB)")
@@ -41,6 +44,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the MCP server over stdio (default) or streamable HTTP on 127.0.0.1."""
     from pollwarden.server import build_server, controller_factory
 
+    if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.allow_non_loopback:
+        raise ConfigError(
+            f"--host {args.host} is not a loopback address: the MCP SDK then turns off its DNS-rebinding "
+            "protection and anyone who can reach the port may call the tools. Serve on 127.0.0.1 behind an "
+            "authenticating proxy, or pass --allow-non-loopback if you really mean it"
+        )
     config = _config(args)
     factory = controller_factory(config)  # refuses a wrong provider table before serving
     server = build_server(factory)
@@ -142,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
     serve.add_argument("--port", type=int, default=8000, help="HTTP only")
+    serve.add_argument(
+        "--allow-non-loopback",
+        action="store_true",
+        help="HTTP only: allow a --host other than loopback (turns off DNS-rebinding protection)",
+    )
     serve.add_argument(
         "--approval",
         choices=["elicitation", "tool-confirmation"],
