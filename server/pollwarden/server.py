@@ -31,7 +31,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from pollwarden import followups
+from pollwarden import approvals, followups
 from pollwarden.audit import audit_key_from_env, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig
@@ -161,7 +161,8 @@ async def _plan(
     operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Context[Any, Any]
 ) -> ExtensionPlan:
     return await _run(
-        _controller(ctx).plan_extension(
+        approvals.plan_extension(
+            _controller(ctx),
             operation_id,
             extra_seconds=extra_seconds,
             extra_status_requests=extra_status_requests,
@@ -316,21 +317,21 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         async def work() -> ExtensionResult:
             record = await controller.load(operation_id)
             if not plan.allowed:
-                return controller.refused(plan, record)
+                return approvals.refused(controller, plan, record)
             if controller.config.approval_mode == "tool-confirmation":
-                return await controller.apply_extension(plan, by="client tool confirmation")
+                return await approvals.apply_extension(controller, plan, by="client tool confirmation")
             # The resolver returns None (no question) when the client cannot show a prompt.
             answer: object = decision.data if isinstance(decision, AcceptedElicitation) else None
             if isinstance(answer, ExtensionDecision):
                 if answer.decision == "approve":
-                    return await controller.apply_extension(plan, by="person (elicitation)")
-                return await controller.record_answer(plan, "denied")
+                    return await approvals.apply_extension(controller, plan, by="person (elicitation)")
+                return await approvals.record_answer(controller, plan, "denied")
             if isinstance(decision, DeclinedElicitation):
-                return await controller.record_answer(plan, "denied")
+                return await approvals.record_answer(controller, plan, "denied")
             if isinstance(decision, AcceptedElicitation):
                 # The resolver did not ask: this client cannot show a prompt.
-                return await controller.request_operator_approval(plan)
-            return await controller.record_answer(plan, "cancelled")
+                return await approvals.request_operator_approval(controller, plan)
+            return await approvals.record_answer(controller, plan, "cancelled")
 
         return await _run(work())
 

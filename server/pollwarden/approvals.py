@@ -1,0 +1,223 @@
+"""Extensions and operator approvals: recording what a person decided.
+
+Plain functions over the controller, which owns the store, the clock and the
+operator caps; the pure clipping and the changes an extension makes live in
+`extensions`. An approval is bound to the operation's version when asked, so
+it is void if the operation changed in between.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Protocol
+
+from pollwarden import extensions
+from pollwarden.clock import Clock
+from pollwarden.config import ServerConfig
+from pollwarden.errors import InvalidRequest
+from pollwarden.extensions import ExtensionPlan, ExtensionResult, extension_changes
+from pollwarden.records import OperationRecord
+from pollwarden.store import Store
+from pollwarden.timefmt import iso
+from pollwarden.views import OperationView, allowed_actions
+from pollwarden_providers.table import ProviderTable
+
+
+class ApprovalParts(Protocol):
+    """What extensions and approvals use of the controller (`Controller` is one).
+
+    Named here rather than imported, because the controller imports this module.
+    """
+
+    store: Store
+    clock: Clock
+    config: ServerConfig
+
+    def table_for(self, provider: str) -> ProviderTable: ...
+
+    async def load(self, operation_id: str) -> OperationRecord: ...
+
+    def view(self, record: OperationRecord) -> OperationView: ...
+
+
+async def plan_extension(
+    controller: ApprovalParts,
+    operation_id: str,
+    *,
+    extra_seconds: float,
+    extra_status_requests: int,
+    reason: str,
+) -> ExtensionPlan:
+    """Clip and explain a request for more time or requests (no side effects)."""
+    record = await controller.load(operation_id)
+    table = controller.table_for(record.provider)
+    if not math.isfinite(extra_seconds) or extra_seconds < 0 or extra_status_requests < 0:
+        raise InvalidRequest("extra_seconds and extra_status_requests must be zero or more")
+    return extensions.plan_extension(
+        record,
+        table,
+        controller.config.caps,
+        extra_seconds=extra_seconds,
+        extra_status_requests=extra_status_requests,
+        reason=reason,
+    )
+
+
+async def apply_extension(
+    controller: ApprovalParts, plan: ExtensionPlan, *, approval_id: str | None = None, by: str = "person"
+) -> ExtensionResult:
+    """Record an approved plan, only if the operation is still as it was when asked."""
+    record = await controller.load(plan.operation_id)
+    table = controller.table_for(record.provider)
+    now = controller.clock.now()
+    if record.version != plan.bound_version:
+        if approval_id is not None:
+            await controller.store.close_approval(
+                approval_id, status="void", at=now, note="the operation changed after the question"
+            )
+        return _extension_result(
+            controller,
+            record,
+            "void",
+            "The approval is void: the operation changed (state, counters or deadline) after the person "
+            "was asked. Ask again if it is still needed.",
+            approval_id=approval_id,
+        )
+    changes = extension_changes(record, table, plan, now=now)
+    updated = await controller.store.apply_extension(
+        record.operation_id,
+        bound_version=plan.bound_version,
+        changes=changes,
+        at=now,
+        approval_id=approval_id,
+        payload_extra={
+            "extra_seconds": plan.extra_seconds,
+            "extra_status_requests": plan.extra_status_requests,
+            "approved_by": by,
+            "delay_source": "manual_extension",
+        },
+    )
+    if updated is None:
+        return _extension_result(
+            controller,
+            await controller.load(plan.operation_id),
+            "void",
+            "The approval is void: the operation changed while it was being recorded.",
+            approval_id=approval_id,
+        )
+    return _extension_result(
+        controller,
+        updated,
+        "approved",
+        f"Approved by {by}: deadline now {iso(updated.deadline_at)}, budget {updated.max_status_requests} "
+        f"status requests ({updated.status_requests_used} used). Call check_status; the next check's "
+        "delay source is manual_extension.",
+        approval_id=approval_id,
+        plan=plan,
+    )
+
+
+async def record_answer(controller: ApprovalParts, plan: ExtensionPlan, decision: str) -> ExtensionResult:
+    """Audit a person's deny or cancel; nothing else changes."""
+    record = await controller.load(plan.operation_id)
+    kind = "extension_denied" if decision == "denied" else "extension_cancelled"
+    await controller.store.audit_event(
+        plan.operation_id,
+        kind=kind,
+        at=controller.clock.now(),
+        note=f"asked +{plan.extra_seconds:g} s, +{plan.extra_status_requests} checks",
+        extra={},
+    )
+    text = "denied" if decision == "denied" else "not answered (cancelled)"
+    return _extension_result(
+        controller,
+        record,
+        decision,
+        f"The person {text} the extension; nothing changed. " + _after_no(record),
+    )
+
+
+async def request_operator_approval(controller: ApprovalParts, plan: ExtensionPlan) -> ExtensionResult:
+    """Record a pending approval for an operator to decide outside the chat."""
+    record = await controller.load(plan.operation_id)
+    now = controller.clock.now()
+    approval = await controller.store.open_approval(
+        approval_id=f"ap-{uuid.uuid4().hex[:10]}",
+        record=record,
+        kind="extension",
+        request=plan.model_dump(mode="json"),
+        at=now,
+        ttl_seconds=controller.config.approval_ttl_seconds,
+    )
+    return _extension_result(
+        controller,
+        record,
+        "pending_approval",
+        f"A person must decide; this client cannot ask them. An operator runs "
+        f"`pollwarden approve {approval.approval_id}` or `pollwarden deny {approval.approval_id}` "
+        f"(same database) before {iso(approval.expires_at)}. Then call check_status: it applies the "
+        "decision. Do not poll in between.",
+        approval_id=approval.approval_id,
+    )
+
+
+async def apply_decided_approvals(controller: ApprovalParts, record: OperationRecord) -> OperationRecord:
+    """Apply an operator's CLI decision on the agent's next check; expire or void stale ones."""
+    approvals = await controller.store.list_approvals(operation_id=record.operation_id)
+    now = controller.clock.now()
+    for approval in approvals:
+        if approval.kind != "extension":
+            continue  # a cancel approval is used by the next cancel_operation call
+        if approval.status == "pending" and now >= approval.expires_at:
+            await controller.store.close_approval(
+                approval.approval_id, status="expired", at=now, note="nobody decided in time"
+            )
+            await controller.store.audit_event(
+                record.operation_id, kind="approval_expired", at=now, note=approval.approval_id, extra={}
+            )
+        elif approval.status == "approved":
+            plan = ExtensionPlan.model_validate(approval.request)
+            await apply_extension(
+                controller, plan, approval_id=approval.approval_id, by=approval.decided_by or "operator"
+            )
+        elif approval.status == "denied":
+            await controller.store.close_approval(
+                approval.approval_id, status="applied", at=now, note="denied"
+            )
+    return await controller.load(record.operation_id)
+
+
+def _extension_result(
+    controller: ApprovalParts,
+    record: OperationRecord,
+    decision: str,
+    message: str,
+    *,
+    approval_id: str | None = None,
+    plan: ExtensionPlan | None = None,
+) -> ExtensionResult:
+    return ExtensionResult(
+        operation_id=record.operation_id,
+        decision=decision,  # type: ignore[arg-type]
+        message=message,
+        approval_id=approval_id,
+        granted_extra_seconds=plan.extra_seconds if plan else 0,
+        granted_extra_status_requests=plan.extra_status_requests if plan else 0,
+        clipped=plan.clipped if plan else [],
+        operation=controller.view(record),
+    )
+
+
+def refused(controller: ApprovalParts, plan: ExtensionPlan, record: OperationRecord) -> ExtensionResult:
+    """A structured refusal naming why and what is allowed."""
+    return _extension_result(controller, record, "refused", f"Refused: {plan.refusal}.")
+
+
+def _after_no(record: OperationRecord) -> str:
+    return "Allowed next: " + (", ".join(record_allowed(record)) or "nothing; a person takes over") + "."
+
+
+def record_allowed(record: OperationRecord) -> list[str]:
+    """Allowed actions without a table (for messages)."""
+    return allowed_actions(record, None)
