@@ -41,6 +41,10 @@ class RejectedHint:
     value: str
     reason: str
 
+    def as_record(self) -> dict[str, str]:
+        """The form the audit stores."""
+        return {"source": self.source, "value": self.value, "reason": self.reason}
+
 
 @dataclass(frozen=True)
 class HintCheck:
@@ -295,3 +299,10 @@ def read_status_body(
         poll_hint=poll_hint,
         rejected_hints=tuple(c.rejected for c in checks if c.rejected is not None),
     )
+
+
+def read_request_id(table: ProviderTable, headers: Mapping[str, str]) -> str | None:
+    """The provider's request id from the header the table names (headers lower-cased), truncated."""
+    name = table.response.request_id_header
+    value = headers.get(name.lower()) if name else None
+    return truncate_text(value, 128) if value else None

@@ -365,9 +365,7 @@ class Controller:
         fault_point("before_persist")
         changes = transition_changes(record, transition, answer)
         extra: dict[str, object] = {
-            "rejected_hints": [
-                {"source": h.source, "value": h.value, "reason": h.reason} for h in transition.rejected_hints
-            ],
+            "rejected_hints": [h.as_record() for h in transition.rejected_hints],
             "note": transition.note or transition.location,
         }
         updated, applied = await self.store.apply_answer(

@@ -26,8 +26,8 @@ from pollwarden_providers.interpret import (
     RejectedHint,
     parse_json_object,
     parse_retry_after,
+    read_request_id,
     read_status_body,
-    truncate_text,
 )
 from pollwarden_providers.request_building import describe_location
 from pollwarden_providers.table import ProviderTable
@@ -96,14 +96,6 @@ class Transition:
 
 def _stop(base: Transition, reason: str, detail: str, **facts: object) -> Transition:
     return replace(base, status=status_for(reason), stop_reason=reason, stop_detail=detail, **facts)
-
-
-def _request_id(table: ProviderTable, headers: Mapping[str, str]) -> str | None:
-    name = table.response.request_id_header
-    if name is None:
-        return None
-    value = headers.get(name.lower())
-    return truncate_text(value, 128) if value else None
 
 
 def _keep_waiting(
@@ -218,7 +210,7 @@ def decide_after_response(
 
     code = answer.status_code
     headers = answer.headers
-    request_id = _request_id(table, headers)
+    request_id = read_request_id(table, headers)
     retry_after = parse_retry_after(headers.get("retry-after"), now=now, max_seconds=max_hint)
     answered = Transition(
         status="waiting",

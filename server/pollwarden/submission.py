@@ -27,7 +27,7 @@ from pollwarden_providers.interpret import (
     get_field,
     parse_json_object,
     parse_retry_after,
-    truncate_text,
+    read_request_id,
 )
 from pollwarden_providers.request_building import (
     EgressError,
@@ -281,7 +281,7 @@ async def _accept_submission(
             "provider_job_id": job_id,
             "last_http_status": code,
             "last_http_at": now,
-            "provider_request_id": _request_id(table, answer.headers),
+            "provider_request_id": read_request_id(table, answer.headers),
             "next_check_at": next_at,
             "delay_source": source,
             "retry_after_seconds": retry_after.seconds,
@@ -290,7 +290,7 @@ async def _accept_submission(
         kind="submitted",
         at=now,
         note=f"HTTP {code}, job id from the {where}",
-        payload_extra={"rejected_hints": _hints_payload(rejected)},
+        payload_extra={"rejected_hints": [h.as_record() for h in rejected]},
     )
     return updated or await controller.load(record.operation_id)
 
@@ -416,7 +416,7 @@ async def _retry_submission_later(
         kind="submit_unanswered",
         at=at,
         note=detail,
-        payload_extra={"rejected_hints": _hints_payload(rejected or [])},
+        payload_extra={"rejected_hints": [h.as_record() for h in rejected or []]},
     )
     return updated or await controller.load(record.operation_id)
 
@@ -452,7 +452,7 @@ async def _stop_submission(
             kind="stopped",
             at=at,
             note=detail,
-            payload_extra={"rejected_hints": _hints_payload(rejected or [])},
+            payload_extra={"rejected_hints": [h.as_record() for h in rejected or []]},
         )
     else:
         # Nothing in flight (checked by the caller): an interrupted call's lease is cleared too.
@@ -471,13 +471,3 @@ async def _stop_submission(
 def _submission_failures(record: OperationRecord) -> int:
     """Failed submit attempts so far (only submission moves these counters before a job id exists)."""
     return record.transport_failures_used + record.rate_limited_used
-
-
-def _hints_payload(hints: list[RejectedHint]) -> list[dict[str, str]]:
-    return [{"source": h.source, "value": h.value, "reason": h.reason} for h in hints]
-
-
-def _request_id(table: ProviderTable, headers: Mapping[str, str]) -> str | None:
-    name = table.response.request_id_header
-    value = headers.get(name.lower()) if name else None
-    return truncate_text(value, 128) if value else None
