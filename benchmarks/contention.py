@@ -20,118 +20,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import math
-import os
-import platform
 import random
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Generator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
-from mcp.client import Client
 
+if not __package__:  # run as `python benchmarks/contention.py`: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.live import (
+    fake_provider_workdir,
+    in_process_client,
+    script_running,
+    write_fast_and_slow_tables,
+)
+from benchmarks.measure import RESULTS_DIR, dump_json, machine, percentile_ms, quiet_logs
 from pollwarden.config import ServerConfig
-from pollwarden.server import build_server, controller_factory
+from pollwarden.server import controller_factory
 from pollwarden.store import open_store
 
-RESULTS = Path(__file__).resolve().parent / "results"
-STARTUP_SECONDS = 15.0
 READY_TIMEOUT_SECONDS = 120.0
 IDLE_PER_WORKER = 20
 KINDS = ("start_operation", "check_polled", "check_not_yet")
-
-TABLE_TOML = """\
-name = "{name}"
-base_url = "{base_url}"
-status_path = "/v1/jobs/{{job_id}}"
-
-[response]
-state_field = "state"
-
-[states]
-pending = ["queued", "running"]
-succeeded = ["succeeded"]
-failed = ["failed"]
-cancelled = ["cancelled"]
-expired = ["expired"]
-
-[success]
-required_fields = ["result_url"]
-
-[schedule]
-base_delay_seconds = {delay!r}
-max_delay_seconds = {delay!r}
-
-[limits]
-default_deadline_seconds = 86400
-max_deadline_seconds = 86400
-default_max_status_requests = 1000000
-max_status_requests = 1000000
-"""
-
-
-@contextmanager
-def fake_provider_process(workdir: Path) -> Generator[str]:
-    """`python -m pollwarden.fake_provider` on a free 127.0.0.1 port; yields its base URL."""
-    log_path = workdir / "fake_provider.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pollwarden.fake_provider", "--port", "0"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            first = log_path.read_text().splitlines()[:1]
-            if first and first[0].startswith("http://127.0.0.1:"):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the fake provider did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.02)
-        yield first[0].strip()
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-
-
-def quiet_logs() -> None:
-    """Warnings only: one INFO line per provider request would be most of the output."""
-    logging.basicConfig(level=logging.WARNING)
-    for name in ("httpx2", "httpx", "mcp", "pollwarden"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]
-
-
-def machine() -> dict[str, Any]:
-    """Where the numbers came from."""
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 # ----- one worker process ----------------------------------------------------------------------
@@ -144,7 +59,7 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.worker_id)
     latencies: dict[str, list[float]] = {kind: [] for kind in KINDS}
     errors: list[str] = []
-    async with Client(build_server(controller_factory(config))) as client:
+    async with in_process_client(controller_factory(config)) as client:
 
         async def call(kind: str, tool: str, arguments: dict[str, Any], expect: str | None) -> None:
             started = time.perf_counter()
@@ -276,17 +191,17 @@ def run_phase(
         "seconds": seconds,
         "checks_per_second": round(len(checks) / seconds, 1),
         "calls_per_second": round(sum(len(v) for v in merged.values()) / seconds, 1),
-        "check_p50_ms": round(percentile(checks, 50) * 1000, 2),
-        "check_p95_ms": round(percentile(checks, 95) * 1000, 2),
-        "check_p99_ms": round(percentile(checks, 99) * 1000, 2),
+        "check_p50_ms": percentile_ms(checks, 50, 2),
+        "check_p95_ms": percentile_ms(checks, 95, 2),
+        "check_p99_ms": percentile_ms(checks, 99, 2),
         "errors": len(errors),
         "error_examples": sorted(set(errors))[:5],
     }
     for kind in KINDS:
         row[kind] = {
             "count": len(merged[kind]),
-            "p50_ms": round(percentile(merged[kind], 50) * 1000, 2),
-            "p95_ms": round(percentile(merged[kind], 95) * 1000, 2),
+            "p50_ms": percentile_ms(merged[kind], 50, 2),
+            "p95_ms": percentile_ms(merged[kind], 95, 2),
         }
     return row
 
@@ -295,9 +210,7 @@ async def prepare(db: Path, base_url: str) -> None:
     """Create the database once (so workers do not race on migrations) and script the job."""
     async with open_store(db):
         pass
-    async with httpx2.AsyncClient(base_url=base_url, timeout=10.0, trust_env=False) as control:
-        body = {"kind": "status", "job_id": "busy", "steps": [{"status": 200, "body": {"state": "running"}}]}
-        (await control.post("/_control/script", json=body)).raise_for_status()
+    await script_running(base_url, "busy")
 
 
 def render(rows: Sequence[dict[str, Any]]) -> str:
@@ -324,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "contention.json")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "contention.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-id", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
@@ -341,21 +254,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--seconds must be 1 to 120")
     quiet_logs()
     where = machine()
-    with tempfile.TemporaryDirectory(prefix="pollwarden-bench-") as tmp:
-        workdir = Path(tmp)
-        with fake_provider_process(workdir) as base_url:
-            tables = workdir / "tables"
-            tables.mkdir()
-            (tables / "fast.toml").write_text(
-                TABLE_TOML.format(name="fast", base_url=base_url, delay=0.000001)
-            )
-            (tables / "slow.toml").write_text(TABLE_TOML.format(name="slow", base_url=base_url, delay=3600.0))
-            db = workdir / "contention.db"
-            anyio.run(prepare, db, base_url)
-            rows = [
-                run_phase(1, args.seconds, workdir, db, tables, "baseline"),
-                run_phase(args.processes, args.seconds, workdir, db, tables, "contended"),
-            ]
+    with fake_provider_workdir() as (workdir, base_url):
+        tables = workdir / "tables"
+        write_fast_and_slow_tables(tables, base_url)
+        db = workdir / "contention.db"
+        anyio.run(prepare, db, base_url)
+        rows = [
+            run_phase(1, args.seconds, workdir, db, tables, "baseline"),
+            run_phase(args.processes, args.seconds, workdir, db, tables, "contended"),
+        ]
     result = {
         "benchmark": "contention",
         "mix": "per round: start_operation, check_status polled, check_status not_yet x2",
@@ -372,10 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"checks/s x{result['checks_per_second_ratio']}, check p95 x{result['check_p95_ratio']} "
         f"({where['cpu_count']} CPUs)"
     )
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    dump_json(args.out, result, sort_keys=False)
+    print(f"wrote {args.out}")
     return 0
 
 

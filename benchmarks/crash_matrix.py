@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -34,7 +33,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 
@@ -46,20 +44,21 @@ from benchmarks.live import (
     audit_kinds,
     audit_verify,
     call,
-    dump_json,
     fake_provider_process,
     integrity_check,
     read_record,
     record_problems,
+    run_and_report,
     stdio_server,
     wait_until_gone,
     write_provider_table,
 )
+from benchmarks.measure import RESULTS_DIR
 from pollwarden.fake_provider import pending
 from pollwarden.faults import FAULT_ENV, FAULT_STEPS
 
 PROVIDER = "crash"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "crash_matrix.json"
+DEFAULT_OUT = RESULTS_DIR / "crash_matrix.json"
 LEASE_ENV = "POLLWARDEN_LEASE_SECONDS"
 # Requests the provider has received when the process dies at each step.
 SENT_AT_CRASH = {"after_reservation": 0, "after_request_sent": 1, "after_response": 1, "before_persist": 1}
@@ -372,21 +371,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (1 <= args.runs <= 500 and 2 <= args.budget <= 50 and 0.5 <= args.lease_seconds <= 60):
         parser.error("bounds: 1 <= runs <= 500, 2 <= budget <= 50, 0.5 <= lease-seconds <= 60")
-    with tempfile.TemporaryDirectory(prefix="pollwarden-crash-") as tmp:
-        summary = anyio.run(
-            lambda: run_matrix(
-                runs=args.runs,
-                steps=args.steps,
-                budget=args.budget,
-                lease_seconds=args.lease_seconds,
-                workdir=Path(tmp),
-                time_limit=args.time_limit,
-            )
-        )
-    dump_json(args.out, summary)
-    print_table(summary)
-    print(f"JSON: {args.out}")
-    return 1 if summary["violations"] else 0
+    return run_and_report(
+        lambda workdir: run_matrix(
+            runs=args.runs,
+            steps=args.steps,
+            budget=args.budget,
+            lease_seconds=args.lease_seconds,
+            workdir=workdir,
+            time_limit=args.time_limit,
+        ),
+        workdir_prefix="pollwarden-crash-",
+        out=args.out,
+        print_table=print_table,
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import math
 import platform
 import random
@@ -34,9 +33,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pollwarden.schedule import first_check_at, pace, plan_next_check, raw_delay
+if not __package__:  # run as `python benchmarks/fleet_simulation.py`: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.measure import RESULTS_DIR, dump_json, percentile
+from pollwarden.schedule import first_check_at, pace, plan_next_check, raw_delay
 
 JOBS = 1_000
 START_SPREAD_SECONDS = 1.0
@@ -195,15 +196,6 @@ STRATEGIES: dict[str, Callable[[Sequence[Job], random.Random], Outcome]] = {
 }
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[rank - 1]
-
-
 def peak_in_window(times: Sequence[float], window: float = 1.0) -> int:
     """The most requests inside any window [t, t + window)."""
     ordered = sorted(times)
@@ -301,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG even if matplotlib is installed")
     args = parser.parse_args(argv)
     out: Path = args.out
@@ -341,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": [asdict(r) for r in rows],
     }
     json_path = out / "fleet_simulation.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    dump_json(json_path, result, sort_keys=False)
     print(f"wrote {json_path}")
     if args.no_plot:
         return 0

@@ -1,8 +1,11 @@
-"""Live processes for the reliability checks: the fake provider, `pollwarden serve` over stdio, the database.
+"""Live processes and the set-up every benchmark shares: the fake provider, its tables, the server, the database.
 
-Shared by `benchmarks/stress_race.py`, `benchmarks/crash_matrix.py` and the
-tests that run small versions of them. Everything listens on 127.0.0.1 only,
-every wait is bounded, and every process started here is stopped here.
+Used by every script in `benchmarks/` and by the tests that run small versions
+of the reliability checks. Two ways to the server: `pollwarden serve` as a
+stdio subprocess (the reliability checks) and pollwarden's MCP server behind
+the SDK's in-process `Client` (the timing benchmarks). Everything listens on
+127.0.0.1 only, every wait is bounded, and every process started here is
+stopped here.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 import anyio
 import httpx2
@@ -25,93 +29,151 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
-from pollwarden.fake_provider import Step
+from benchmarks.measure import dump_json
+from pollwarden.config import ServerConfig
+from pollwarden.fake_provider import Step, pending
+from pollwarden.records import Status, StopReason
+from pollwarden.server import ControllerFactory, build_server, controller_factory
 from pollwarden_providers.loader import load_table
+from pollwarden_providers.table import ProviderTable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAKE_STARTUP_SECONDS = 15.0
 # A server that takes longer than this to answer one tool call is stuck.
 CALL_TIMEOUT_SECONDS = 60.0
 
-STATUSES = ("submitting", "waiting", "succeeded", "failed", "cancelled", "expired", "escalated")
-STOP_REASONS = (
-    "succeeded",
-    "provider_failure",
-    "cancelled",
-    "expired",
-    "deadline_exceeded",
-    "request_budget_exhausted",
-    "delivery_ambiguous",
-    "rate_limited",
-    "unknown_state",
-    "authorization_denied",
-    "integration_failure",
-)
+STATUSES: tuple[str, ...] = get_args(Status)
+STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 
 
-# -- the provider table ------------------------------------------------------------------
+# -- provider tables for the fake provider ------------------------------------------------------
+
+# The response fields a table can name (all but job_id_field): the reliability checks read every hint.
+ALL_RESPONSE_FIELDS = {
+    "state_field": "state",
+    "expires_at_field": "expires_at",
+    "poll_after_field": "poll_after_seconds",
+    "next_check_at_field": "next_check_at",
+    "error_field": "error",
+    "request_id_header": "X-Request-Id",
+}
+# The timing tables: every check is allowed to poll ("fast") or answered not_yet ("slow").
+FAST_DELAY_SECONDS = 0.000001
+SLOW_DELAY_SECONDS = 3600.0
 
 
-def provider_table_toml(
+def fake_provider_table(
+    name: str,
+    base_url: str,
+    *,
+    schedule: Mapping[str, float],
+    limits: Mapping[str, float],
+    response: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A table (as TOML would load it) for the fake provider's contract: its status path and states."""
+    return {
+        "name": name,
+        "base_url": base_url,
+        "status_path": "/v1/jobs/{job_id}",
+        "response": dict(response or {"state_field": "state"}),
+        "states": {
+            "pending": ["queued", "running"],
+            "succeeded": ["succeeded"],
+            "failed": ["failed"],
+            "cancelled": ["cancelled"],
+            "expired": ["expired"],
+        },
+        "success": {"required_fields": ["result_url"]},
+        "schedule": dict(schedule),
+        "limits": dict(limits),
+    }
+
+
+def reliability_table(
     name: str,
     base_url: str,
     *,
     base_delay_seconds: float = 0.01,
     max_delay_seconds: float = 0.05,
     default_max_status_requests: int = 5,
-) -> str:
-    """A table for the fake provider with a fast schedule, so many checks are allowed per second."""
-    return f"""\
-name = "{name}"
-base_url = "{base_url}"
-status_path = "/v1/jobs/{{job_id}}"
+) -> dict[str, Any]:
+    """A table with a fast schedule (many checks allowed per second) and every response field."""
+    return fake_provider_table(
+        name,
+        base_url,
+        response=ALL_RESPONSE_FIELDS,
+        schedule={"base_delay_seconds": base_delay_seconds, "max_delay_seconds": max_delay_seconds},
+        limits={
+            "default_deadline_seconds": 300,
+            "max_deadline_seconds": 3600,
+            "default_max_status_requests": default_max_status_requests,
+            "max_status_requests": 200,
+            "max_transport_failures": 3,
+            "max_rate_limited": 3,
+        },
+    )
 
-[response]
-state_field = "state"
-expires_at_field = "expires_at"
-poll_after_field = "poll_after_seconds"
-next_check_at_field = "next_check_at"
-error_field = "error"
-request_id_header = "X-Request-Id"
 
-[states]
-pending = ["queued", "running"]
-succeeded = ["succeeded"]
-failed = ["failed"]
-cancelled = ["cancelled"]
-expired = ["expired"]
+def timing_table(name: str, base_url: str, delay_seconds: float) -> dict[str, Any]:
+    """A table whose every check is `delay_seconds` after the last, with budgets no run can use up."""
+    return fake_provider_table(
+        name,
+        base_url,
+        schedule={"base_delay_seconds": delay_seconds, "max_delay_seconds": delay_seconds},
+        limits={
+            "default_deadline_seconds": 86400,
+            "max_deadline_seconds": 86400,
+            # Large enough that one operation can be polled for the whole run.
+            "default_max_status_requests": 1_000_000,
+            "max_status_requests": 1_000_000,
+        },
+    )
 
-[success]
-required_fields = ["result_url"]
 
-[schedule]
-base_delay_seconds = {base_delay_seconds!r}
-max_delay_seconds = {max_delay_seconds!r}
+def fast_and_slow_tables(base_url: str) -> dict[str, dict[str, Any]]:
+    """The timing tables: on "fast" every check_status polls, on "slow" every one is answered not_yet."""
+    return {
+        "fast": timing_table("fast", base_url, FAST_DELAY_SECONDS),
+        "slow": timing_table("slow", base_url, SLOW_DELAY_SECONDS),
+    }
 
-[limits]
-default_deadline_seconds = 300
-max_deadline_seconds = 3600
-default_max_status_requests = {default_max_status_requests}
-max_status_requests = 200
-max_transport_failures = 3
-max_rate_limited = 3
-"""
+
+def table_toml(table: Mapping[str, Any]) -> str:
+    """A table (scalars, then one level of sections) as TOML text; JSON strings, numbers and lists are TOML."""
+    scalars = {k: v for k, v in table.items() if not isinstance(v, Mapping)}
+    lines = [f"{key} = {json.dumps(value)}" for key, value in scalars.items()]
+    for section, values in table.items():
+        if isinstance(values, Mapping):
+            entries = cast(Mapping[str, Any], values)
+            lines += ["", f"[{section}]", *(f"{key} = {json.dumps(value)}" for key, value in entries.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(directory: Path, table: Mapping[str, Any]) -> Path:
+    """Write `<name>.toml` into `directory` and check that it loads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{table['name']}.toml"
+    path.write_text(table_toml(table))
+    load_table(path)
+    return path
 
 
 def write_provider_table(directory: Path, name: str, base_url: str, **schedule: Any) -> Path:
-    """Write `<name>.toml` into `directory` and check that it loads."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.toml"
-    path.write_text(provider_table_toml(name, base_url, **schedule))
-    load_table(path)
-    return path
+    """Write the reliability table `<name>.toml` into `directory` and check that it loads."""
+    return write_table(directory, reliability_table(name, base_url, **schedule))
+
+
+def write_fast_and_slow_tables(directory: Path, base_url: str) -> None:
+    """Write the timing tables `fast.toml` and `slow.toml` for servers that load a directory."""
+    for table in fast_and_slow_tables(base_url).values():
+        write_table(directory, table)
 
 
 # -- the fake provider ---------------------------------------------------------------------
 
 
 @contextmanager
-def fake_provider_process(workdir: Path) -> Iterator[str]:
+def fake_provider_process(workdir: Path) -> Generator[str]:
     """`python -m pollwarden.fake_provider` on a free 127.0.0.1 port; yields its base URL."""
     log_path = workdir / "fake_provider.log"
     with log_path.open("w") as log:
@@ -144,6 +206,15 @@ def fake_provider_process(workdir: Path) -> Iterator[str]:
             process.wait(timeout=5)
 
 
+@contextmanager
+def fake_provider_workdir(prefix: str = "pollwarden-bench-") -> Generator[tuple[Path, str]]:
+    """A temporary working directory with the fake provider running; yields both, removes both."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        workdir = Path(tmp)
+        with fake_provider_process(workdir) as base_url:
+            yield workdir, base_url
+
+
 class FakeControl:
     """The fake provider's control endpoints (works for the in-process fake and the subprocess alike)."""
 
@@ -169,6 +240,16 @@ class FakeControl:
         return [e for e in entries if e["route"] == "status" and e["method"] == "GET"]
 
 
+async def script_running(base_url: str, *job_ids: str) -> None:
+    """Have the fake answer every status request for each of `job_ids` with "running", for good."""
+    fake = FakeControl(base_url)
+    try:
+        for job_id in job_ids:
+            await fake.script(job_id, [pending("running")])
+    finally:
+        await fake.aclose()
+
+
 def overlapping_pairs(entries: Sequence[Mapping[str, Any]]) -> int:
     """How many requests started before the previous one (by start time) had finished."""
     ordered = sorted(entries, key=lambda e: float(e["started_at"]))
@@ -185,6 +266,20 @@ def overlapping_pairs(entries: Sequence[Mapping[str, Any]]) -> int:
 def max_in_flight(entries: Sequence[Mapping[str, Any]]) -> int:
     """The most requests for one job the fake was handling at once (counted by the fake at each start)."""
     return max((int(e["in_flight"]) for e in entries), default=0)
+
+
+# -- pollwarden's MCP server in this process -------------------------------------------------
+
+
+def in_process_client(factory: ControllerFactory) -> Client:
+    """The SDK's in-process `Client` on pollwarden's MCP server: the full tool path, without stdio framing."""
+    return Client(build_server(factory))
+
+
+def timing_controller_factory(db: Path, base_url: str) -> ControllerFactory:
+    """The controller on `db` with only the timing tables ("fast" and "slow") for the fake at `base_url`."""
+    tables = {name: ProviderTable.model_validate(t) for name, t in fast_and_slow_tables(base_url).items()}
+    return controller_factory(ServerConfig(db_path=db), tables=tables)
 
 
 # -- pollwarden serve over stdio -------------------------------------------------------------
@@ -213,7 +308,7 @@ async def stdio_server(
     *,
     errlog: Path,
     env: Mapping[str, str] | None = None,
-) -> AsyncIterator[Client]:
+) -> AsyncGenerator[Client]:
     """A real `pollwarden serve` subprocess and an SDK client talking to it over stdio."""
     with errlog.open("a") as err:
         transport = stdio_client(serve_params(db, providers_dir, env), errlog=err)
@@ -226,8 +321,9 @@ def structured(result: CallToolResult) -> dict[str, Any]:
     if result.is_error:
         text = " ".join(getattr(block, "text", "") for block in result.content)
         raise AssertionError(f"tool error: {text}")
-    assert isinstance(result.structured_content, dict)
-    return dict(result.structured_content)
+    content: dict[str, Any] | None = result.structured_content
+    assert isinstance(content, dict)
+    return dict(content)
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -238,15 +334,22 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
 # -- the database, read directly --------------------------------------------------------------
 
 
-def read_record(db: Path, operation_id: str) -> dict[str, Any] | None:
-    """The operation row as a dict, read through a separate read-only connection."""
+@contextmanager
+def _read_only(db: Path) -> Generator[sqlite3.Connection]:
+    """A separate read-only connection to `db`, closed afterwards."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
     try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def read_record(db: Path, operation_id: str) -> dict[str, Any] | None:
+    """The operation row as a dict, read through a separate read-only connection."""
+    with _read_only(db) as conn:
         conn.row_factory = sqlite3.Row
         row = conn.execute("SELECT * FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
         return None if row is None else dict(row)
-    finally:
-        conn.close()
 
 
 def record_problems(record: Mapping[str, Any] | None) -> list[str]:
@@ -281,22 +384,16 @@ def record_problems(record: Mapping[str, Any] | None) -> list[str]:
 
 def audit_kinds(db: Path, operation_id: str) -> list[str]:
     """The kinds of the operation's audit rows, in chain order."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
-    try:
+    with _read_only(db) as conn:
         rows = conn.execute("SELECT kind FROM audit WHERE operation_id = ? ORDER BY seq", (operation_id,))
         return [str(r[0]) for r in rows]
-    finally:
-        conn.close()
 
 
 def integrity_check(db: Path) -> str:
     """SQLite's own `PRAGMA integrity_check` ("ok" when the file is sound)."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
-    try:
+    with _read_only(db) as conn:
         row = conn.execute("PRAGMA integrity_check").fetchone()
         return str(row[0]) if row else "no answer"
-    finally:
-        conn.close()
 
 
 @dataclass(frozen=True)
@@ -340,7 +437,20 @@ async def wait_until_gone(pid: int, within_seconds: float = 10.0) -> bool:
     return False
 
 
-def dump_json(path: Path, value: object) -> None:
-    """Write pretty JSON, creating the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+# -- a reliability check's command line ---------------------------------------------------------
+
+
+def run_and_report(
+    run: Callable[[Path], Awaitable[dict[str, Any]]],
+    *,
+    workdir_prefix: str,
+    out: Path,
+    print_table: Callable[[dict[str, Any]], None],
+) -> int:
+    """Run a check in a temporary directory, write its summary as JSON, print it; 1 on any violation."""
+    with tempfile.TemporaryDirectory(prefix=workdir_prefix) as tmp:
+        summary = anyio.run(run, Path(tmp))
+    dump_json(out, summary)
+    print_table(summary)
+    print(f"JSON: {out}")
+    return 1 if summary["violations"] else 0

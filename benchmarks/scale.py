@@ -20,129 +20,29 @@ Prints a table and writes benchmarks/results/scale.json.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import math
-import os
-import platform
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Generator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 from mcp.client import Client
 
-from pollwarden.config import ServerConfig
-from pollwarden.server import build_server, controller_factory
-from pollwarden_providers.table import ProviderTable
+if not __package__:  # run as `python benchmarks/scale.py`: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESULTS = Path(__file__).resolve().parent / "results"
-STARTUP_SECONDS = 15.0
+from benchmarks.live import (
+    call,
+    fake_provider_workdir,
+    in_process_client,
+    script_running,
+    structured,
+    timing_controller_factory,
+)
+from benchmarks.measure import RESULTS_DIR, dump_json, machine, median_p95_ms, quiet_logs
+
 SMALL = 10
-
-
-def provider_table(name: str, base_url: str, delay_seconds: float) -> ProviderTable:
-    """A table for the fake provider whose every check is `delay_seconds` after the last."""
-    return ProviderTable.model_validate(
-        {
-            "name": name,
-            "base_url": base_url,
-            "status_path": "/v1/jobs/{job_id}",
-            "response": {"state_field": "state"},
-            "states": {
-                "pending": ["queued", "running"],
-                "succeeded": ["succeeded"],
-                "failed": ["failed"],
-                "cancelled": ["cancelled"],
-                "expired": ["expired"],
-            },
-            "success": {"required_fields": ["result_url"]},
-            "schedule": {"base_delay_seconds": delay_seconds, "max_delay_seconds": delay_seconds},
-            "limits": {
-                "default_deadline_seconds": 86400,
-                "max_deadline_seconds": 86400,
-                # Large enough that one operation can be polled for the whole run.
-                "default_max_status_requests": 1_000_000,
-                "max_status_requests": 1_000_000,
-            },
-        }
-    )
-
-
-@contextmanager
-def fake_provider_process(workdir: Path) -> Generator[str]:
-    """`python -m pollwarden.fake_provider` on a free 127.0.0.1 port; yields its base URL."""
-    log_path = workdir / "fake_provider.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pollwarden.fake_provider", "--port", "0"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            first = log_path.read_text().splitlines()[:1]
-            if first and first[0].startswith("http://127.0.0.1:"):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the fake provider did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.02)
-        yield first[0].strip()
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-
-
-def quiet_logs() -> None:
-    """Warnings only: one INFO line per provider request would be most of the output."""
-    logging.basicConfig(level=logging.WARNING)
-    for name in ("httpx2", "httpx", "mcp", "pollwarden"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]
-
-
-def ms(samples: Sequence[float]) -> dict[str, float]:
-    """Median and p95 in milliseconds."""
-    return {
-        "median_ms": round(percentile(samples, 50) * 1000, 3),
-        "p95_ms": round(percentile(samples, 95) * 1000, 3),
-    }
-
-
-def machine() -> dict[str, Any]:
-    """Where the numbers came from."""
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def structured(result: Any) -> dict[str, Any]:
-    """The structured output of a tool call; a tool error raises with its text."""
-    if result.is_error:
-        raise RuntimeError(" ".join(getattr(b, "text", "") for b in result.content))
-    value: dict[str, Any] = result.structured_content
-    return value
 
 
 class Bench:
@@ -155,8 +55,7 @@ class Bench:
     async def start(self, provider: str, job: str) -> str:
         self.created += 1
         op = f"{provider}-{self.created:06d}"
-        args = {"provider": provider, "operation_id": op, "provider_job_id": job}
-        structured(await self.client.call_tool("start_operation", args))
+        await call(self.client, "start_operation", provider=provider, operation_id=op, provider_job_id=job)
         return op
 
     async def check(self, op: str, expect: str) -> float:
@@ -175,7 +74,7 @@ class Bench:
         for i in range(samples):
             polled.append(await self.check(poll_op, "polled"))
             refused.append(await self.check(idle_ops[i % len(idle_ops)], "not_yet"))
-        return {"check_status_polled": ms(polled), "check_status_not_yet": ms(refused)}
+        return {"check_status_polled": median_p95_ms(polled), "check_status_not_yet": median_p95_ms(refused)}
 
     async def starts(self, count: int) -> float:
         """start_operation calls per second through the MCP client."""
@@ -189,17 +88,10 @@ async def run(
     operations: int, samples: int, start_calls: int, workdir: Path, base_url: str
 ) -> dict[str, Any]:
     """Measure at 10 operations, fill to `operations`, measure again."""
-    async with httpx2.AsyncClient(base_url=base_url, timeout=10.0, trust_env=False) as control:
-        for job in ("scale-poll", "scale-idle"):
-            body = {"kind": "status", "job_id": job, "steps": [{"status": 200, "body": {"state": "running"}}]}
-            (await control.post("/_control/script", json=body)).raise_for_status()
-    tables = {
-        "fast": provider_table("fast", base_url, 0.000001),
-        "slow": provider_table("slow", base_url, 3600.0),
-    }
+    await script_running(base_url, "scale-poll", "scale-idle")
     db = workdir / "scale.db"
-    factory = controller_factory(ServerConfig(db_path=db), tables=tables)
-    async with Client(build_server(factory)) as client, factory() as controller:
+    factory = timing_controller_factory(db, base_url)
+    async with in_process_client(factory) as client, factory() as controller:
         bench = Bench(client)
         idle = [await bench.start("slow", "scale-idle") for _ in range(SMALL - 1)]
         poll_op = await bench.start("fast", "scale-poll")
@@ -263,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--operations", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=400)
-    parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json")
     args = parser.parse_args(argv)
     quiet_logs()
     if not 100 <= args.operations <= 100_000:
@@ -271,10 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 10 <= args.samples <= 10_000:
         parser.error("--samples must be 10 to 10000")
     where = machine()
-    with tempfile.TemporaryDirectory(prefix="pollwarden-bench-") as tmp:
-        workdir = Path(tmp)
-        with fake_provider_process(workdir) as base_url:
-            measured = anyio.run(run, args.operations, args.samples, args.samples, workdir, base_url)
+    with fake_provider_workdir() as (workdir, base_url):
+        measured = anyio.run(run, args.operations, args.samples, args.samples, workdir, base_url)
     result = {
         "benchmark": "scale",
         "samples": args.samples,
@@ -284,10 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print(f"check_status cost as the database grows ({args.samples} samples each, in-process MCP client)")
     print(render(result))
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    dump_json(args.out, result, sort_keys=False)
+    print(f"wrote {args.out}")
     return 0
 
 

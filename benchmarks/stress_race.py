@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -39,20 +38,21 @@ from benchmarks.live import (
     FakeControl,
     audit_verify,
     call,
-    dump_json,
     fake_provider_process,
     integrity_check,
     max_in_flight,
     overlapping_pairs,
     read_record,
     record_problems,
+    run_and_report,
     stdio_server,
     write_provider_table,
 )
+from benchmarks.measure import RESULTS_DIR
 from pollwarden.fake_provider import Step, http, pending, succeeded
 
 PROVIDER = "race"
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "stress_race.json"
+DEFAULT_OUT = RESULTS_DIR / "stress_race.json"
 # Bounds: one trial, and the calls one process may make in one trial.
 TRIAL_TIMEOUT_SECONDS = 60.0
 MAX_CALLS_PER_PROCESS = 20_000
@@ -307,20 +307,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (1 <= args.trials <= 10_000 and 2 <= args.processes <= 32 and 1 <= args.budget <= 200):
         parser.error("bounds: 1 <= trials <= 10000, 2 <= processes <= 32, 1 <= budget <= 200")
-    with tempfile.TemporaryDirectory(prefix="pollwarden-race-") as tmp:
-        summary = anyio.run(
-            lambda: run_stress(
-                trials=args.trials,
-                processes=args.processes,
-                budget=args.budget,
-                time_limit=args.time_limit,
-                workdir=Path(tmp),
-            )
-        )
-    dump_json(args.out, summary)
-    print_table(summary)
-    print(f"JSON: {args.out}")
-    return 1 if summary["violations"] else 0
+    return run_and_report(
+        lambda workdir: run_stress(
+            trials=args.trials,
+            processes=args.processes,
+            budget=args.budget,
+            time_limit=args.time_limit,
+            workdir=workdir,
+        ),
+        workdir_prefix="pollwarden-race-",
+        out=args.out,
+        print_table=print_table,
+    )
 
 
 if __name__ == "__main__":

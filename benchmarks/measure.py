@@ -1,0 +1,60 @@
+"""The numbers side of the benchmarks: percentiles, where a run happened, quiet logs, the JSON file.
+
+Shared by every script in `benchmarks/`; the processes, tables and clients they
+measure are in `benchmarks/live.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]
+
+
+def percentile_ms(samples: Sequence[float], q: float, digits: int = 3) -> float:
+    """A percentile of samples in seconds, as rounded milliseconds."""
+    return round(percentile(samples, q) * 1000, digits)
+
+
+def median_p95_ms(samples: Sequence[float]) -> dict[str, float]:
+    """Median and p95 of samples in seconds, as milliseconds."""
+    return {"median_ms": percentile_ms(samples, 50), "p95_ms": percentile_ms(samples, 95)}
+
+
+def machine(*, processor: bool = False) -> dict[str, Any]:
+    """Where the numbers came from (with the processor name when asked)."""
+    where: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine()}
+    if processor:
+        where["processor"] = platform.processor() or "unknown"
+    where["cpu_count"] = os.cpu_count()
+    where["python"] = platform.python_version()
+    where["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    return where
+
+
+def quiet_logs() -> None:
+    """Warnings only: one INFO line per provider request would be most of the output."""
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("httpx2", "httpx", "mcp", "pollwarden"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def dump_json(path: Path, value: object, *, sort_keys: bool = True) -> None:
+    """Write pretty JSON, creating the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
