@@ -7,7 +7,6 @@ itself. Expected refusals are structured results; only wrong input raises a
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -36,7 +35,7 @@ from pollwarden.audit import audit_key_from_env, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig
 from pollwarden.controller import Controller
-from pollwarden.errors import ConfigError, OperationError, OperationNotFound, PollwardenError, StoreError
+from pollwarden.errors import ConfigError, OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
@@ -141,9 +140,7 @@ async def _run(work: Awaitable[T]) -> T:
     """Turn expected errors into a ToolError the agent can read (the only text that reaches it)."""
     try:
         return await work
-    except (OperationError, StoreError, ConfigError) as exc:
-        raise ToolError(str(exc)) from exc
-    except PollwardenError as exc:  # pragma: no cover - every raise site is one of the above
+    except PollwardenError as exc:
         raise ToolError(str(exc)) from exc
 
 
@@ -430,8 +427,3 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         return "\n".join(render_story(rows)) + "\n"
 
     return mcp
-
-
-def dump_json(value: object) -> str:
-    """Compact JSON for logs."""
-    return json.dumps(value, default=str, separators=(",", ":"))
