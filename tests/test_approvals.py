@@ -404,3 +404,34 @@ async def test_a_cancel_approved_by_an_operator_is_sent_on_the_next_call(
         sent = view(await client.call_tool("cancel_operation", {"operation_id": "op-c2"}))
     assert sent["decision"] == "done"
     assert len([e for e in fake.log() if e["route"] == "cancel"]) == 1
+
+
+async def test_the_person_sees_when_the_new_deadline_would_fall_after_the_business_deadline(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    from pollwarden.timefmt import iso
+
+    person = Person("accept", {"decision": "deny"})
+    h = make_harness(tmp_path, fake)
+    fake.script("biz1", [pending("running")])
+    business = iso(h.clock.now() + 600)
+    async with h.client(elicitation_callback=person) as client:
+        await client.call_tool(
+            "start_operation",
+            {
+                "provider": "acme",
+                "operation_id": "op-biz1",
+                "provider_job_id": "biz1",
+                "max_status_requests": 1,
+                "business_deadline_at": business,
+            },
+        )
+        stopped = view(
+            await client.call_tool("check_status", {"operation_id": "op-biz1", "wait_seconds": 50})
+        )
+        assert stopped["stop_reason"] == "request_budget_exhausted"
+        assert stopped["business_deadline_at"] == business
+        await client.call_tool("request_extension", _extend("biz1", seconds=1800, requests=4))
+    question = person.questions[0]
+    assert "Impact: the new deadline falls after the business deadline" in question
+    assert "waiting stops at the business deadline" in question
