@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.live import table_toml, write_table
 from mcp.client import Client
 from mcp_types import CallToolResult
 
@@ -17,7 +18,6 @@ from pollwarden.config import ServerConfig
 from pollwarden.fake_provider import FakeProvider
 from pollwarden.provider_http import HttpLimits
 from pollwarden.server import build_server, controller_factory
-from pollwarden_providers.loader import load_table
 
 
 def base_table(base_url: str, name: str = "acme") -> dict[str, Any]:
@@ -74,35 +74,8 @@ def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
-def to_toml(table: Mapping[str, Any]) -> str:
-    """A provider table (scalars at the top, one level of sections) as TOML text."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, Mapping)]
-    for key, section in table.items():
-        if isinstance(section, Mapping):
-            lines.append(f"\n[{key}]")
-            lines.extend(f"{k} = {_toml_value(v)}" for k, v in section.items())
-    return "\n".join(lines) + "\n"
-
-
-def write_table(directory: Path, table: Mapping[str, Any]) -> Path:
-    """Write the table as `<name>.toml` and check that it loads."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{table['name']}.toml"
-    path.write_text(to_toml(table))
-    load_table(path)
-    return path
+# The tests' name for the one TOML writer the benchmarks use too.
+to_toml = table_toml
 
 
 class SteppedRandom:
