@@ -166,3 +166,15 @@ def error_text(result: CallToolResult) -> str:
     """The text of a tool error."""
     assert result.is_error, f"expected a tool error, got {result.structured_content}"
     return " ".join(getattr(block, "text", "") for block in result.content)
+
+
+async def track(client: Any, job_id: str, **extra: Any) -> dict[str, Any]:
+    """start_operation on provider `acme` tracking `job_id` as operation `op-<job_id>`."""
+    args = {"provider": "acme", "operation_id": f"op-{job_id}", "provider_job_id": job_id, **extra}
+    return view(await client.call_tool("start_operation", args))
+
+
+async def check(client: Any, job_id: str, wait: float = 0) -> dict[str, Any]:
+    """One check_status on `op-<job_id>`; `wait` lets the server wait (on the fake clock) for the allowed time."""
+    args = {"operation_id": f"op-{job_id}", "wait_seconds": wait}
+    return view(await client.call_tool("check_status", args))

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from harness import Harness, make_harness, view
+from harness import Harness, make_harness, track
+from harness import check as check_once
 from pollwarden.audit import read_rows
 from pollwarden.fake_provider import FakeProvider, Step, failed, http, pending
 from pollwarden.timefmt import iso, parse_iso
@@ -26,14 +27,9 @@ BASE = 5.0  # the harness table's base delay; with its random source the first d
 DAY = 86_400.0
 
 
-async def track(client: Any, job_id: str, **extra: Any) -> dict[str, Any]:
-    args = {"provider": "acme", "operation_id": f"op-{job_id}", "provider_job_id": job_id, **extra}
-    return view(await client.call_tool("start_operation", args))
-
-
 async def check(client: Any, job_id: str, wait: float = 50) -> dict[str, Any]:
-    args = {"operation_id": f"op-{job_id}", "wait_seconds": wait}
-    return view(await client.call_tool("check_status", args))
+    """Here a check waits for its slot unless told otherwise."""
+    return await check_once(client, job_id, wait)
 
 
 def polled_payloads(h: Harness, job_id: str) -> list[dict[str, object]]:

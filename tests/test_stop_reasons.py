@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness import Harness, make_harness, view
+from harness import Harness, check, make_harness, track, view
 from pollwarden.fake_provider import FakeProvider, Step, drop_connection, failed, http, pending, succeeded
 from pollwarden.timefmt import iso
 
@@ -24,15 +24,7 @@ ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="
 WITH_CANCEL: dict[str, Any] = {"cancel": {"path": "/v1/jobs/{job_id}/cancel", "method": "POST"}}
 
 
-async def start(client: Any, job_id: str, **extra: Any) -> dict[str, Any]:
-    args = {"provider": "acme", "operation_id": f"op-{job_id}", "provider_job_id": job_id, **extra}
-    return view(await client.call_tool("start_operation", args))
-
-
-async def check(client: Any, job_id: str, wait: float = 0) -> dict[str, Any]:
-    """One check_status; `wait` lets the server wait (on the fake clock) for the allowed time."""
-    args = {"operation_id": f"op-{job_id}", "wait_seconds": wait}
-    return view(await client.call_tool("check_status", args))
+start = track
 
 
 def assert_stop(
