@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -139,14 +140,23 @@ def fast_and_slow_tables(base_url: str) -> dict[str, dict[str, Any]]:
 
 
 def table_toml(table: Mapping[str, Any]) -> str:
-    """A table (scalars, then one level of sections) as TOML text; JSON strings, numbers and lists are TOML."""
-    scalars = {k: v for k, v in table.items() if not isinstance(v, Mapping)}
-    lines = [f"{key} = {json.dumps(value)}" for key, value in scalars.items()]
-    for section, values in table.items():
-        if isinstance(values, Mapping):
-            entries = cast(Mapping[str, Any], values)
-            lines += ["", f"[{section}]", *(f"{key} = {json.dumps(value)}" for key, value in entries.items())]
-    return "\n".join(lines) + "\n"
+    """A table as TOML text: scalars first, then sections (nested ones as ``[a.b]``); JSON values are TOML."""
+
+    def key(name: str) -> str:
+        return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+
+    def section(prefix: str, values: Mapping[str, Any]) -> list[str]:
+        lines = [f"{key(k)} = {json.dumps(v)}" for k, v in values.items() if not isinstance(v, Mapping)]
+        if prefix:
+            lines.insert(0, f"[{prefix}]")
+            lines.insert(0, "")
+        for name, value in values.items():
+            if isinstance(value, Mapping):
+                inner = f"{prefix}.{key(name)}" if prefix else key(name)
+                lines += section(inner, cast(Mapping[str, Any], value))
+        return lines
+
+    return "\n".join(section("", table)).lstrip("\n") + "\n"
 
 
 def write_table(directory: Path, table: Mapping[str, Any]) -> Path:

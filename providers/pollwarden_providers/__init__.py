@@ -4,7 +4,7 @@ This package never imports ``pollwarden`` (the server depends on it, not the
 reverse), so tables can be loaded and checked without the server.
 """
 
-from .loader import TableError, load_table, load_tables, shipped_tables_dir
+from .loader import TableError, load_table, load_tables, shipped_samples_dir, shipped_tables_dir
 from .table import (
     CATEGORIES,
     AuthSpec,
@@ -14,6 +14,7 @@ from .table import (
     LimitsSpec,
     NotFoundSpec,
     ProviderTable,
+    RefineSpec,
     ResponseSpec,
     ScheduleSpec,
     StatesSpec,
@@ -30,6 +31,7 @@ __all__ = [
     "LimitsSpec",
     "NotFoundSpec",
     "ProviderTable",
+    "RefineSpec",
     "ResponseSpec",
     "ScheduleSpec",
     "StatesSpec",
@@ -38,5 +40,6 @@ __all__ = [
     "TableError",
     "load_table",
     "load_tables",
+    "shipped_samples_dir",
     "shipped_tables_dir",
 ]

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Literal, cast
 
-from pollwarden_providers.table import Category, ProviderTable
+from pollwarden_providers.table import Category, ProviderTable, TimeFormat
 
 # An HTTP-date further in the past than this is not "retry now", it is garbage.
 FAR_PAST_SECONDS = 86_400.0
@@ -23,6 +23,8 @@ FAR_PAST_SECONDS = 86_400.0
 MAX_PROVIDER_TEXT = 500
 # Nesting deeper than this is refused before anything reads the body.
 MAX_JSON_DEPTH = 32
+# A result field longer than this (as JSON) is handed over as truncated text.
+MAX_RESULT_TEXT = 2000
 # A provider state longer than this is cut (after its category is looked up).
 MAX_STATE_TEXT = 200
 # A Retry-After longer than this is rejected unread (no real one is; int() refuses > 4300 digits).
@@ -31,6 +33,8 @@ MAX_HINT_TEXT = 64
 _DELTA_SECONDS = re.compile(r"^[0-9]+$")
 
 HintSource = Literal["retry_after", "poll_after", "next_check_at"]
+
+_TIME_FORMS: dict[TimeFormat, str] = {"rfc3339": "an RFC 3339 timestamp", "unix_seconds": "Unix seconds"}
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,27 @@ def parse_poll_after(value: object, *, max_seconds: float) -> HintCheck:
     return HintCheck(seconds=seconds, source="poll_after")
 
 
-def parse_timestamp(value: object) -> datetime | None:
-    """An RFC 3339 timestamp with an offset, or None when it is not one."""
+# Unix seconds outside (1970, 5138) are not a plausible provider time (and a
+# millisecond value, 1000x too large, lands far past this).
+MAX_UNIX_SECONDS = 1e11
+
+
+def parse_timestamp(value: object, time_format: TimeFormat = "rfc3339") -> datetime | None:
+    """A provider time, or None when it is not one.
+
+    ``rfc3339``: a string with an offset. ``unix_seconds``: a finite number of
+    seconds since 1970 (OpenAI writes its times this way).
+    """
+    if time_format == "unix_seconds":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        try:
+            seconds = float(value)
+        except OverflowError:
+            return None
+        if not (math.isfinite(seconds) and 0 <= seconds < MAX_UNIX_SECONDS):
+            return None
+        return datetime.fromtimestamp(seconds, UTC)
     if not isinstance(value, str) or len(value) > 64:
         return None
     try:
@@ -140,13 +163,17 @@ def parse_timestamp(value: object) -> datetime | None:
     return when
 
 
-def parse_next_check_at(value: object, *, now: float, max_seconds: float) -> HintCheck:
-    """Validate a body hint such as `next_check_at` (RFC 3339) into a wait from `now`."""
+def parse_next_check_at(
+    value: object, *, now: float, max_seconds: float, time_format: TimeFormat = "rfc3339"
+) -> HintCheck:
+    """Validate a body hint such as `next_check_at` into a wait from `now`."""
     if value is None:
         return HintCheck()
-    when = parse_timestamp(value)
+    when = parse_timestamp(value, time_format)
     if when is None:
-        return HintCheck(rejected=RejectedHint("next_check_at", _shown(value), "not an RFC 3339 timestamp"))
+        return HintCheck(
+            rejected=RejectedHint("next_check_at", _shown(value), f"not {_TIME_FORMS[time_format]}")
+        )
     seconds = when.timestamp() - now
     if seconds < -FAR_PAST_SECONDS:
         return HintCheck(rejected=RejectedHint("next_check_at", _shown(value), "more than a day in the past"))
@@ -234,6 +261,60 @@ class StatusBody:
     poll_hint: HintCheck = HintCheck()
     # Every body hint that failed validation (recorded, then ignored).
     rejected_hints: tuple[RejectedHint, ...] = ()
+    # Why an unknown state is unknown, when "not in the table" is not the whole story.
+    unknown_because: str | None = None
+
+
+def _state_text(value: object) -> str:
+    return truncate_text(value, MAX_STATE_TEXT) if isinstance(value, str) else _shown(value)
+
+
+def classify_state(
+    table: ProviderTable, body: Mapping[str, object]
+) -> tuple[str | None, Category, str | None]:
+    """The state as reported, its category, and why it is unknown when a refining field decided that.
+
+    A state with a ``[refine.<state>]`` section is decided by that section's
+    field and reported as ``state/value`` (``completed/success``).
+    """
+    raw_state = get_field(body, table.response.state_field)
+    if raw_state is None:
+        return None, "unknown", None
+    refine = table.refine.get(str.__str__(raw_state)) if isinstance(raw_state, str) else None
+    if refine is None:
+        return _state_text(raw_state), table.category_of(raw_state), None
+    detail = get_field(body, refine.field)
+    shown = detail if isinstance(detail, str) else json.dumps(detail, default=str)
+    state = _state_text(f"{raw_state}/{shown}")
+    category = refine.category_of(detail)
+    if category != "unknown":
+        return state, category, None
+    because = (
+        f"{refine.field!r} is missing"
+        if detail is None
+        else f"{refine.field} {_shown(shown)!r} is not listed"
+    )
+    return state, category, f"{because} under [refine.{_shown(raw_state)}]"
+
+
+def result_value(value: object) -> object:
+    """A required result field as handed to the agent: bounded, with control characters removed.
+
+    Scalars and small lists or objects (Replicate's ``output`` is a list of
+    URLs) keep their shape; anything larger becomes truncated JSON text.
+    """
+    if isinstance(value, str):
+        return truncate_text(value, MAX_RESULT_TEXT)
+    if isinstance(value, bool | int | float) or value is None:
+        return value
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) > MAX_RESULT_TEXT:
+        return truncate_text(text, MAX_RESULT_TEXT)
+    if isinstance(value, list):
+        return [result_value(item) for item in cast(list[object], value)]
+    if isinstance(value, dict):
+        return {truncate_text(k, 200): result_value(v) for k, v in cast(dict[str, object], value).items()}
+    return truncate_text(text, MAX_RESULT_TEXT)
 
 
 def read_status_body(
@@ -241,12 +322,7 @@ def read_status_body(
 ) -> StatusBody:
     """Read state, category, error, expiry, required result fields and poll hints from a body."""
     spec = table.response
-    raw_state = get_field(body, spec.state_field)
-    category = table.category_of(raw_state)
-    if raw_state is None:
-        state = None
-    else:
-        state = truncate_text(raw_state, MAX_STATE_TEXT) if isinstance(raw_state, str) else _shown(raw_state)
+    state, category, unknown_because = classify_state(table, body)
 
     error: str | None = None
     if spec.error_field is not None:
@@ -259,10 +335,10 @@ def read_status_body(
     if spec.expires_at_field is not None:
         raw_expiry = get_field(body, spec.expires_at_field)
         if raw_expiry is not None:
-            parsed = parse_timestamp(raw_expiry)
+            parsed = parse_timestamp(raw_expiry, spec.time_format)
             if parsed is None:
                 expires_rejected = (
-                    f"{spec.expires_at_field}={_shown(raw_expiry)} is not an RFC 3339 timestamp"
+                    f"{spec.expires_at_field}={_shown(raw_expiry)} is not {_TIME_FORMS[spec.time_format]}"
                 )
             else:
                 expires_at = parsed.timestamp()
@@ -272,8 +348,8 @@ def read_status_body(
     if category == "succeeded":
         for name in table.success.required_fields:
             value = get_field(body, name)
-            if _present(value) and isinstance(value, str | int | float | bool):
-                result[name] = truncate_text(value, 2000) if isinstance(value, str) else value
+            if _present(value):
+                result[name] = result_value(value)
             else:
                 missing.append(name)
 
@@ -284,7 +360,10 @@ def read_status_body(
     if spec.next_check_at_field is not None:
         checks.append(
             parse_next_check_at(
-                get_field(body, spec.next_check_at_field), now=now, max_seconds=max_hint_seconds
+                get_field(body, spec.next_check_at_field),
+                now=now,
+                max_seconds=max_hint_seconds,
+                time_format=spec.time_format,
             )
         )
     poll_hint = next((c for c in checks if c.seconds is not None), HintCheck())
@@ -298,6 +377,7 @@ def read_status_body(
         missing_fields=tuple(missing),
         poll_hint=poll_hint,
         rejected_hints=tuple(c.rejected for c in checks if c.rejected is not None),
+        unknown_because=unknown_because,
     )
 
 

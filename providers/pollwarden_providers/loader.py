@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 
 from .table import ProviderTable
 
-__all__ = ["TableError", "load_table", "load_tables", "shipped_tables_dir"]
+__all__ = ["TableError", "load_table", "load_tables", "shipped_samples_dir", "shipped_tables_dir"]
 
 _TOML_POSITION_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 _MAX_SHOWN_INPUT = 80
@@ -69,6 +69,11 @@ class TableError(ValueError):
 def shipped_tables_dir() -> Path:
     """Return the directory of tables shipped inside this package."""
     return Path(__file__).parent / "tables"
+
+
+def shipped_samples_dir() -> Path:
+    """Return the directory of sample status answers for the shipped tables (one sub-directory each)."""
+    return Path(__file__).parent / "samples"
 
 
 def load_table(path: Path) -> ProviderTable:

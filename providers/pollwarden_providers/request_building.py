@@ -8,6 +8,7 @@ URL normalisation would turn them into "this directory" and "the parent".
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
@@ -41,6 +42,40 @@ def job_id_problem(job_id: str) -> str | None:
     return None
 
 
+def job_id_form(table: ProviderTable) -> str:
+    """How an agent writes a job id for `table`: ``job_id``, or ``owner/repo/run_id`` for a multi-part id."""
+    return "/".join(table.job_id_parts)
+
+
+def split_job_id(table: ProviderTable, job_id: str) -> dict[str, str] | str:
+    """The job id's parts by placeholder name, or why it cannot be one.
+
+    A one-part id is one segment whatever it contains ("/" included). A
+    multi-part id is split on "/" into exactly the table's parts, each then
+    checked and encoded as its own segment.
+    """
+    parts = table.job_id_parts
+    if len(parts) == 1:
+        problem = job_id_problem(job_id)
+        return {parts[0]: job_id} if problem is None else problem
+    if len(job_id) > MAX_JOB_ID_LENGTH:
+        return f"it is longer than {MAX_JOB_ID_LENGTH} characters"
+    pieces = job_id.split("/")
+    if len(pieces) != len(parts):
+        return f"it has {len(pieces)} part(s); write it as {job_id_form(table)} ({len(parts)} parts joined by '/')"
+    for name, piece in zip(parts, pieces, strict=True):
+        problem = job_id_problem(piece)
+        if problem is not None:
+            return f"its {name} part is refused: {problem}"
+    return dict(zip(parts, pieces, strict=True))
+
+
+def job_id_problem_for(table: ProviderTable, job_id: str) -> str | None:
+    """Why `job_id` is not a usable id for `table`, or None when it is."""
+    split = split_job_id(table, job_id)
+    return split if isinstance(split, str) else None
+
+
 def encode_job_id(job_id: str) -> str:
     """The job id as a single, fully percent-encoded path segment (`EgressError` if it cannot be one)."""
     problem = job_id_problem(job_id)
@@ -51,8 +86,13 @@ def encode_job_id(job_id: str) -> str:
 
 
 def job_url(table: ProviderTable, path_template: str, job_id: str) -> str:
-    """The absolute URL of `path_template` with `job_id` on the table's origin."""
-    path = path_template.replace("{job_id}", encode_job_id(job_id))
+    """The absolute URL of `path_template` with `job_id` (each of its parts one segment) on the table's origin."""
+    split = split_job_id(table, job_id)
+    if isinstance(split, str):
+        raise EgressError(f"refusing job id: {split}")
+    path = path_template
+    for name, piece in split.items():
+        path = path.replace(f"{{{name}}}", encode_job_id(piece))
     url = table.origin + path
     ensure_same_origin(table, url)
     return url
@@ -118,16 +158,19 @@ def resolve_location(table: ProviderTable, base_url: str, location: str) -> str:
 
 def job_id_from_location(table: ProviderTable, location_url: str) -> str | None:
     """The job id from a same-origin `Location` that matches the table's status path."""
-    template = table.status_path
-    prefix, _, suffix = template.partition("{job_id}")
-    path = urlsplit(location_url).path
-    if not path.startswith(prefix) or not path.endswith(suffix):
+    pattern = "".join(
+        f"(?P<{piece[1:-1]}>[^/]+)" if piece.startswith("{") else re.escape(piece)
+        for piece in re.split(r"(\{[a-z_][a-z0-9_]*\})", table.status_path)
+        if piece
+    )
+    match = re.fullmatch(pattern, urlsplit(location_url).path)
+    if match is None:
         return None
-    segment = path[len(prefix) : len(path) - len(suffix)] if suffix else path[len(prefix) :]
-    if not segment or "/" in segment:
-        return None
-    job_id = unquote(segment)
-    return job_id if job_id_problem(job_id) is None else None
+    pieces = [unquote(match.group(name)) for name in table.job_id_parts]
+    if len(pieces) > 1 and any("/" in piece for piece in pieces):
+        return None  # an encoded "/" inside one part could not be told apart from the separator
+    job_id = "/".join(pieces)
+    return job_id if job_id_problem_for(table, job_id) is None else None
 
 
 def auth_headers(table: ProviderTable, environ: Mapping[str, str]) -> dict[str, str]:

@@ -31,12 +31,17 @@ __all__ = [
     "LimitsSpec",
     "NotFoundSpec",
     "ProviderTable",
+    "RefineSpec",
     "ResponseSpec",
     "ScheduleSpec",
     "StatesSpec",
     "SubmitSpec",
     "SuccessSpec",
+    "TimeFormat",
 ]
+
+TimeFormat = Literal["rfc3339", "unix_seconds"]
+"""How a table's time fields are written: RFC 3339 text, or seconds since 1970."""
 
 Category = Literal["pending", "succeeded", "failed", "cancelled", "expired", "unknown"]
 """The category of a provider state; ``unknown`` is anything the table does not list."""
@@ -65,7 +70,13 @@ _PLACEHOLDER_RE = re.compile(r"\{[^{}]*\}")
 _HOST_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*\.?")
 _USERINFO_RE = re.compile(r"(?<=://)[^/?#]*@")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_JOB_ID = "{job_id}"
+_PART_RE = re.compile(r"[a-z][a-z0-9_]*")
+# Headers pollwarden itself sets or that would change how a request is framed,
+# routed or decoded: a table may not set them in [headers].
+_OWN_HEADERS = frozenset(
+    {"host", "content-length", "content-type", "transfer-encoding", "connection", "te", "upgrade",
+     "accept-encoding", "cookie", "proxy-authorization", "keep-alive", "expect", "trailer"}
+)  # fmt: skip
 
 
 def _refuse(problem: str, fix: str, key: str | None = None) -> PydanticCustomError:
@@ -107,13 +118,13 @@ def _check_dotted_path(value: str | None) -> str | None:
     return value
 
 
-def _check_path(value: str, *, job_id: bool) -> str:
-    """Check a request path relative to ``base_url``.
+def _check_path(value: str, *, example: str) -> str:
+    """Check the syntax of a request path relative to ``base_url``.
 
     The path is appended to the one origin, so anything that could make it name
-    another host (a leading "//", a backslash, a scheme) is refused.
+    another host (a leading "//", a backslash, a scheme) is refused. Which
+    placeholders it holds is checked by the table, which knows the job id parts.
     """
-    example = '"/v1/jobs/{job_id}"' if job_id else '"/v1/jobs"'
     if not value.startswith("/"):
         raise _refuse(
             f"{value!r} does not start with '/'", f"write the path relative to base_url, e.g. {example}"
@@ -128,27 +139,45 @@ def _check_path(value: str, *, job_id: bool) -> str:
             f"{value!r} contains spaces, control characters or a '#' fragment",
             f"percent-encode them or remove them, e.g. {example}",
         )
-    placeholders = _PLACEHOLDER_RE.findall(value)
-    others = sorted({p for p in placeholders if p != _JOB_ID})
-    if others:
-        raise _refuse(
-            f"{value!r} has placeholder(s) {', '.join(others)}; only {_JOB_ID} is filled in",
-            f"remove them or write them literally, e.g. {example}",
-        )
     if "{" in _PLACEHOLDER_RE.sub("", value) or "}" in _PLACEHOLDER_RE.sub("", value):
         raise _refuse(f"{value!r} has an unmatched '{{' or '}}'", f"remove it, e.g. {example}")
-    count = placeholders.count(_JOB_ID)
-    if job_id and count != 1:
-        problem = "does not contain {job_id}" if count == 0 else "contains {job_id} more than once"
-        raise _refuse(
-            f"{value!r} {problem}", f"put {_JOB_ID} exactly once where the job id goes, e.g. {example}"
-        )
-    if not job_id and count:
-        raise _refuse(
-            f"{value!r} contains {_JOB_ID}, but no job exists yet at submission",
-            f"remove it, e.g. {example}",
-        )
     return value
+
+
+def _check_placeholders(value: str, parts: tuple[str, ...], *, key: str, names_the_job: bool) -> None:
+    """Refuse a path whose placeholders are not exactly the job id parts (each once), or any at submission."""
+    wanted = [f"{{{part}}}" for part in parts]
+    shown = "".join(f"/{p}" for p in wanted)
+    example = f'"/v1/jobs{shown}"' if names_the_job else '"/v1/jobs"'
+    placeholders = _PLACEHOLDER_RE.findall(value)
+    if not names_the_job:
+        if placeholders:
+            raise _refuse(
+                f"{value!r} contains {', '.join(sorted(set(placeholders)))}, but no job exists yet at submission",
+                f"remove it, e.g. {example}",
+                key=key,
+            )
+        return
+    others = sorted({p for p in placeholders if p not in wanted})
+    if others:
+        raise _refuse(
+            f"{value!r} has placeholder(s) {', '.join(others)}; only {', '.join(wanted)} "
+            + ("is" if len(wanted) == 1 else "are")
+            + " filled in",
+            "remove them or write them literally, or name them in job_id_parts, e.g. " + example,
+            key=key,
+        )
+    for placeholder in wanted:
+        count = placeholders.count(placeholder)
+        if count != 1:
+            problem = (
+                f"does not contain {placeholder}" if count == 0 else f"contains {placeholder} more than once"
+            )
+            raise _refuse(
+                f"{value!r} {problem}",
+                f"put {placeholder} exactly once where it goes, e.g. {example}",
+                key=key,
+            )
 
 
 class AuthSpec(BaseModel):
@@ -205,7 +234,7 @@ class SubmitSpec(BaseModel):
     @field_validator("path")
     @classmethod
     def _path_is_relative(cls, value: str) -> str:
-        return _check_path(value, job_id=False)
+        return _check_path(value, example='"/v1/jobs"')
 
     @field_validator("idempotency_header")
     @classmethod
@@ -230,8 +259,8 @@ class CancelSpec(BaseModel):
 
     @field_validator("path")
     @classmethod
-    def _path_names_the_job(cls, value: str) -> str:
-        return _check_path(value, job_id=True)
+    def _path_is_relative(cls, value: str) -> str:
+        return _check_path(value, example='"/v1/jobs/{job_id}/cancel"')
 
 
 class ResponseSpec(BaseModel):
@@ -248,6 +277,10 @@ class ResponseSpec(BaseModel):
         default=None, description='an HTTP header name, e.g. "X-Request-Id"'
     )
     job_id_field: str | None = Field(default=None, description='a dotted path, e.g. "id"')
+    time_format: TimeFormat = Field(
+        default="rfc3339",
+        description='how expires_at_field and next_check_at_field write times: "rfc3339" or "unix_seconds"',
+    )
 
     @field_validator(
         "state_field",
@@ -267,8 +300,8 @@ class ResponseSpec(BaseModel):
         return _check_header_name(value)
 
 
-class StatesSpec(BaseModel):
-    """The provider's states by category. Matching is exact; any other value is ``unknown`` and stops."""
+class _CategoryLists(BaseModel):
+    """Provider values listed by category; each value in one category only, matched exactly."""
 
     model_config = _MODEL_CONFIG
 
@@ -310,19 +343,10 @@ class StatesSpec(BaseModel):
                         key=first,
                     )
                 seen[state] = category
-        # Without a pending state every first answer would stop the operation,
-        # and without a succeeded state it could never succeed.
-        for category in ("pending", "succeeded"):
-            if not self.of(category):
-                raise _refuse(
-                    f"no {category} state is listed",
-                    f"list at least one state the provider reports as {category}",
-                    key=category,
-                )
         return self
 
     def of(self, category: Category) -> tuple[str, ...]:
-        """Return the states listed under ``category`` (none for ``unknown``)."""
+        """Return the values listed under ``category`` (none for ``unknown``)."""
         match category:
             case "pending":
                 return self.pending
@@ -337,6 +361,10 @@ class StatesSpec(BaseModel):
             case "unknown":
                 return ()
 
+    def listed(self) -> tuple[str, ...]:
+        """Every listed value, in table order."""
+        return tuple(state for category in CATEGORIES for state in self.of(category))
+
     def category_of(self, state: object) -> Category:
         """Return the category of ``state``: an exact, case-sensitive match, else ``unknown``."""
         if not isinstance(state, str):
@@ -347,6 +375,36 @@ class StatesSpec(BaseModel):
             if plain in self.of(category):
                 return category
         return "unknown"
+
+
+class StatesSpec(_CategoryLists):
+    """The provider's states by category. Matching is exact; any other value is ``unknown`` and stops."""
+
+
+class RefineSpec(_CategoryLists):
+    """A state whose meaning a second field decides (GitHub's ``completed`` plus its ``conclusion``).
+
+    The refined state is reported as ``state/value`` (``completed/success``); a
+    value listed nowhere, or a missing one, is ``unknown`` and stops.
+    """
+
+    field: str = Field(description='a dotted path into the JSON body, e.g. "conclusion"')
+
+    @field_validator("field")
+    @classmethod
+    def _field_is_dotted(cls, value: str) -> str:
+        _check_dotted_path(value)
+        return value
+
+    @model_validator(mode="after")
+    def _lists_something(self) -> Self:
+        if not self.listed():
+            raise _refuse(
+                f"no value of {self.field!r} is listed",
+                'list the documented values by category, e.g. succeeded = ["success"]',
+                key="succeeded",
+            )
+        return self
 
 
 class SuccessSpec(BaseModel):
@@ -459,6 +517,15 @@ class ProviderTable(BaseModel):
         description='an absolute http(s) URL with only scheme, host and port, e.g. "https://api.acme.example"'
     )
     status_path: str = Field(description='a path containing {job_id} once, e.g. "/v1/jobs/{job_id}"')
+    job_id_parts: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
+        default=("job_id",),
+        description='placeholder names a job id is made of, e.g. ["owner", "repo", "run_id"]; '
+        'the agent writes the id as the parts joined by "/"',
+    )
+    headers: dict[str, StrictStr] = Field(
+        default_factory=dict[str, str],
+        description='a [headers] table of fixed, non-secret headers, e.g. "anthropic-version" = "2023-06-01"',
+    )
     auth: AuthSpec | None = Field(
         default=None, description='an [auth] table with env, e.g. env = "ACME_TOKEN"'
     )
@@ -471,6 +538,10 @@ class ProviderTable(BaseModel):
     response: ResponseSpec = Field(default=ResponseSpec(), description="a [response] table")
     states: StatesSpec = Field(
         description='a [states] table, e.g. pending = ["queued"] and succeeded = ["done"]'
+    )
+    refine: dict[str, RefineSpec] = Field(
+        default_factory=dict[str, RefineSpec],
+        description='[refine.<state>] tables, e.g. [refine.completed] with field = "conclusion"',
     )
     success: SuccessSpec = Field(default=SuccessSpec(), description="a [success] table")
     not_found: NotFoundSpec = Field(default=NotFoundSpec(), description="a [not_found] table")
@@ -535,8 +606,90 @@ class ProviderTable(BaseModel):
 
     @field_validator("status_path")
     @classmethod
-    def _status_path_names_the_job(cls, value: str) -> str:
-        return _check_path(value, job_id=True)
+    def _status_path_is_relative(cls, value: str) -> str:
+        return _check_path(value, example='"/v1/jobs/{job_id}"')
+
+    @field_validator("job_id_parts")
+    @classmethod
+    def _parts_are_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise _refuse(
+                "no job id part is named", 'omit the key, or write e.g. ["owner", "repo", "run_id"]'
+            )
+        for part in value:
+            if not _PART_RE.fullmatch(part):
+                raise _refuse(
+                    f"{part!r} is not a placeholder name",
+                    'use lower-case letters, digits and "_", starting with a letter, e.g. "run_id"',
+                )
+        if len(set(value)) != len(value):
+            raise _refuse("a job id part is named twice", "name each part once")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers_are_plain(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            _check_header_name(name)
+            if name.lower() in _OWN_HEADERS or name.lower().startswith("proxy-"):
+                raise _refuse(
+                    f"{name!r} is set by pollwarden or changes how requests are framed",
+                    "remove it from [headers]",
+                )
+            if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+                # A CR/LF would smuggle extra headers into every request.
+                raise _refuse(f"the value of {name!r} contains control characters", "use plain text")
+        return value
+
+    @model_validator(mode="after")
+    def _parts_states_and_headers_agree(self) -> Self:
+        """Checks that need more than one section: placeholders, refined states, header ownership."""
+        parts = self.job_id_parts
+        _check_placeholders(self.status_path, parts, key="status_path", names_the_job=True)
+        if self.cancel is not None:
+            _check_placeholders(self.cancel.path, parts, key="cancel.path", names_the_job=True)
+        if self.submit is not None:
+            _check_placeholders(self.submit.path, parts, key="submit.path", names_the_job=False)
+            if len(parts) > 1 and self.submit.job_id_field is not None:
+                raise _refuse(
+                    f"a job id made of {len(parts)} parts cannot be read from one reply field",
+                    "remove job_id_field so the id is read from the Location header, or remove job_id_parts",
+                    key="submit.job_id_field",
+                )
+        for state, refine in self.refine.items():
+            if state == "" or state != state.strip():
+                raise _refuse(
+                    f"{state!r} is empty or has surrounding spaces",
+                    "write the state exactly as the provider sends it",
+                    key=f"refine.{state}",
+                )
+            listed_under = self.states.category_of(state)
+            if listed_under != "unknown":
+                raise _refuse(
+                    f"{state!r} is refined here and also listed under states.{listed_under}",
+                    f"remove it from states.{listed_under}: its {refine.field!r} decides the category",
+                    key=f"refine.{state}",
+                )
+        # Without a pending state every first answer would stop the operation,
+        # and without a succeeded state it could never succeed.
+        for category in ("pending", "succeeded"):
+            if not self.states_of(category):
+                raise _refuse(
+                    f"no {category} state is listed",
+                    f"list at least one state the provider reports as {category}",
+                    key=f"states.{category}",
+                )
+        owned: set[str] = {self.auth.header.lower()} if self.auth is not None else set()
+        if self.submit is not None and self.submit.idempotency_header:
+            owned.add(self.submit.idempotency_header.lower())
+        for name in self.headers:
+            if name.lower() in owned:
+                raise _refuse(
+                    f"{name!r} is already sent by [auth] or [submit]",
+                    "remove it from [headers]; secrets belong in the environment variable [auth] names",
+                    key=f"headers.{name}",
+                )
+        return self
 
     @property
     def source(self) -> str:
@@ -567,12 +720,24 @@ class ProviderTable(BaseModel):
         return f"{scheme}://{host}:{port}"
 
     def category_of(self, state: object) -> Category:
-        """Return the category of a provider state.
+        """Return the category of a provider state that no other field refines.
 
         Exact, case-sensitive string match with no stripping; anything else,
-        including non-strings (``None``, numbers, lists), is ``"unknown"``.
+        including non-strings (``None``, numbers, lists) and refined states, is
+        ``"unknown"``. Reading a whole body is ``interpret.read_status_body``.
         """
         return self.states.category_of(state)
+
+    def states_of(self, category: Category) -> tuple[str, ...]:
+        """Every state in ``category`` as pollwarden reports it, refined ones as ``state/value``."""
+        refined = tuple(
+            f"{state}/{value}" for state, refine in self.refine.items() for value in refine.of(category)
+        )
+        return self.states.of(category) + refined
+
+    def documented_states(self) -> tuple[str, ...]:
+        """Every state the table lists, refined ones as ``state/value``, in table order."""
+        return tuple(state for category in CATEGORIES for state in self.states_of(category))
 
 
 def _valid_host(host: str) -> bool:

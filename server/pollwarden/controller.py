@@ -38,7 +38,8 @@ from pollwarden.views import OperationView, Outcome, operation_view
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
     MissingCredentialError,
-    job_id_problem,
+    job_id_form,
+    job_id_problem_for,
 )
 from pollwarden_providers.table import ProviderTable
 
@@ -149,10 +150,13 @@ class Controller:
                 "give exactly one of provider_job_id (track a job that already exists) or submit "
                 "(a JSON object to submit as a new job)"
             )
-        if provider_job_id is not None and (problem := job_id_problem(provider_job_id)) is not None:
+        if (
+            provider_job_id is not None
+            and (problem := job_id_problem_for(table, provider_job_id)) is not None
+        ):
             raise InvalidRequest(
-                f"provider_job_id cannot be used: {problem}; pass the provider's job id exactly, "
-                f"1 to {MAX_JOB_ID_LENGTH} characters"
+                f"provider_job_id cannot be used: {problem}; pass the provider's job id exactly as "
+                f"{job_id_form(table)}, 1 to {MAX_JOB_ID_LENGTH} characters"
             )
         if submit is not None and table.submit is None:
             raise InvalidRequest(
@@ -227,7 +231,7 @@ class Controller:
             "account_context": account,
             "request_fingerprint": request_fingerprint,
             "idempotency_key": key,
-            "expected_terminal_state": ",".join(table.states.succeeded),
+            "expected_terminal_state": ",".join(table.states_of("succeeded")),
             "status": "waiting" if submit is None else "submitting",
             "started_at": now,
             "deadline_at": now + deadline_seconds,

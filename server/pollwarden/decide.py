@@ -24,10 +24,12 @@ from pollwarden_providers.interpret import (
     BodyError,
     HintCheck,
     RejectedHint,
+    get_field,
     parse_json_object,
     parse_retry_after,
     read_request_id,
     read_status_body,
+    truncate_text,
 )
 from pollwarden_providers.request_building import describe_location
 from pollwarden_providers.table import ProviderTable
@@ -168,6 +170,24 @@ def _keep_waiting(
         retry_after_seconds=retry_after.seconds,
         rejected_hints=rejected,
     )
+
+
+def answer_about_another_job(
+    table: ProviderTable, body: Mapping[str, object], job_id: str | None
+) -> str | None:
+    """Why a status body is not about `job_id` (its `response.job_id_field` names another), or None.
+
+    For a multi-part job id the body repeats the last part (GitHub's run id).
+    A body without the field says nothing either way.
+    """
+    name = table.response.job_id_field
+    value = get_field(body, name) if name is not None and job_id is not None else None
+    if value is None or job_id is None:
+        return None
+    expected = job_id.rsplit("/", 1)[-1] if len(table.job_id_parts) > 1 else job_id
+    if isinstance(value, str | int) and not isinstance(value, bool) and str(value) == expected:
+        return None
+    return f"the status body is about job {truncate_text(value, 80)!r} ({name}), not {expected!r}"
 
 
 def decide_after_response(
@@ -322,6 +342,8 @@ def decide_after_response(
     )
     if read.state is None:
         return _stop(answered, "integration_failure", f"the body has no {table.response.state_field!r} field")
+    if (other_job := answer_about_another_job(table, body, record.provider_job_id)) is not None:
+        return _stop(answered, "integration_failure", other_job)
     if read.category == "succeeded":
         if read.missing_fields:
             return _stop(
@@ -341,7 +363,9 @@ def decide_after_response(
         return _stop(
             answered,
             "unknown_state",
-            f"state {read.state!r} is not in the {table.name} state table; it is not safe to keep waiting",
+            f"state {read.state!r} is not in the {table.name} state table"
+            + (f" ({read.unknown_because})" if read.unknown_because else "")
+            + "; it is not safe to keep waiting",
         )
     # pending
     if read.expires_at is not None and now > read.expires_at:

@@ -2,7 +2,8 @@
 
 It speaks the shape of the shipped example provider table (§3 of the design):
 ``POST /v1/jobs`` submits, ``GET /v1/jobs/{job_id}`` answers a status request,
-``POST /v1/jobs/{job_id}/cancel`` cancels. Every answer comes from a script of
+``POST /v1/jobs/{job_id}/cancel`` cancels. A job id of several parts spans
+several segments (``GET /v1/jobs/octo/hello/42`` is job ``octo/hello/42``). Every answer comes from a script of
 `Step`s, and every request is written to a log that tests read to prove what
 pollwarden actually sent (headers, paths, timing, overlap).
 
@@ -255,15 +256,16 @@ def _match_route(raw_path: bytes) -> _Route:
         return _Route("unknown")
     if len(parts) == 3:
         return _Route("submit")
-    raw_job_id = parts[3]
-    if not raw_job_id:
+    # A job id of several parts (a table with job_id_parts) spans several
+    # segments: /v1/jobs/octo/hello/42 is job "octo/hello/42".
+    segments = parts[3:]
+    kind: RouteKind = "status"
+    if len(segments) > 1 and segments[-1] == "cancel":
+        kind, segments = "cancel", segments[:-1]
+    if not all(segments):
         return _Route("unknown")
-    job_id = unquote(raw_job_id)
-    if len(parts) == 4:
-        return _Route("status", raw_job_id, job_id)
-    if len(parts) == 5 and parts[4] == "cancel":
-        return _Route("cancel", raw_job_id, job_id)
-    return _Route("unknown")
+    raw_job_id = "/".join(segments)
+    return _Route(kind, raw_job_id, "/".join(unquote(segment) for segment in segments))
 
 
 def _substitute(value: Any, job_id: str) -> Any:

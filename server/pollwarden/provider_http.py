@@ -196,7 +196,7 @@ class ProviderHTTP:
         headers: Mapping[str, str],
         content: bytes | None = None,
     ) -> ProviderAnswer | NoAnswer | UnusableAnswer:
-        all_headers = {**self.credentials(table), **headers}
+        all_headers = {**table.headers, **self.credentials(table), **headers}
         secrets = secret_values(table, self.environ)
         self._log_filter.secrets.update(secrets)
         try:

@@ -33,7 +33,7 @@ from pollwarden_providers.request_building import (
     EgressError,
     describe_location,
     job_id_from_location,
-    job_id_problem,
+    job_id_problem_for,
     resolve_location,
     submit_url,
 )
@@ -232,7 +232,7 @@ async def _accept_submission(
             why_not.append(f"the body is unreadable ({exc})")
         value = get_field(body, field_name) if body is not None else None
         if isinstance(value, str | int) and not isinstance(value, bool):
-            problem = job_id_problem(str(value))
+            problem = job_id_problem_for(table, str(value))
             if problem is None:
                 job_id, where = str(value), f"body field {field_name}"
             else:
