@@ -82,7 +82,14 @@ def test_load_tables_includes_the_shipped_tables_unless_told_not_to(tmp_path: Pa
     with_shipped = load_tables([tmp_path / "mine"])
     without_shipped = load_tables([tmp_path / "mine"], include_shipped=False)
 
-    assert list(with_shipped) == ["example-export", "acme-export"]
+    assert list(with_shipped) == [
+        "anthropic-message-batches",
+        "example-export",
+        "github-actions-runs",
+        "openai-batch",
+        "replicate-predictions",
+        "acme-export",
+    ]
     assert list(without_shipped) == ["acme-export"]
     assert without_shipped["acme-export"].source == str(tmp_path / "mine" / "acme.toml")
 
