@@ -1,4 +1,4 @@
-"""`pollwarden` command line: serve, demo, approvals and audit.
+"""`pollwarden` command line: serve, demo, approvals, audit and providers.
 
 The stdio server owns stdout for JSON-RPC: everything human goes to stderr
 there. Operator commands (approvals, audit) print to stdout as CLIs do.
@@ -18,6 +18,7 @@ from pollwarden.audit_cli import add_audit_commands
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError, PollwardenError
+from pollwarden.providers_cli import add_provider_commands
 from pollwarden.store import open_store
 from pollwarden.timefmt import iso
 
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
 
     add_audit_commands(sub)
+    add_provider_commands(sub)
     return parser
 
 

@@ -52,6 +52,7 @@ class _FixedRandom:
 class SamplePreview:
     """What the controller makes of one sample answer."""
 
+    http_status: int
     state: str | None
     category: str | None
     outcome: str  # "waiting", or the stop reason
@@ -161,6 +162,7 @@ def preview_answer(
             round(longest.next_check_at - answer.received_at, 3),
         )
     return SamplePreview(
+        http_status=answer.status_code,
         state=longest.state,
         category=longest.category,
         outcome=longest.stop_reason or "waiting",
@@ -265,9 +267,13 @@ def describe_table(table: ProviderTable) -> list[str]:
 
 def describe_preview(name: str, preview: SamplePreview, at: float) -> list[str]:
     """A sample's classification and the controller's decision, as printed by ``providers check``."""
+    if preview.state is None:
+        state = f"none read from the HTTP {preview.http_status} answer"
+    else:
+        state = f"{json.dumps(preview.state)} -> {preview.category}"
     lines = [
         f"{name}",
-        f"  state         {json.dumps(preview.state)} -> {preview.category or '(no state)'}",
+        f"  state         {state}",
         f"  controller    {preview.what_the_controller_does()}",
     ]
     lines += [f"  ignored       {note}" for note in preview.ignored]
