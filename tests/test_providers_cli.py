@@ -22,6 +22,19 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, out, err
 
 
+def check_samples(
+    capsys: pytest.CaptureFixture[str], table: Path | str, *samples: Path, options: tuple[str, ...] = ()
+) -> tuple[int, str, str]:
+    """`pollwarden providers check TABLE OPTIONS --response S1 --response S2 ...`."""
+    responses = [arg for sample in samples for arg in ("--response", str(sample))]
+    return run_cli(capsys, "providers", "check", str(table), *options, *responses)
+
+
+def blocks_of(out: str) -> dict[str, str]:
+    """The printed blocks, by their first line (the sample's path)."""
+    return {block.split("\n", 1)[0]: block for block in out.split("\n\n")}
+
+
 def write_table(directory: Path, **overrides: object) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "acme.toml"
@@ -92,19 +105,11 @@ def test_providers_check_shows_what_the_controller_does_with_each_sample(
     bare = write_sample(tmp_path, "bare.json", {"state": "succeeded"})
     paused = write_sample(tmp_path, "paused.json", {"state": "paused"})
 
-    code, out, err = run_cli(
-        capsys,
-        "providers",
-        "check",
-        str(path),
-        "--at",
-        AT,
-        *(arg for sample in (running, hinted, done, bare, paused) for arg in ("--response", str(sample))),
-    )
+    code, out, err = check_samples(capsys, path, running, hinted, done, bare, paused, options=("--at", AT))
 
     assert code == 0, err
     assert out.startswith(f"ok: the table is valid  ({path})")
-    blocks = {block.split("\n", 1)[0]: block for block in out.split("\n\n")}
+    blocks = blocks_of(out)
     assert '"running" -> pending' in blocks[str(running)]
     assert "keeps waiting; next status request in 5–10 s (local_backoff)" in blocks[str(running)]
     assert "next status request in 42 s (provider_poll_hint)" in blocks[str(hinted)]
@@ -132,20 +137,11 @@ def test_providers_check_reads_a_raw_http_answer_as_curl_i_prints_it(
     gone = write_sample(tmp_path, "gone.http", "HTTP/2 404\nx-request-id: req-9\n\n")
     forbidden = write_sample(tmp_path, "forbidden.http", "HTTP/1.1 403 Forbidden\n\n")
 
-    code, out, _ = run_cli(
-        capsys,
-        "providers",
-        "check",
-        str(path),
-        "--at",
-        AT,
-        "--started-seconds-ago",
-        "10",
-        *(arg for sample in (throttled, gone, forbidden) for arg in ("--response", str(sample))),
-    )
+    options = ("--at", AT, "--started-seconds-ago", "10")
+    code, out, _ = check_samples(capsys, path, throttled, gone, forbidden, options=options)
 
     assert code == 0
-    blocks = {block.split("\n", 1)[0]: block for block in out.split("\n\n")}
+    blocks = blocks_of(out)
     assert "state         none read from the HTTP 429 answer" in blocks[str(throttled)]
     assert "next status request in 30 s (provider_retry_after)" in blocks[str(throttled)]
     # 10 s after start is inside the table's 30 s not-found grace window.
@@ -159,7 +155,7 @@ def test_a_404_outside_the_grace_window_is_shown_as_an_integration_failure(
     path = write_table(tmp_path)
     gone = write_sample(tmp_path, "gone.http", "HTTP/1.1 404 Not Found\n\n")
 
-    code, out, _ = run_cli(capsys, "providers", "check", str(path), "--at", AT, "--response", str(gone))
+    code, out, _ = check_samples(capsys, path, gone, options=("--at", AT))
 
     assert code == 0
     assert "stops with integration_failure (HTTP 404 for job sample 60 s after start" in out
@@ -172,18 +168,7 @@ def test_an_unreadable_sample_is_named_and_the_others_are_still_checked(
     broken = write_sample(tmp_path, "broken.http", "HTTP/1.1 200 OK\nno colon here\n\n{}")
     running = write_sample(tmp_path, "running.json", {"state": "running"})
 
-    code, out, err = run_cli(
-        capsys,
-        "providers",
-        "check",
-        str(path),
-        "--response",
-        str(tmp_path / "missing.json"),
-        "--response",
-        str(broken),
-        "--response",
-        str(running),
-    )
+    code, out, err = check_samples(capsys, path, tmp_path / "missing.json", broken, running)
 
     assert code == 1
     assert f"{tmp_path / 'missing.json'}: cannot be read" in err
@@ -197,7 +182,7 @@ def test_a_body_that_is_not_json_is_shown_as_the_integration_failure_it_would_be
     path = write_table(tmp_path)
     html = write_sample(tmp_path, "login.json", "<html>please log in</html>")
 
-    code, out, _ = run_cli(capsys, "providers", "check", str(path), "--response", str(html))
+    code, out, _ = check_samples(capsys, path, html)
 
     assert code == 0
     assert "stops with integration_failure (unreadable status body: body is not valid JSON" in out
@@ -206,17 +191,12 @@ def test_a_body_that_is_not_json_is_shown_as_the_integration_failure_it_would_be
 def test_providers_check_accepts_a_shipped_name_and_its_samples(capsys: pytest.CaptureFixture[str]) -> None:
     samples = shipped_samples_dir() / "github-actions-runs"
 
-    code, out, _ = run_cli(
+    code, out, _ = check_samples(
         capsys,
-        "providers",
-        "check",
         "github-actions-runs",
-        "--at",
-        AT,
-        "--response",
-        str(samples / "completed-failure.json"),
-        "--response",
-        str(samples / "undocumented-completed-rerequested_weird.json"),
+        samples / "completed-failure.json",
+        samples / "undocumented-completed-rerequested_weird.json",
+        options=("--at", AT),
     )
 
     assert code == 0
