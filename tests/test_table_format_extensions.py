@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 
 from harness import base_table, check, make_harness, merge, to_toml, track, view
+from pollwarden.decide import ProviderAnswer
 from pollwarden.fake_provider import FakeProvider, Step, pending
+from pollwarden.table_check import preview_answer
+from pollwarden.timefmt import iso
 from pollwarden_providers import ProviderTable, TableError, load_table
 from pollwarden_providers.interpret import read_status_body
 from pollwarden_providers.request_building import job_id_from_location, split_job_id, status_url
@@ -374,3 +377,84 @@ async def test_a_status_body_about_another_job_stops_as_an_integration_failure(
 
     assert stopped["stop_reason"] == "integration_failure"
     assert "about job 'job_other' (id), not 'job_mixup'" in stopped["stop_detail"]
+
+
+# Rate limits signalled with a 403 (GitHub)
+
+RATE_LIMIT: dict[str, Any] = {
+    "rate_limit": {
+        "remaining_header": "x-ratelimit-remaining",
+        "reset_header": "x-ratelimit-reset",
+        "forbidden_with_retry_after": True,
+    }
+}
+
+
+def forbidden(**headers: str) -> Step:
+    return Step(status=403, headers=headers, body={"message": "API rate limit exceeded"})
+
+
+async def test_a_403_with_no_requests_remaining_waits_until_the_reset_instead_of_stopping(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = make_harness(tmp_path, fake, table=RATE_LIMIT)
+    reset = int(h.clock.now()) + 600
+    fake.script("job_rl", [forbidden(**{"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)})])
+    async with h.client() as client:
+        await track(client, "job_rl")
+        answered = await check(client, "job_rl", wait=50)
+
+    assert answered["status"] == "waiting"
+    assert answered["delay_source"] == "provider_retry_after"
+    assert answered["next_check_at"] == iso(reset)
+    assert answered["rate_limited_used"] == 1
+
+
+async def test_a_403_with_retry_after_is_a_secondary_rate_limit_and_the_last_one_stops_as_rate_limited(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("job_rl2", [forbidden(**{"Retry-After": "1", "x-ratelimit-remaining": "4000"})])
+    h = make_harness(tmp_path, fake, table={**RATE_LIMIT, "limits": {"max_rate_limited": 2}})
+    async with h.client() as client:
+        await track(client, "job_rl2")
+        first = await check(client, "job_rl2", wait=50)
+        second = await check(client, "job_rl2", wait=50)
+
+    assert first["status"] == "waiting"
+    assert second["stop_reason"] == "rate_limited"
+    assert second["stop_detail"] == "rate limited 2 times, the last with HTTP 403 (limit 2)"
+
+
+async def test_a_plain_403_is_still_a_refusal_with_or_without_rate_limit_headers(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("job_denied", [forbidden(**{"x-ratelimit-remaining": "4990"})])
+    fake.script("job_denied_plain", [forbidden(**{"x-ratelimit-remaining": "0"})])
+    h = make_harness(tmp_path, fake, table=RATE_LIMIT)
+    plain = make_harness(tmp_path / "plain", fake)
+    async with h.client() as client:
+        await track(client, "job_denied")
+        denied = await check(client, "job_denied", wait=50)
+    async with plain.client() as client:
+        await track(client, "job_denied_plain")
+        denied_without_section = await check(client, "job_denied_plain", wait=50)
+
+    assert denied["stop_reason"] == "authorization_denied"
+    # Without [rate_limit] the table documents no such signal: a 403 is a refusal.
+    assert denied_without_section["stop_reason"] == "authorization_denied"
+
+
+def test_a_reset_header_that_is_not_unix_seconds_is_ignored_and_noted(tmp_path: Path) -> None:
+    table = table_from(tmp_path, RATE_LIMIT)
+    answer = ProviderAnswer(
+        status_code=403,
+        headers={"x-ratelimit-remaining": "0", "x-ratelimit-reset": "soon"},
+        body=b"{}",
+        received_at=T0,
+    )
+
+    preview = preview_answer(table, answer, started_at=T0 - 60)
+
+    assert preview.outcome == "waiting"
+    assert preview.delay_source == "local_backoff"
+    assert "rate_limit_reset 'soon': not Unix seconds" in preview.ignored

@@ -32,7 +32,7 @@ MAX_HINT_TEXT = 64
 
 _DELTA_SECONDS = re.compile(r"^[0-9]+$")
 
-HintSource = Literal["retry_after", "poll_after", "next_check_at"]
+HintSource = Literal["retry_after", "rate_limit_reset", "poll_after", "next_check_at"]
 
 _TIME_FORMS: dict[TimeFormat, str] = {"rfc3339": "an RFC 3339 timestamp", "unix_seconds": "Unix seconds"}
 
@@ -104,6 +104,42 @@ def parse_retry_after(raw: str | None, *, now: float, max_seconds: float) -> Hin
             rejected=RejectedHint("retry_after", _shown(raw), f"longer than the {max_seconds:g} s maximum")
         )
     return HintCheck(seconds=seconds, source="retry_after")
+
+
+def parse_rate_limit_reset(raw: str | None, *, now: float, max_seconds: float) -> HintCheck:
+    """Validate a rate-limit reset header (Unix seconds, e.g. GitHub's ``x-ratelimit-reset``) into a wait."""
+    if raw is None:
+        return HintCheck()
+    value = raw.strip()
+    if len(value) > MAX_HINT_TEXT or not _DELTA_SECONDS.match(value):
+        return HintCheck(rejected=RejectedHint("rate_limit_reset", _shown(raw), "not Unix seconds"))
+    seconds = int(value) - now
+    if seconds < -FAR_PAST_SECONDS:
+        return HintCheck(
+            rejected=RejectedHint("rate_limit_reset", _shown(raw), "more than a day in the past")
+        )
+    if seconds > max_seconds:
+        return HintCheck(
+            rejected=RejectedHint(
+                "rate_limit_reset", _shown(raw), f"later than the {max_seconds:g} s maximum"
+            )
+        )
+    return HintCheck(seconds=max(0.0, seconds), source="rate_limit_reset")
+
+
+def rate_limited_refusal(table: ProviderTable, headers: Mapping[str, str]) -> str | None:
+    """Why a 403 is the provider's rate limit rather than a refusal (per ``[rate_limit]``), or None.
+
+    ``headers`` have lower-cased names.
+    """
+    spec = table.rate_limit
+    if spec.remaining_header is not None:
+        remaining = headers.get(spec.remaining_header.lower())
+        if remaining is not None and remaining.strip() == "0":
+            return f"{spec.remaining_header}: 0"
+    if spec.forbidden_with_retry_after and "retry-after" in headers:
+        return "with Retry-After"
+    return None
 
 
 def parse_poll_after(value: object, *, max_seconds: float) -> HintCheck:

@@ -31,6 +31,7 @@ __all__ = [
     "LimitsSpec",
     "NotFoundSpec",
     "ProviderTable",
+    "RateLimitSpec",
     "RefineSpec",
     "ResponseSpec",
     "ScheduleSpec",
@@ -377,6 +378,29 @@ class _CategoryLists(BaseModel):
         return "unknown"
 
 
+class RateLimitSpec(BaseModel):
+    """How the provider signals a rate limit besides a plain 429 (GitHub: a 403 plus its headers)."""
+
+    model_config = _MODEL_CONFIG
+
+    remaining_header: str | None = Field(
+        default=None,
+        description='an HTTP header name, e.g. "x-ratelimit-remaining" (a 403 with it at "0" is a rate limit)',
+    )
+    reset_header: str | None = Field(
+        default=None,
+        description='an HTTP header name, e.g. "x-ratelimit-reset" (Unix seconds; waited for without Retry-After)',
+    )
+    forbidden_with_retry_after: bool = Field(
+        default=False, description="true or false: a 403 carrying Retry-After is a rate limit"
+    )
+
+    @field_validator("remaining_header", "reset_header")
+    @classmethod
+    def _headers_are_tokens(cls, value: str | None) -> str | None:
+        return _check_header_name(value)
+
+
 class StatesSpec(_CategoryLists):
     """The provider's states by category. Matching is exact; any other value is ``unknown`` and stops."""
 
@@ -547,6 +571,7 @@ class ProviderTable(BaseModel):
     not_found: NotFoundSpec = Field(default=NotFoundSpec(), description="a [not_found] table")
     schedule: ScheduleSpec = Field(default=ScheduleSpec(), description="a [schedule] table")
     fleet: FleetSpec | None = Field(default=None, description="a [fleet] table with max_requests_per_second")
+    rate_limit: RateLimitSpec = Field(default=RateLimitSpec(), description="a [rate_limit] table")
     limits: LimitsSpec = Field(default=LimitsSpec(), description="a [limits] table")
     description: str = Field(default="", description="free text for people")
 

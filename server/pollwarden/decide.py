@@ -26,7 +26,9 @@ from pollwarden_providers.interpret import (
     RejectedHint,
     get_field,
     parse_json_object,
+    parse_rate_limit_reset,
     parse_retry_after,
+    rate_limited_refusal,
     read_request_id,
     read_status_body,
     truncate_text,
@@ -260,22 +262,31 @@ def decide_after_response(
             base=base,
         )
 
-    if code in (401, 403):
+    limit_signal = rate_limited_refusal(table, headers) if code == 403 else None
+    if code in (401, 403) and limit_signal is None:
         return _stop(
             answered,
             "authorization_denied",
             f"HTTP {code}: the provider refused these credentials; a person must check access",
         )
 
-    if code == 429:
+    if code == 429 or limit_signal is not None:
         used = record.rate_limited_used + 1
         base = replace(answered, rate_limited=True)
+        if limit_signal is not None:
+            base = replace(base, note=f"HTTP 403 {limit_signal}: the provider's rate limit, not a refusal")
+        reset_header = table.rate_limit.reset_header
+        if retry_after.seconds is None and reset_header is not None:
+            reset = parse_rate_limit_reset(headers.get(reset_header.lower()), now=now, max_seconds=max_hint)
+            if reset.rejected is not None:
+                base = replace(base, rejected_hints=(*base.rejected_hints, reset.rejected))
+            retry_after = reset if reset.seconds is not None else retry_after
         if used >= record.max_rate_limited:
             return replace(
                 base,
                 status="escalated",
                 stop_reason="rate_limited",
-                stop_detail=f"HTTP 429 {used} times (limit {record.max_rate_limited})",
+                stop_detail=f"rate limited {used} times, the last with HTTP {code} (limit {record.max_rate_limited})",
                 retry_after_seconds=retry_after.seconds,
             )
         return _keep_waiting(

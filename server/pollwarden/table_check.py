@@ -253,6 +253,12 @@ def describe_table(table: ProviderTable) -> list[str]:
     lines.append(
         f"  schedule      {schedule.base_delay_seconds:g} s doubling to {schedule.max_delay_seconds:g} s, jittered"
     )
+    limit = table.rate_limit
+    signals = [f"{limit.remaining_header}: 0"] if limit.remaining_header else []
+    signals += ["Retry-After"] if limit.forbidden_with_retry_after else []
+    if signals or limit.reset_header:
+        reset = f"; waits for {limit.reset_header}" if limit.reset_header else ""
+        lines.append(f"  rate limit    429, or 403 with {' or '.join(signals) or 'nothing'}{reset}")
     if table.fleet is not None:
         lines.append(
             f"  fleet         {table.fleet.max_requests_per_second:g} requests/s shared, burst {table.fleet.burst}"
