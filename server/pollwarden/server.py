@@ -234,12 +234,24 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         ),
     )
     async def start_operation(
-        provider: Annotated[str, Field(description="Provider table name, e.g. 'example-export'.")],
+        provider: Annotated[
+            str,
+            Field(
+                description="Provider table name, e.g. 'openai-batch', 'anthropic-message-batches', "
+                "'replicate-predictions', 'github-actions-runs'; an unknown name's error lists the loaded ones."
+            ),
+        ],
         ctx: Context[Any, Any],
         operation_id: Annotated[
             str | None, Field(description="Your id for this wait; reuse it to get the same record back.")
         ] = None,
-        provider_job_id: Annotated[str | None, Field(description="Track a job that already exists.")] = None,
+        provider_job_id: Annotated[
+            str | None,
+            Field(
+                description="Track a job that already exists: the provider's id exactly as it gave it "
+                "(a multi-part id, such as a GitHub run's, as owner/repo/run_id)."
+            ),
+        ] = None,
         submit: Annotated[
             dict[str, Any] | None, Field(description="A JSON object pollwarden submits as a new job.")
         ] = None,
