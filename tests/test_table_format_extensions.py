@@ -236,6 +236,15 @@ def test_a_fixed_header_that_would_carry_the_credential_is_refused(tmp_path: Pat
     assert "pasted-secret" not in str(error)
 
 
+def test_a_credential_in_fixed_headers_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    error = refusal(tmp_path, {"headers": {"Authorization": "Bearer sk-live-123456"}})
+
+    assert error.key == "headers"
+    assert "[auth]" in error.fix
+    assert "sk-live-123456" not in str(error)
+    assert "sk-live-123456" not in repr(error.__cause__)
+
+
 def test_a_fixed_header_value_with_a_line_break_is_refused(tmp_path: Path) -> None:
     error = refusal(tmp_path, {"headers": {"anthropic-version": "2023-06-01\r\nX-Evil: 1"}})
 

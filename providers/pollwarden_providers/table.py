@@ -540,7 +540,9 @@ class ProviderTable(BaseModel):
     base_url: str = Field(
         description='an absolute http(s) URL with only scheme, host and port, e.g. "https://api.acme.example"'
     )
-    status_path: str = Field(description='a path containing {job_id} once, e.g. "/v1/jobs/{job_id}"')
+    status_path: str = Field(
+        description='a path containing {job_id} (or each of job_id_parts) once, e.g. "/v1/jobs/{job_id}"'
+    )
     job_id_parts: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
         default=("job_id",),
         description='placeholder names a job id is made of, e.g. ["owner", "repo", "run_id"]; '
@@ -656,6 +658,12 @@ class ProviderTable(BaseModel):
     def _headers_are_plain(cls, value: dict[str, str]) -> dict[str, str]:
         for name, text in value.items():
             _check_header_name(name)
+            if name.lower() == "authorization":
+                # The value is not echoed: it would be a secret living in the table.
+                raise _refuse(
+                    "a credential header in [headers] would keep a secret in the table",
+                    'remove it and add [auth] with env = "<VARIABLE HOLDING THE SECRET>"',
+                )
             if name.lower() in _OWN_HEADERS or name.lower().startswith("proxy-"):
                 raise _refuse(
                     f"{name!r} is set by pollwarden or changes how requests are framed",
