@@ -19,7 +19,7 @@ from harness import check as check_once
 from pollwarden.audit import read_rows
 from pollwarden.fake_provider import FakeProvider, Step, failed, http, pending
 from pollwarden.timefmt import iso, parse_iso
-from pollwarden_providers.interpret import MAX_PROVIDER_TEXT
+from pollwarden_providers.interpret import MAX_PROVIDER_TEXT, parse_retry_after
 
 pytestmark = pytest.mark.anyio
 
@@ -310,3 +310,18 @@ async def test_nothing_in_a_provider_answer_changes_a_budget_a_deadline_or_the_a
     assert "fetch_result" not in last["allowed_actions"]
     assert {k: last[k] for k in keys} == {k: before[k] for k in keys}
     assert len(fake.status_requests("greedy")) == 2
+
+
+@pytest.mark.parametrize(
+    "date",
+    ["Sun, 06 Nov 1994 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994"],
+    ids=["IMF-fixdate", "RFC 850", "asctime"],
+)
+def test_every_http_date_form_of_retry_after_gives_the_same_wait(date: str) -> None:
+    # RFC 9110 §5.6.7: recipients must accept all three forms.
+    now = 784_111_777.0 - 120  # two minutes before the date
+
+    check = parse_retry_after(date, now=now, max_seconds=3600)
+
+    assert check.seconds == 120
+    assert check.rejected is None
