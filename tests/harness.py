@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.live import table_toml, write_table
+from benchmarks.live import ALL_RESPONSE_FIELDS, fake_provider_table, table_toml, write_table
 from mcp.client import Client
 from mcp_types import CallToolResult
 
@@ -21,43 +21,29 @@ from pollwarden.server import build_server, controller_factory
 
 
 def base_table(base_url: str, name: str = "acme") -> dict[str, Any]:
-    """A provider table for the fake provider with a small, fast schedule."""
+    """A provider table for the fake provider with a small, fast schedule, submit and a 404 grace window."""
     return {
-        "name": name,
-        "base_url": base_url,
-        "status_path": "/v1/jobs/{job_id}",
+        **fake_provider_table(
+            name,
+            base_url,
+            response=ALL_RESPONSE_FIELDS,
+            schedule={"base_delay_seconds": 5, "max_delay_seconds": 120},
+            limits={
+                "default_deadline_seconds": 2400,
+                "max_deadline_seconds": 86400,
+                "default_max_status_requests": 12,
+                "max_status_requests": 200,
+                "max_transport_failures": 3,
+                "max_rate_limited": 3,
+            },
+        ),
         "submit": {
             "path": "/v1/jobs",
             "method": "POST",
             "idempotency_header": "Idempotency-Key",
             "job_id_field": "id",
         },
-        "response": {
-            "state_field": "state",
-            "expires_at_field": "expires_at",
-            "poll_after_field": "poll_after_seconds",
-            "next_check_at_field": "next_check_at",
-            "error_field": "error",
-            "request_id_header": "X-Request-Id",
-        },
-        "states": {
-            "pending": ["queued", "running"],
-            "succeeded": ["succeeded"],
-            "failed": ["failed"],
-            "cancelled": ["cancelled"],
-            "expired": ["expired"],
-        },
-        "success": {"required_fields": ["result_url"]},
         "not_found": {"grace_seconds": 30},
-        "schedule": {"base_delay_seconds": 5, "max_delay_seconds": 120},
-        "limits": {
-            "default_deadline_seconds": 2400,
-            "max_deadline_seconds": 86400,
-            "default_max_status_requests": 12,
-            "max_status_requests": 200,
-            "max_transport_failures": 3,
-            "max_rate_limited": 3,
-        },
     }
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchmarks.live import pollwarden_cli
 
 from harness import base_table, merge, to_toml
 from pollwarden.cli import main
@@ -219,24 +218,7 @@ def test_an_unknown_name_or_a_bad_time_is_refused_with_the_fix(capsys: pytest.Ca
 def test_the_installed_command_runs_providers_check() -> None:
     sample = shipped_samples_dir() / "openai-batch" / "in_progress.json"
 
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pollwarden",
-            "providers",
-            "check",
-            "openai-batch",
-            "--at",
-            AT,
-            "--response",
-            str(sample),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = pollwarden_cli("providers", "check", "openai-batch", "--at", AT, "--response", str(sample))
 
-    assert done.returncode == 0, done.stderr
+    assert done.code == 0, done.stderr
     assert "keeps waiting; next status request in 30–60 s (local_backoff)" in done.stdout

@@ -70,6 +70,11 @@ def split_job_id(table: ProviderTable, job_id: str) -> dict[str, str] | str:
     return dict(zip(parts, pieces, strict=True))
 
 
+def repeated_job_id(table: ProviderTable, job_id: str) -> str:
+    """What a status body repeats of `job_id` (``response.job_id_field``): the id, or a multi-part id's last part."""
+    return job_id.rsplit("/", 1)[-1] if len(table.job_id_parts) > 1 else job_id
+
+
 def job_id_problem_for(table: ProviderTable, job_id: str) -> str | None:
     """Why `job_id` is not a usable id for `table`, or None when it is."""
     split = split_job_id(table, job_id)

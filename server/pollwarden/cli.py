@@ -21,6 +21,7 @@ from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.store import open_store
 from pollwarden.timefmt import iso
+from pollwarden_providers.loader import TableError
 
 log = logging.getLogger("pollwarden")
 
@@ -200,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         code: int = args.func(args)
-    except (ConfigError, PollwardenError) as exc:
+    except (ConfigError, PollwardenError, TableError) as exc:
         print(f"pollwarden: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

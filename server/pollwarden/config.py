@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Literal
 
 from pollwarden.errors import ConfigError
+from pollwarden_providers.loader import TableError, load_tables
+from pollwarden_providers.table import ProviderTable
 
 # Clients time out long tool calls; 50 s keeps a waiting check_status under a minute.
 MAX_WAIT_SECONDS = 50.0
@@ -111,3 +113,11 @@ def load_config(
         caps=caps,
         lease_seconds=_float_env(environ, "POLLWARDEN_LEASE_SECONDS", 0.0) or None,
     )
+
+
+def load_provider_tables(config: ServerConfig) -> dict[str, ProviderTable]:
+    """The shipped tables plus the operator's directories; a wrong table is a ConfigError."""
+    try:
+        return load_tables(list(config.provider_dirs))
+    except TableError as exc:
+        raise ConfigError(f"provider table refused: {exc}") from exc

@@ -33,7 +33,7 @@ from pollwarden_providers.interpret import (
     read_status_body,
     truncate_text,
 )
-from pollwarden_providers.request_building import describe_location
+from pollwarden_providers.request_building import describe_location, repeated_job_id
 from pollwarden_providers.table import ProviderTable
 
 
@@ -186,7 +186,7 @@ def answer_about_another_job(
     value = get_field(body, name) if name is not None and job_id is not None else None
     if value is None or job_id is None:
         return None
-    expected = job_id.rsplit("/", 1)[-1] if len(table.job_id_parts) > 1 else job_id
+    expected = repeated_job_id(table, job_id)
     if isinstance(value, str | int) and not isinstance(value, bool) and str(value) == expected:
         return None
     return f"the status body is about job {truncate_text(value, 80)!r} ({name}), not {expected!r}"

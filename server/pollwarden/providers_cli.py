@@ -8,27 +8,23 @@ import sys
 import time
 from pathlib import Path
 
-from pollwarden.config import load_config
+from pollwarden.config import load_config, load_provider_tables
+from pollwarden.errors import ConfigError
 from pollwarden.table_check import SampleError, describe_preview, describe_table, preview_answer, read_sample
 from pollwarden.timefmt import iso, parse_iso
-from pollwarden_providers.loader import TableError, load_table, load_tables
+from pollwarden_providers.loader import TableError, load_table
 from pollwarden_providers.table import ProviderTable
 
 __all__ = ["add_provider_commands"]
 
 
 def _configured_tables(args: argparse.Namespace) -> dict[str, ProviderTable]:
-    config = load_config(providers=args.providers or [])
-    return load_tables(config.provider_dirs)
+    return load_provider_tables(load_config(providers=args.providers or []))
 
 
 def cmd_providers_list(args: argparse.Namespace) -> int:
     """Print every table the server would load: the shipped ones, then the configured directories."""
-    try:
-        tables = _configured_tables(args)
-    except TableError as exc:
-        print(f"pollwarden: {exc}", file=sys.stderr)
-        return 2
+    tables = _configured_tables(args)
     for index, table in enumerate(tables.values()):
         if index:
             print()
@@ -57,13 +53,8 @@ def cmd_providers_check(args: argparse.Namespace) -> int:
     try:
         at = parse_iso(args.at) if args.at else time.time()
     except ValueError as exc:
-        print(f"pollwarden: --at: {exc}", file=sys.stderr)
-        return 2
-    try:
-        table = _table_for_check(args)
-    except TableError as exc:
-        print(f"pollwarden: {exc}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--at: {exc}") from exc
+    table = _table_for_check(args)  # a wrong table is a TableError, reported by main
     print(f"ok: the table is valid  ({table.source})")
     print("\n".join(describe_table(table)))
     unreadable = 0

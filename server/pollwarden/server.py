@@ -33,15 +33,14 @@ from pydantic import BaseModel, Field
 from pollwarden import approvals, followups
 from pollwarden.audit import audit_key_from_env, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
-from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig
+from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import Controller
-from pollwarden.errors import ConfigError, OperationNotFound, PollwardenError, StoreError
+from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.store import open_store
 from pollwarden.views import OperationView
-from pollwarden_providers.loader import TableError, load_tables
 from pollwarden_providers.table import ProviderTable
 
 log = logging.getLogger("pollwarden")
@@ -63,14 +62,6 @@ class OperationList(BaseModel):
 
     operations: list[OperationView]
     count: int
-
-
-def load_provider_tables(config: ServerConfig) -> dict[str, ProviderTable]:
-    """The shipped tables plus the operator's directories; a wrong table is a ConfigError."""
-    try:
-        return load_tables(list(config.provider_dirs))
-    except TableError as exc:
-        raise ConfigError(f"provider table refused: {exc}") from exc
 
 
 ControllerFactory = Callable[[], AbstractAsyncContextManager[Controller]]
