@@ -42,7 +42,7 @@ from benchmarks.live import (
 from benchmarks.measure import RESULTS_DIR, dump_json, machine, percentile_ms, quiet_logs
 from pollwarden.config import ServerConfig
 from pollwarden.server import controller_factory
-from pollwarden.store import open_store
+from pollwarden.store import DatabaseLocation, open_store
 
 READY_TIMEOUT_SECONDS = 120.0
 IDLE_PER_WORKER = 20
@@ -54,7 +54,7 @@ KINDS = ("start_operation", "check_polled", "check_not_yet")
 
 async def worker(args: argparse.Namespace) -> dict[str, Any]:
     """Set up, say ready, wait for go, run the mix until the time is up; return the samples."""
-    config = ServerConfig(db_path=Path(args.db), provider_dirs=(Path(args.tables),))
+    config = ServerConfig(database=DatabaseLocation.sqlite(args.db), provider_dirs=(Path(args.tables),))
     me = f"w{args.worker_id}-{args.phase}"
     rng = random.Random(args.worker_id)
     latencies: dict[str, list[float]] = {kind: [] for kind in KINDS}

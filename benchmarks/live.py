@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapp
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -33,8 +33,9 @@ from mcp_types import CallToolResult
 from benchmarks.measure import dump_json
 from pollwarden.config import ServerConfig
 from pollwarden.fake_provider import Step, pending
-from pollwarden.records import Status, StopReason
 from pollwarden.server import ControllerFactory, build_server, controller_factory
+from pollwarden.store import DatabaseLocation
+from pollwarden.vocabulary import Status, StopReason
 from pollwarden_providers.loader import load_table
 from pollwarden_providers.table import ProviderTable
 
@@ -43,8 +44,8 @@ FAKE_STARTUP_SECONDS = 15.0
 # A server that takes longer than this to answer one tool call is stuck.
 CALL_TIMEOUT_SECONDS = 60.0
 
-STATUSES: tuple[str, ...] = get_args(Status)
-STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+STATUSES: tuple[str, ...] = tuple(Status)
+STOP_REASONS: tuple[str, ...] = tuple(StopReason)
 
 
 # -- provider tables for the fake provider ------------------------------------------------------
@@ -289,7 +290,7 @@ def in_process_client(factory: ControllerFactory) -> Client:
 def timing_controller_factory(db: Path, base_url: str) -> ControllerFactory:
     """The controller on `db` with only the timing tables ("fast" and "slow") for the fake at `base_url`."""
     tables = {name: ProviderTable.model_validate(t) for name, t in fast_and_slow_tables(base_url).items()}
-    return controller_factory(ServerConfig(db_path=db), tables=tables)
+    return controller_factory(ServerConfig(database=DatabaseLocation.sqlite(db)), tables=tables)
 
 
 # -- pollwarden serve over stdio -------------------------------------------------------------

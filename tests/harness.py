@@ -18,6 +18,22 @@ from pollwarden.config import ServerConfig
 from pollwarden.fake_provider import FakeProvider
 from pollwarden.provider_http import HttpLimits
 from pollwarden.server import build_server, controller_factory
+from pollwarden.store import DatabaseLocation, Engine
+
+# The engine the running test stores its records in: conftest's `database_engine`
+# fixture sets it, once per engine, for every store-touching test.
+_current_engine = Engine.SQLITE
+
+
+def use_engine(engine: Engine) -> None:
+    """Run the harness's servers on `engine` (set per test by conftest)."""
+    global _current_engine
+    _current_engine = engine
+
+
+def database_in(tmp: Path) -> DatabaseLocation:
+    """The test's database on the current engine: a SQLite file in `tmp` (a server URL for others)."""
+    return DatabaseLocation.sqlite(tmp / "pollwarden.db")
 
 
 def base_table(base_url: str, name: str = "acme") -> dict[str, Any]:
@@ -91,8 +107,13 @@ class Harness:
     approval_mode: str = "elicitation"
 
     @property
+    def database(self) -> DatabaseLocation:
+        return database_in(self.tmp)
+
+    @property
     def db_path(self) -> Path:
-        return self.tmp / "pollwarden.db"
+        """The SQLite file (the audit readers and the CLI open it directly)."""
+        return self.database.path
 
     @property
     def tables_dir(self) -> Path:
@@ -100,7 +121,7 @@ class Harness:
 
     def config(self) -> ServerConfig:
         return ServerConfig(
-            db_path=self.db_path,
+            database=self.database,
             provider_dirs=(self.tables_dir,),
             approval_mode=self.approval_mode,  # type: ignore[arg-type]
         )

@@ -18,17 +18,14 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import aiosqlite
 import pytest
 
 from pollwarden.audit import (
-    AUDIT_SCHEMA_SQL,
     GENESIS_HASH,
     Anchor,
     AuditError,
     AuditKeyError,
     AuditRow,
-    append_audit,
     audit_key_from_env,
     canonical_json,
     export_jsonl,
@@ -40,7 +37,11 @@ from pollwarden.audit import (
     write_anchor,
 )
 from pollwarden.audit_cli import main as audit_main
+from pollwarden.store.sqlite.migrations import audit_table_v1
+from pollwarden.store.sqlite.rows import append_audit
 
+# The audit table as the store's first migration creates it (the chain alone, without operations).
+AUDIT_SCHEMA_SQL = audit_table_v1()
 SERVER_DIR = Path(__file__).resolve().parent.parent / "server"
 T0 = datetime(2025, 4, 18, 10, 20, 0, tzinfo=UTC)
 KEY = b"correct horse battery staple"
@@ -89,15 +90,15 @@ def payload(kind: str, **fields: object) -> dict[str, object]:
     return base
 
 
-async def open_db(path: Path) -> aiosqlite.Connection:
-    conn = await aiosqlite.connect(path, isolation_level=None)
-    await conn.execute("PRAGMA journal_mode=WAL")
-    await conn.executescript(AUDIT_SCHEMA_SQL)
+async def open_db(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(AUDIT_SCHEMA_SQL)
     return conn
 
 
 async def append(
-    conn: aiosqlite.Connection,
+    conn: sqlite3.Connection,
     kind: str,
     fields: Mapping[str, object],
     *,
@@ -105,13 +106,13 @@ async def append(
     key: bytes | None = None,
     operation_id: str = "report-export-2025-04-18-01",
 ) -> int:
-    await conn.execute("BEGIN IMMEDIATE")
+    conn.execute("BEGIN IMMEDIATE")
     try:
-        seq = await append_audit(conn, operation_id=operation_id, at=when, kind=kind, payload=fields, key=key)
+        seq = append_audit(conn, operation_id=operation_id, at=when, kind=kind, payload=fields, key=key)
     except BaseException:
-        await conn.execute("ROLLBACK")
+        conn.execute("ROLLBACK")
         raise
-    await conn.execute("COMMIT")
+    conn.execute("COMMIT")
     return seq
 
 
@@ -215,7 +216,7 @@ async def build_chain(path: Path, rows: int = 6, key: bytes | None = None) -> No
                 key=key,
             )
     finally:
-        await conn.close()
+        conn.close()
 
 
 def tamper(path: Path, sql: str, params: Sequence[object] = ()) -> None:
@@ -317,9 +318,9 @@ async def test_append_outside_a_transaction_is_refused(tmp_path: Path) -> None:
     conn = await open_db(tmp_path / "pw.db")
     try:
         with pytest.raises(RuntimeError, match="transaction"):
-            await append_audit(conn, operation_id="op", at=T0, kind="polled", payload={}, key=None)
+            append_audit(conn, operation_id="op", at=T0, kind="polled", payload={}, key=None)
     finally:
-        await conn.close()
+        conn.close()
 
 
 @pytest.mark.anyio
@@ -329,7 +330,7 @@ async def test_naive_timestamps_are_refused(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="timezone"):
             await append(conn, "polled", {}, when=datetime(2025, 4, 18, 10, 20))
     finally:
-        await conn.close()
+        conn.close()
 
 
 @pytest.mark.anyio
@@ -341,7 +342,7 @@ async def test_continuing_a_keyed_chain_without_the_key_is_refused(tmp_path: Pat
         with pytest.raises(AuditKeyError, match="POLLWARDEN_AUDIT_KEY"):
             await append(conn, "polled", {}, when=T0, key=None)
     finally:
-        await conn.close()
+        conn.close()
     assert len(read_rows(db)) == 2
 
 
@@ -446,7 +447,7 @@ async def test_rows_appended_after_the_anchor_still_verify_against_it(tmp_path: 
     try:
         await append(conn, "polled", payload("polled"), when=T0 + timedelta(minutes=5))
     finally:
-        await conn.close()
+        conn.close()
     result = verify_chain(db, None, anchor)
     assert result.ok
     assert result.head_seq == 4
@@ -530,7 +531,7 @@ async def test_an_unkeyed_prefix_is_accepted_only_when_asked_and_only_before_the
         for minute in range(2):
             await append(conn, "polled", payload("polled"), when=T0 + timedelta(minutes=minute), key=KEY)
     finally:
-        await conn.close()
+        conn.close()
     assert not verify_chain(db, KEY).ok
     result = verify_chain(db, KEY, allow_unkeyed_prefix=True)
     assert result.ok
@@ -583,31 +584,31 @@ def test_a_malformed_anchor_file_is_refused(tmp_path: Path) -> None:
 
 WORKER = textwrap.dedent(
     """
-    import asyncio, os, sys, time
+    import os, sqlite3, sys, time
     from datetime import UTC, datetime
-    import aiosqlite
-    from pollwarden.audit import append_audit
+    from pollwarden.store.sqlite.rows import append_audit
 
-    async def main(db: str, worker: str, go: str) -> None:
+    def main(db: str, worker: str, go: str) -> None:
         deadline = time.monotonic() + 20
         while not os.path.exists(go):
             if time.monotonic() > deadline:
                 raise SystemExit("start signal never came")
-            await asyncio.sleep(0.002)
-        async with aiosqlite.connect(db, isolation_level=None, timeout=30) as conn:
-            for i in range(25):
-                await conn.execute("BEGIN IMMEDIATE")
-                try:
-                    await append_audit(conn, operation_id="op-" + worker, at=datetime.now(UTC),
-                                       kind="polled", payload={"i": i, "worker": worker}, key=None)
-                except BaseException:
-                    await conn.execute("ROLLBACK")
-                    raise
-                await asyncio.sleep(0.001)  # hold the write lock a moment: widen any race
-                await conn.execute("COMMIT")
-                await asyncio.sleep(0.003)  # let the other workers in between our rows
+            time.sleep(0.002)
+        conn = sqlite3.connect(db, isolation_level=None, timeout=30)
+        for i in range(25):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                append_audit(conn, operation_id="op-" + worker, at=datetime.now(UTC),
+                             kind="polled", payload={"i": i, "worker": worker}, key=None)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            time.sleep(0.001)  # hold the write lock a moment: widen any race
+            conn.execute("COMMIT")
+            time.sleep(0.003)  # let the other workers in between our rows
+        conn.close()
 
-    asyncio.run(main(*sys.argv[1:4]))
+    main(*sys.argv[1:4])
     """
 )
 
@@ -660,7 +661,7 @@ async def test_the_scripted_scenario_reads_as_the_source_documents_story(tmp_pat
             await append(conn, kind, fields, when=at(hms))
         await append(conn, "polled", payload("polled"), when=at("10:30:00"), operation_id="someone-else")
     finally:
-        await conn.close()
+        conn.close()
     rows = read_rows(db, "report-export-2025-04-18-01")
     assert render_story(rows) == SCENARIO_STORY
 
@@ -814,7 +815,7 @@ async def test_export_writes_one_json_object_per_row(tmp_path: Path) -> None:
             await append(conn, kind, fields, when=at(hms))
         await append(conn, "polled", payload("polled"), when=at("10:30:00"), operation_id="someone-else")
     finally:
-        await conn.close()
+        conn.close()
     out = io.StringIO()
     assert export_jsonl(db, out) == 6
     lines = out.getvalue().splitlines()
@@ -887,7 +888,7 @@ async def test_cli_show_prints_the_story_and_export_writes_a_file(
         for hms, kind, fields in SCENARIO:
             await append(conn, kind, fields, when=at(hms))
     finally:
-        await conn.close()
+        conn.close()
     assert audit_main(["audit", "show", "report-export-2025-04-18-01", "--db", str(db)]) == 0
     assert capsys.readouterr().out.splitlines() == SCENARIO_STORY
     assert audit_main(["audit", "show", "no-such-op", "--db", str(db)]) == 1

@@ -22,11 +22,11 @@ from benchmarks.live import audit_verify, call, pollwarden_cli, read_record, std
 
 from harness import base_table, error_text, merge, write_table
 from pollwarden.clock import SystemClock
-from pollwarden.config import ServerConfig
+from pollwarden.config import BUSY_TIMEOUT_ENV, ServerConfig
 from pollwarden.controller import Controller
 from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.provider_http import ProviderHTTP
-from pollwarden.store import BUSY_TIMEOUT_ENV, open_store
+from pollwarden.store import DatabaseLocation, open_store
 from pollwarden_providers.table import ProviderTable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -69,7 +69,7 @@ async def _record_operation(db: Path, table: dict[str, Any], operation_id: str, 
                 http=http,
                 clock=clock,
                 rng=random.Random(1),
-                config=ServerConfig(db_path=db),
+                config=ServerConfig(database=DatabaseLocation.sqlite(db)),
             )
             await controller.start_operation(
                 provider="acme", operation_id=operation_id, provider_job_id=job_id, deadline_seconds=600

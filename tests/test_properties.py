@@ -43,7 +43,7 @@ from pollwarden.schedule import (
     plan_next_check,
     raw_delay,
 )
-from pollwarden.store import open_store
+from pollwarden.store import DatabaseLocation, open_store
 from pollwarden_providers.interpret import parse_retry_after
 from pollwarden_providers.table import ProviderTable
 
@@ -221,7 +221,6 @@ def make_record(**values: Any) -> OperationRecord:
         "delay_source": "local_backoff",
         "lease_owner": "me",
         "lease_expires_at": T0 + 60,
-        "not_yet_count": 0,
         "extensions_used": 0,
         "created_at": T0,
         "updated_at": T0,
@@ -657,7 +656,7 @@ async def _drive(
                 http=http,
                 clock=clock,
                 rng=random.Random(seed),
-                config=ServerConfig(db_path=db),
+                config=ServerConfig(database=DatabaseLocation.sqlite(db)),
             )
             await controller.start_operation(
                 provider="prop",

@@ -315,7 +315,7 @@ def classify_state(
     """
     raw_state = get_field(body, table.response.state_field)
     if raw_state is None:
-        return None, "unknown", None
+        return None, Category.UNKNOWN, None
     refine = table.refine.get(str.__str__(raw_state)) if isinstance(raw_state, str) else None
     if refine is None:
         return _state_text(raw_state), table.category_of(raw_state), None

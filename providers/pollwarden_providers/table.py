@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from pollwarden_providers.category import CATEGORIES, Category
+
 __all__ = [
     "CATEGORIES",
     "AuthSpec",
@@ -44,11 +46,6 @@ __all__ = [
 TimeFormat = Literal["rfc3339", "unix_seconds"]
 """How a table's time fields are written: RFC 3339 text, or seconds since 1970."""
 
-Category = Literal["pending", "succeeded", "failed", "cancelled", "expired", "unknown"]
-"""The category of a provider state; ``unknown`` is anything the table does not list."""
-
-CATEGORIES: tuple[Category, ...] = ("pending", "succeeded", "failed", "cancelled", "expired")
-"""The categories a table can list states under, in table order (``unknown`` is never listed)."""
 
 # hide_input_in_errors: a mistaken table may hold a secret (a token pasted into
 # auth.env, a password in base_url); a logged ValidationError must not show it.
@@ -349,17 +346,17 @@ class _CategoryLists(BaseModel):
     def of(self, category: Category) -> tuple[str, ...]:
         """Return the values listed under ``category`` (none for ``unknown``)."""
         match category:
-            case "pending":
+            case Category.PENDING:
                 return self.pending
-            case "succeeded":
+            case Category.SUCCEEDED:
                 return self.succeeded
-            case "failed":
+            case Category.FAILED:
                 return self.failed
-            case "cancelled":
+            case Category.CANCELLED:
                 return self.cancelled
-            case "expired":
+            case Category.EXPIRED:
                 return self.expired
-            case "unknown":
+            case Category.UNKNOWN:
                 return ()
 
     def listed(self) -> tuple[str, ...]:
@@ -369,13 +366,13 @@ class _CategoryLists(BaseModel):
     def category_of(self, state: object) -> Category:
         """Return the category of ``state``: an exact, case-sensitive match, else ``unknown``."""
         if not isinstance(state, str):
-            return "unknown"
+            return Category.UNKNOWN
         # A str subclass could override __eq__; compare its plain-str value instead.
         plain = str.__str__(state)
         for category in CATEGORIES:
             if plain in self.of(category):
                 return category
-        return "unknown"
+        return Category.UNKNOWN
 
 
 class RateLimitSpec(BaseModel):
@@ -697,7 +694,7 @@ class ProviderTable(BaseModel):
                     key=f"refine.{state}",
                 )
             listed_under = self.states.category_of(state)
-            if listed_under != "unknown":
+            if listed_under != Category.UNKNOWN:
                 raise _refuse(
                     f"{state!r} is refined here and also listed under states.{listed_under}",
                     f"remove it from states.{listed_under}: its {refine.field!r} decides the category",
@@ -705,7 +702,7 @@ class ProviderTable(BaseModel):
                 )
         # Without a pending state every first answer would stop the operation,
         # and without a succeeded state it could never succeed.
-        for category in ("pending", "succeeded"):
+        for category in (Category.PENDING, Category.SUCCEEDED):
             if not self.states_of(category):
                 raise _refuse(
                     f"no {category} state is listed",

@@ -21,6 +21,7 @@ from pollwarden.records import OperationRecord
 from pollwarden.store import Store
 from pollwarden.timefmt import iso
 from pollwarden.views import OperationView, allowed_actions
+from pollwarden.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden_providers.table import ProviderTable
 
 
@@ -167,23 +168,24 @@ async def apply_decided_approvals(controller: ApprovalParts, record: OperationRe
     approvals = await controller.store.list_approvals(operation_id=record.operation_id)
     now = controller.clock.now()
     for approval in approvals:
-        if approval.kind != "extension":
+        if approval.kind != ApprovalKind.EXTENSION:
             continue  # a cancel approval is used by the next cancel_operation call
-        if approval.status == "pending" and now >= approval.expires_at:
+        if approval.status == ApprovalStatus.PENDING and now >= approval.expires_at:
             await controller.store.close_approval(
-                approval.approval_id, status="expired", at=now, note="nobody decided in time"
+                approval.approval_id,
+                status=ApprovalStatus.EXPIRED,
+                at=now,
+                note="nobody decided in time",
+                audit_kind="approval_expired",
             )
-            await controller.store.audit_event(
-                record.operation_id, kind="approval_expired", at=now, note=approval.approval_id, extra={}
-            )
-        elif approval.status == "approved":
+        elif approval.status == ApprovalStatus.APPROVED:
             plan = ExtensionPlan.model_validate(approval.request)
             await apply_extension(
                 controller, plan, approval_id=approval.approval_id, by=approval.decided_by or "operator"
             )
-        elif approval.status == "denied":
+        elif approval.status == ApprovalStatus.DENIED:
             await controller.store.close_approval(
-                approval.approval_id, status="applied", at=now, note="denied"
+                approval.approval_id, status=ApprovalStatus.APPLIED, at=now, note="denied"
             )
     return await controller.load(record.operation_id)
 

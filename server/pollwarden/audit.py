@@ -8,9 +8,11 @@ over ``[seq, operation_id, at, kind, payload, prev_hash]``. When the server has
 key (``keyed = 1``), so someone with write access to the database file but
 without the key cannot rewrite the chain consistently.
 
-Writing happens through :func:`append_audit`, inside the caller's write
-transaction. Reading, verifying, anchoring and exporting use plain ``sqlite3``
-on a read-only connection, so they work offline on a copy of the database file.
+Writing is the store's: `pollwarden.audit_entry` builds a row's payload and
+its link to the chain head, and the engine reads the head and inserts the row
+inside the transaction that made the decision. Reading, verifying, anchoring
+and exporting here use plain ``sqlite3`` on a read-only connection, so they
+work offline on a copy of the database file.
 
 What the chain can and cannot prove:
 
@@ -37,18 +39,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO, cast
 
-import aiosqlite
-
 __all__ = [
     "AUDIT_KEY_ENV",
-    "AUDIT_SCHEMA_SQL",
     "GENESIS_HASH",
     "Anchor",
     "AuditError",
     "AuditKeyError",
     "AuditRow",
     "VerifyResult",
-    "append_audit",
     "audit_key_from_env",
     "canonical_json",
     "export_jsonl",
@@ -60,21 +58,6 @@ __all__ = [
     "verify_chain",
     "write_anchor",
 ]
-
-AUDIT_SCHEMA_SQL = """
-CREATE TABLE IF NOT EXISTS audit (
-  seq INTEGER PRIMARY KEY,
-  operation_id TEXT NOT NULL,
-  at TEXT NOT NULL,
-  kind TEXT NOT NULL,
-  payload TEXT NOT NULL,
-  prev_hash TEXT NOT NULL,
-  hash TEXT NOT NULL,
-  keyed INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
-"""
-"""DDL of the audit table; executed by the store's migration (``executescript``)."""
 
 AUDIT_KEY_ENV = "POLLWARDEN_AUDIT_KEY"
 """Environment variable holding the HMAC key (utf-8). Never printed or stored."""
@@ -148,63 +131,6 @@ def format_timestamp(moment: datetime) -> str:
         raise ValueError("audit timestamps must be timezone-aware (use datetime.now(UTC))")
     utc = moment.astimezone(UTC)
     return utc.strftime("%Y-%m-%dT%H:%M:%S") + f".{utc.microsecond // 1000:03d}Z"
-
-
-# ---------------------------------------------------------------------------
-# writing
-
-
-async def append_audit(
-    conn: aiosqlite.Connection,
-    *,
-    operation_id: str,
-    at: datetime,
-    kind: str,
-    payload: Mapping[str, object],
-    key: bytes | None,
-) -> int:
-    """Append one decision to the chain and return its ``seq``.
-
-    Must be called inside a write transaction the caller already opened
-    (``BEGIN IMMEDIATE`` on a connection with ``isolation_level=None``), so that
-    reading the chain head and inserting the new row are atomic across processes
-    sharing the database: the chain never forks. This function does not commit.
-
-    ``payload`` must be JSON-serializable (format datetimes with
-    :func:`format_timestamp`). Raises ``RuntimeError`` when no transaction is
-    open, and :class:`AuditKeyError` when the chain head is keyed but ``key`` is
-    None (continuing it unkeyed would make every later row unverifiable).
-    """
-    if not conn.in_transaction:
-        raise RuntimeError("append_audit must run inside an open write transaction (BEGIN IMMEDIATE)")
-    at_text = format_timestamp(at)
-    payload_text = canonical_json(dict(payload))
-    async with conn.execute("SELECT seq, hash, keyed FROM audit ORDER BY seq DESC LIMIT 1") as cursor:
-        head = await cursor.fetchone()
-    if head is None:
-        seq, prev_hash = 1, GENESIS_HASH
-    else:
-        head_seq, head_hash, head_keyed = int(head[0]), str(head[1]), bool(head[2])
-        if head_keyed and key is None:
-            raise AuditKeyError(
-                f"the audit chain is keyed (head seq {head_seq}); set {AUDIT_KEY_ENV} to append to it"
-            )
-        seq, prev_hash = head_seq + 1, head_hash
-    digest = row_hash(
-        prev_hash=prev_hash,
-        seq=seq,
-        operation_id=operation_id,
-        at=at_text,
-        kind=kind,
-        payload=payload_text,
-        key=key,
-    )
-    await conn.execute(
-        "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (seq, operation_id, at_text, kind, payload_text, prev_hash, digest, 1 if key is not None else 0),
-    )
-    return seq
 
 
 # ---------------------------------------------------------------------------
@@ -644,6 +570,16 @@ def _plural(count: object, one: str, many: str) -> str:
     return one if count == 1 else many
 
 
+def _refusals_line(row: AuditRow, one: str, many: str, outcome: str) -> str:
+    """A run of refused calls: when, how many, and what the agent was told."""
+    p = row.payload_obj
+    count = p.get("count", 1)
+    first = _hms(p.get("first_at") if p.get("first_at") is not None else row.at)
+    last = _hms(p.get("last_at")) if p.get("last_at") is not None else first
+    span = first if count == 1 or last == first else f"{first}–{last}"
+    return f"{span} refused {_number(count)} {_plural(count, one, many)} ({outcome})"
+
+
 def _story_line(row: AuditRow) -> str:
     p = row.payload_obj
     at = _hms(row.at)
@@ -660,11 +596,9 @@ def _story_line(row: AuditRow) -> str:
         text = f"{at} {_words(reason)} before polling"
         return text + (", escalated" if p.get("status") == "escalated" else "")
     if kind == "not_yet_summary":
-        count = p.get("count", 1)
-        first = _hms(p.get("first_at") if p.get("first_at") is not None else row.at)
-        last = _hms(p.get("last_at")) if p.get("last_at") is not None else first
-        span = first if count == 1 or last == first else f"{first}–{last}"
-        return f"{span} refused {_number(count)} {_plural(count, 'early check', 'early checks')} (not yet)"
+        return _refusals_line(row, "early check", "early checks", "not yet")
+    if kind == "stopped_summary":
+        return _refusals_line(row, "check after it stopped", "checks after it stopped", "stopped")
     if kind == "not_yet":
         return f"{at} refused 1 early check (not yet){_next_poll(p)}"
     if kind == "extension_approved":

@@ -71,7 +71,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 async def _approvals_list(config: ServerConfig, show_all: bool) -> int:
-    async with open_store(config.db_path) as store:
+    async with open_store(config.database, busy_timeout_seconds=config.busy_timeout_seconds) as store:
         approvals = await store.list_approvals(status=None if show_all else "pending")
     if not approvals:
         print("no pending approvals" if not show_all else "no approvals")
@@ -89,7 +89,7 @@ async def _approvals_list(config: ServerConfig, show_all: bool) -> int:
 
 
 async def _decide(config: ServerConfig, approval_id: str, approve: bool, by: str) -> int:
-    async with open_store(config.db_path) as store:
+    async with open_store(config.database, busy_timeout_seconds=config.busy_timeout_seconds) as store:
         approval = await store.decide_approval(approval_id, approve=approve, by=by, at=SystemClock().now())
     if approval is None:
         print(

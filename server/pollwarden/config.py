@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -10,11 +11,15 @@ from pathlib import Path
 from typing import Literal
 
 from pollwarden.errors import ConfigError
+from pollwarden.store.location import DatabaseLocation
 from pollwarden_providers.loader import TableError, load_tables
 from pollwarden_providers.table import ProviderTable
 
 # Clients time out long tool calls; 50 s keeps a waiting check_status under a minute.
 MAX_WAIT_SECONDS = 50.0
+# How long a write waits for another process's lock before giving up with a clear error.
+BUSY_TIMEOUT_SECONDS = 5.0
+BUSY_TIMEOUT_ENV = "POLLWARDEN_BUSY_TIMEOUT_SECONDS"
 
 ApprovalMode = Literal["elicitation", "tool-confirmation"]
 
@@ -43,7 +48,7 @@ class ExtensionCaps:
 class ServerConfig:
     """Everything the server needs that is not in a provider table."""
 
-    db_path: Path
+    database: DatabaseLocation
     provider_dirs: tuple[Path, ...] = ()
     approval_mode: ApprovalMode = "elicitation"
     approval_ttl_seconds: float = 900.0
@@ -53,6 +58,13 @@ class ServerConfig:
     # The lease on one in-flight request; None means the controller's default
     # (longer than any one request can take). Env POLLWARDEN_LEASE_SECONDS: tests only.
     lease_seconds: float | None = None
+    # How long a write waits for another process's lock (env POLLWARDEN_BUSY_TIMEOUT_SECONDS).
+    busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file (what the offline audit commands and the CLI's messages name)."""
+        return self.database.path
 
 
 def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -63,8 +75,8 @@ def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError as exc:
         raise ConfigError(f"{name}={raw!r} is not a number; set it to seconds, e.g. {default:g}") from exc
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r} must be greater than 0")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name}={raw!r} must be a number of seconds greater than 0, e.g. {default or 5:g}")
     return value
 
 
@@ -89,7 +101,7 @@ def load_config(
     environ: Mapping[str, str] = os.environ,
 ) -> ServerConfig:
     """Combine flags (which win) with the environment and defaults."""
-    db_path = Path(db or environ.get("POLLWARDEN_DB") or default_db_path(environ)).expanduser()
+    database = DatabaseLocation.parse(db or environ.get("POLLWARDEN_DB") or default_db_path(environ))
     dirs: list[Path] = []
     for entry in providers or []:
         dirs.append(Path(entry).expanduser())
@@ -106,12 +118,13 @@ def load_config(
         max_extra_status_requests=_int_env(environ, "POLLWARDEN_MAX_EXTRA_REQUESTS", 20),
     )
     return ServerConfig(
-        db_path=db_path,
+        database=database,
         provider_dirs=tuple(dirs),
         approval_mode=mode,  # type: ignore[arg-type]
         approval_ttl_seconds=_float_env(environ, "POLLWARDEN_APPROVAL_TTL_SECONDS", 900.0),
         caps=caps,
         lease_seconds=_float_env(environ, "POLLWARDEN_LEASE_SECONDS", 0.0) or None,
+        busy_timeout_seconds=_float_env(environ, BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS),
     )
 
 

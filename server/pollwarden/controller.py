@@ -21,7 +21,10 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+import anyio
 
 from pollwarden import approvals, submission
 from pollwarden.clock import Clock, RandomSource
@@ -29,24 +32,23 @@ from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
 from pollwarden.faults import fault_point
+from pollwarden.gate import Step
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at
 from pollwarden.store import Store
 from pollwarden.timefmt import iso, parse_iso
-from pollwarden.views import OperationView, Outcome, operation_view
+from pollwarden.views import OperationView, operation_view
+from pollwarden.vocabulary import Category, DelaySource, Outcome, Status
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
     MissingCredentialError,
     job_id_form,
     job_id_problem_for,
 )
-from pollwarden_providers.table import ProviderTable
+from pollwarden_providers.table import FleetSpec, ProviderTable
 
 log = logging.getLogger("pollwarden")
-
-# While another process's request is in flight, look again after this long.
-IN_FLIGHT_RECHECK_SECONDS = 0.5
 
 ProgressCallback = Callable[[float, float | None, str], Awaitable[None]]
 
@@ -102,11 +104,20 @@ class Controller:
         """The record, or OperationNotFound naming the id."""
         record = await self.store.get(operation_id)
         if record is None:
-            raise OperationNotFound(
-                f"no operation {operation_id!r}; call list_operations to see the ids, "
-                "or start_operation to create it"
-            )
+            raise self._not_found(operation_id)
         return record
+
+    @staticmethod
+    def _not_found(operation_id: str) -> OperationNotFound:
+        return OperationNotFound(
+            f"no operation {operation_id!r}; call list_operations to see the ids, "
+            "or start_operation to create it"
+        )
+
+    @cached_property
+    def _fleets(self) -> dict[str, FleetSpec | None]:
+        """Every loaded provider and its shared pace (None without [fleet]): what a check may need."""
+        return {name: table.fleet for name, table in self.tables.items()}
 
     def view(
         self, record: OperationRecord, outcome: Outcome | None = None, *, retry_at: float | None = None
@@ -231,8 +242,8 @@ class Controller:
             "account_context": account,
             "request_fingerprint": request_fingerprint,
             "idempotency_key": key,
-            "expected_terminal_state": ",".join(table.states_of("succeeded")),
-            "status": "waiting" if submit is None else "submitting",
+            "expected_terminal_state": ",".join(table.states_of(Category.SUCCEEDED)),
+            "status": Status.WAITING if submit is None else Status.SUBMITTING,
             "started_at": now,
             "deadline_at": now + deadline_seconds,
             "business_deadline_at": business_at,
@@ -242,7 +253,7 @@ class Controller:
             "next_check_at": first_check_at(
                 now, table.schedule.base_delay_seconds, table.schedule.max_delay_seconds, self.rng
             ),
-            "delay_source": "local_backoff",
+            "delay_source": DelaySource.LOCAL_BACKOFF,
             "submit_payload_json": json.dumps(submit, sort_keys=True) if submit is not None else None,
             "created_at": now,
             "updated_at": now,
@@ -262,7 +273,7 @@ class Controller:
                     "call again without idempotency_key (the recorded one is re-used) or use a new operation_id"
                 )
             log.info("start_operation %s: existing record returned", operation_id)
-        if record.status == "submitting":
+        if record.status == Status.SUBMITTING:
             record = await submission.submit(self, record, table)
         return self.view(record)
 
@@ -281,51 +292,42 @@ class Controller:
         wait_seconds = min(wait_seconds, self.config.max_wait_seconds)
         wait_started = self.clock.now()
         wait_until = wait_started + wait_seconds
-        # A bounded number of rounds: each either answers or sleeps toward wait_until.
+        owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        apply_approvals = True
+        # A bounded number of rounds: each is one transaction that either answers or sleeps toward wait_until.
         for _ in range(1000):
-            record = await self.load(operation_id)
-            table = self.table_for(record.provider)
             now = self.clock.now()
-            if record.status == "escalated":
-                record = await approvals.apply_decided_approvals(self, record)
-                if record.status == "waiting":
-                    continue
-            if record.status != "waiting":
-                record = await self.store.note_refusal(operation_id, now)
-                return self.view(record, "stopped")
-            if now >= record.effective_deadline or record.status_requests_used >= record.max_status_requests:
-                stopped = await self._stop_before_request(record, now)
-                if stopped is not None:
-                    return self.view(stopped, "stopped")
-            lease_busy = record.lease_owner is not None and (record.lease_expires_at or 0) > now
-            allowed_at = record.next_check_at
-            if lease_busy:
-                # Another request is in flight: its answer will move next_check_at, so
-                # look again shortly rather than at the lease's (long) expiry.
-                allowed_at = max(
-                    allowed_at, min(record.lease_expires_at or now, now + IN_FLIGHT_RECHECK_SECONDS)
-                )
-            if now < allowed_at:
-                if allowed_at <= wait_until:
-                    await self._wait(allowed_at, wait_started, wait_until, now, progress, lease_busy)
-                    continue
-                record = await self.store.note_refusal(operation_id, now)
-                return self.view(record, "not_yet", retry_at=allowed_at)
-            owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            reservation = await self.store.reserve(
-                operation_id, owner=owner, now=now, lease_seconds=self.lease_seconds, fleet=table.fleet
+            start = await self.store.begin_check(
+                operation_id,
+                now=now,
+                wait_until=wait_until,
+                owner=owner,
+                lease_seconds=self.lease_seconds,
+                fleets=self._fleets,
+                apply_approvals=apply_approvals,
             )
-            if reservation.paced:
-                # The provider's shared pace is used up: this operation now holds the next free slot.
-                slot = reservation.record.next_check_at
-                if slot <= wait_until:
-                    await self._wait(slot, wait_started, wait_until, now, progress, False)
-                    continue
-                return self.view(reservation.record, "not_yet")
-            if not reservation.reserved:
-                continue  # another process moved first: look again
-            fault_point("after_reservation")
-            return await self._send_and_record(reservation.record, table, owner)
+            if start is None:
+                raise self._not_found(operation_id)
+            record, decision = start.record, start.decision
+            match decision.step:
+                case Step.NO_TABLE:
+                    self.table_for(record.provider)  # raises, naming the loaded providers
+                case Step.APPLY_APPROVALS:
+                    await approvals.apply_decided_approvals(self, record)
+                    apply_approvals = False  # once per call: whatever they did, look again
+                case Step.STOPPED | Step.STOP:
+                    return self.view(record, Outcome.STOPPED)
+                case Step.NOT_YET:
+                    return self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
+                case Step.WAIT | Step.PACED:
+                    # Too early (or the provider's shared pace is used up and a slot is booked).
+                    allowed_at = decision.allowed_at or now
+                    if allowed_at > wait_until:
+                        return self.view(record, Outcome.NOT_YET)
+                    await self._wait(allowed_at, wait_started, wait_until, now, progress, decision.lease_busy)
+                case Step.RESERVE:
+                    fault_point("after_reservation")
+                    return await self._send_and_record(record, self.table_for(record.provider), owner)
         raise InvalidRequest("check_status could not settle; try again")  # pragma: no cover
 
     async def _wait(
@@ -345,41 +347,37 @@ class Controller:
             await progress(now - wait_started, wait_until - wait_started, f"{why}: {remaining:.1f} s left")
         await self.clock.sleep(step)
 
-    async def _stop_before_request(self, record: OperationRecord, now: float) -> OperationRecord | None:
-        if now >= record.effective_deadline:
-            which = record.deadline_name
-            reason, detail = (
-                "deadline_exceeded",
-                f"the {which} {iso(record.effective_deadline)} passed before this check",
-            )
-        else:
-            reason = "request_budget_exhausted"
-            detail = f"all {record.max_status_requests} status requests are used"
-        return await self.store.stop_without_request(
-            record.operation_id, reason=reason, detail=detail, status="escalated", at=now
-        )
-
     async def _send_and_record(
         self, record: OperationRecord, table: ProviderTable, owner: str
     ) -> OperationView:
+        """Send the one request the reservation counted, and record its answer.
+
+        Shielded from cancellation: once the request may have left, a caller
+        that gives up (client timeout, notifications/cancelled) must not lose
+        what the provider answered. The request is bounded by its total timeout,
+        so the shield is too; the caller's cancellation lands once it is recorded.
+        """
         assert record.provider_job_id is not None
-        answer = await self.http.get_status(table, record.provider_job_id)
-        fault_point("after_response")
-        transition = decide_after_response(record, table, answer, rng=self.rng)
-        fault_point("before_persist")
-        changes = transition_changes(record, transition, answer)
-        extra: dict[str, object] = {
-            "rejected_hints": [h.as_record() for h in transition.rejected_hints],
-            "note": transition.note or transition.location,
-        }
-        updated, applied = await self.store.apply_answer(
-            record.operation_id, owner=owner, changes=changes, at=answer.received_at, payload_extra=extra
-        )
-        if not applied:
-            log.warning(
-                "answer for %s arrived after the lease was lost; recorded, not applied", record.operation_id
+        with anyio.CancelScope(shield=True):
+            answer = await self.http.get_status(table, record.provider_job_id)
+            fault_point("after_response")
+            transition = decide_after_response(record, table, answer, rng=self.rng)
+            fault_point("before_persist")
+            changes = transition_changes(record, transition, answer)
+            extra: dict[str, object] = {
+                "rejected_hints": [h.as_record() for h in transition.rejected_hints],
+                "note": transition.note or transition.location,
+            }
+            updated, applied = await self.store.apply_answer(
+                record.operation_id, owner=owner, changes=changes, at=answer.received_at, payload_extra=extra
             )
-        return self.view(updated, "polled")
+            if not applied:
+                log.warning(
+                    "answer for %s arrived after the lease was lost; recorded, not applied",
+                    record.operation_id,
+                )
+            return self.view(updated, Outcome.POLLED)
+        raise AssertionError("unreachable: a shield nobody cancels lets every exception through")
 
     # -- read-only ---------------------------------------------------------------------
 

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from pollwarden.clock import RandomSource
-from pollwarden.records import OperationRecord, status_for
+from pollwarden.records import OperationRecord
 from pollwarden.schedule import plan_next_check
 from pollwarden.timefmt import iso
+from pollwarden.vocabulary import Category, DelaySource, Status, StopReason, status_for
 from pollwarden_providers.interpret import (
     BodyError,
     HintCheck,
@@ -72,13 +73,13 @@ class UnusableAnswer:
 class Transition:
     """The record's new facts after one status request."""
 
-    status: str
-    stop_reason: str | None = None
+    status: Status
+    stop_reason: StopReason | None = None
     stop_detail: str | None = None
     state: str | None = None
-    category: str | None = None
+    category: Category | None = None
     next_check_at: float | None = None
-    delay_source: str | None = None
+    delay_source: DelaySource | None = None
     retry_after_seconds: float | None = None
     transport_failure: bool = False
     rate_limited: bool = False
@@ -95,10 +96,10 @@ class Transition:
     @property
     def stopped(self) -> bool:
         """True when this answer ends waiting."""
-        return self.status != "waiting"
+        return self.status != Status.WAITING
 
 
-def _stop(base: Transition, reason: str, detail: str, **facts: object) -> Transition:
+def _stop(base: Transition, reason: StopReason, detail: str, **facts: object) -> Transition:
     return replace(base, status=status_for(reason), stop_reason=reason, stop_detail=detail, **facts)
 
 
@@ -134,8 +135,8 @@ def _keep_waiting(
     if used_after >= record.max_status_requests:
         return replace(
             base,
-            status="escalated",
-            stop_reason="request_budget_exhausted",
+            status=Status.ESCALATED,
+            stop_reason=StopReason.REQUEST_BUDGET_EXHAUSTED,
             stop_detail=(
                 f"all {record.max_status_requests} status requests are used and the job is not finished"
             ),
@@ -155,8 +156,8 @@ def _keep_waiting(
         why = "the provider's Retry-After" if plan.mandatory else "the next allowed check"
         return replace(
             base,
-            status="escalated",
-            stop_reason="deadline_exceeded",
+            status=Status.ESCALATED,
+            stop_reason=StopReason.DEADLINE_EXCEEDED,
             stop_detail=(
                 f"{why} ends {plan.at - now:.0f} s from now, after the {record.deadline_name}; "
                 "no further status request fits inside it"
@@ -166,7 +167,7 @@ def _keep_waiting(
         )
     return replace(
         base,
-        status="waiting",
+        status=Status.WAITING,
         next_check_at=plan.at,
         delay_source=plan.delay_source,
         retry_after_seconds=retry_after.seconds,
@@ -205,12 +206,12 @@ def decide_after_response(
     limits_note = f"{record.transport_failures_used + 1} of {record.max_transport_failures}"
 
     if isinstance(answer, NoAnswer):
-        base = Transition(status="waiting", transport_failure=True, note=answer.detail)
+        base = Transition(status=Status.WAITING, transport_failure=True, note=answer.detail)
         if record.transport_failures_used + 1 >= record.max_transport_failures:
             return replace(
                 base,
-                status="escalated",
-                stop_reason="delivery_ambiguous",
+                status=Status.ESCALATED,
+                stop_reason=StopReason.DELIVERY_AMBIGUOUS,
                 stop_detail=f"no answer ({answer.detail}); transport failures {limits_note}",
             )
         return _keep_waiting(
@@ -225,9 +226,11 @@ def decide_after_response(
         )
 
     if isinstance(answer, UnusableAnswer):
-        unread = Transition(status="waiting", http_status=answer.status_code, note=answer.reason)
+        unread = Transition(status=Status.WAITING, http_status=answer.status_code, note=answer.reason)
         return _stop(
-            unread, "integration_failure", f"HTTP {answer.status_code} answer refused: {answer.reason}"
+            unread,
+            StopReason.INTEGRATION_FAILURE,
+            f"HTTP {answer.status_code} answer refused: {answer.reason}",
         )
 
     code = answer.status_code
@@ -235,7 +238,7 @@ def decide_after_response(
     request_id = read_request_id(table, headers)
     retry_after = parse_retry_after(headers.get("retry-after"), now=now, max_seconds=max_hint)
     answered = Transition(
-        status="waiting",
+        status=Status.WAITING,
         http_status=code,
         provider_request_id=request_id,
         rejected_hints=(retry_after.rejected,) if retry_after.rejected else (),
@@ -246,8 +249,8 @@ def decide_after_response(
         if record.transport_failures_used + 1 >= record.max_transport_failures:
             return replace(
                 base,
-                status="escalated",
-                stop_reason="delivery_ambiguous",
+                status=Status.ESCALATED,
+                stop_reason=StopReason.DELIVERY_AMBIGUOUS,
                 stop_detail=f"HTTP {code}; transport failures {limits_note}",
                 retry_after_seconds=retry_after.seconds,
             )
@@ -266,7 +269,7 @@ def decide_after_response(
     if code in (401, 403) and limit_signal is None:
         return _stop(
             answered,
-            "authorization_denied",
+            StopReason.AUTHORIZATION_DENIED,
             f"HTTP {code}: the provider refused these credentials; a person must check access",
         )
 
@@ -284,8 +287,8 @@ def decide_after_response(
         if used >= record.max_rate_limited:
             return replace(
                 base,
-                status="escalated",
-                stop_reason="rate_limited",
+                status=Status.ESCALATED,
+                stop_reason=StopReason.RATE_LIMITED,
                 stop_detail=f"rate limited {used} times, the last with HTTP {code} (limit {record.max_rate_limited})",
                 retry_after_seconds=retry_after.seconds,
             )
@@ -305,7 +308,7 @@ def decide_after_response(
         location = describe_location(raw_location) if raw_location else None
         return _stop(
             answered,
-            "integration_failure",
+            StopReason.INTEGRATION_FAILURE,
             f"HTTP {code} redirect, not followed (requests go to {table.origin} only); "
             f"Location {location or '(none)'}",
             location=location,
@@ -327,21 +330,21 @@ def decide_after_response(
                 base=base,
             )
         if retention is not None and since_start >= retention:
-            return _stop(answered, "expired", "HTTP 404 after the provider's retention period")
+            return _stop(answered, StopReason.EXPIRED, "HTTP 404 after the provider's retention period")
         return _stop(
             answered,
-            "integration_failure",
+            StopReason.INTEGRATION_FAILURE,
             f"HTTP 404 for job {record.provider_job_id} {since_start:.0f} s after start, "
             f"outside the {table.not_found.grace_seconds:g} s grace window",
         )
 
     if not 200 <= code < 300:
-        return _stop(answered, "integration_failure", f"unexpected HTTP status {code}")
+        return _stop(answered, StopReason.INTEGRATION_FAILURE, f"unexpected HTTP status {code}")
 
     try:
         body = parse_json_object(answer.body)
     except BodyError as exc:
-        return _stop(answered, "integration_failure", f"unreadable status body: {exc}")
+        return _stop(answered, StopReason.INTEGRATION_FAILURE, f"unreadable status body: {exc}")
 
     read = read_status_body(table, body, now=now, max_hint_seconds=max_hint)
     answered = replace(
@@ -352,28 +355,32 @@ def decide_after_response(
         rejected_hints=answered.rejected_hints + read.rejected_hints,
     )
     if read.state is None:
-        return _stop(answered, "integration_failure", f"the body has no {table.response.state_field!r} field")
+        return _stop(
+            answered, StopReason.INTEGRATION_FAILURE, f"the body has no {table.response.state_field!r} field"
+        )
     if (other_job := answer_about_another_job(table, body, record.provider_job_id)) is not None:
-        return _stop(answered, "integration_failure", other_job)
+        return _stop(answered, StopReason.INTEGRATION_FAILURE, other_job)
     if read.category == "succeeded":
         if read.missing_fields:
             return _stop(
                 answered,
-                "integration_failure",
+                StopReason.INTEGRATION_FAILURE,
                 f"state {read.state!r} without the required field(s) {', '.join(read.missing_fields)}",
             )
         detail = f"state {read.state!r} with every required field"
-        return _stop(answered, "succeeded", detail, result=read.result)
+        return _stop(answered, StopReason.SUCCEEDED, detail, result=read.result)
     if read.category == "failed":
-        return _stop(answered, "provider_failure", f"the provider reported {read.state!r}", error=read.error)
+        return _stop(
+            answered, StopReason.PROVIDER_FAILURE, f"the provider reported {read.state!r}", error=read.error
+        )
     if read.category == "cancelled":
-        return _stop(answered, "cancelled", f"the provider reported {read.state!r}")
+        return _stop(answered, StopReason.CANCELLED, f"the provider reported {read.state!r}")
     if read.category == "expired":
-        return _stop(answered, "expired", f"the provider reported {read.state!r}")
+        return _stop(answered, StopReason.EXPIRED, f"the provider reported {read.state!r}")
     if read.category == "unknown":
         return _stop(
             answered,
-            "unknown_state",
+            StopReason.UNKNOWN_STATE,
             f"state {read.state!r} is not in the {table.name} state table"
             + (f" ({read.unknown_because})" if read.unknown_because else "")
             + "; it is not safe to keep waiting",
@@ -382,7 +389,7 @@ def decide_after_response(
     if read.expires_at is not None and now > read.expires_at:
         return _stop(
             answered,
-            "integration_failure",
+            StopReason.INTEGRATION_FAILURE,
             f"contradiction: the provider still reports {read.state!r} after its own expiry "
             f"{iso(read.expires_at)} ({table.response.expires_at_field})",
         )

@@ -19,6 +19,7 @@ from pollwarden.audit import read_rows, render_story, verify_chain
 from pollwarden.config import ServerConfig
 from pollwarden.fake_provider import http, pending, running_fake_provider, succeeded
 from pollwarden.server import build_server, controller_factory
+from pollwarden.store.location import DatabaseLocation
 
 DEMO_TABLE = """\
 name = "demo-export"
@@ -99,7 +100,7 @@ def run_demo(db: str | None = None) -> int:
             ],
         )
         fake.script("exp_stuck", [pending("running")])
-        config = ServerConfig(db_path=db_path, provider_dirs=(tables,))
+        config = ServerConfig(database=DatabaseLocation.sqlite(db_path), provider_dirs=(tables,))
         _say(f"fake provider on {fake.base_url}; database {db_path}")
         done, stuck = anyio.run(_run_jobs, config)
         _say(

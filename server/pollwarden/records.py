@@ -1,45 +1,50 @@
-"""The operation record: what is persisted before the first status request."""
+"""The record types every engine stores and every caller reads, in one place.
+
+An `OperationRecord` is what is persisted before the first status request;
+approvals and follow-ups are records of their own. `CheckStart` is what the
+store did for one round of `check_status`. Records are plain frozen
+dataclasses: the engines build them from rows, the pure decision code reads
+them, nothing here does I/O.
+"""
 
 from __future__ import annotations
 
-import sqlite3
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
-Status = Literal["submitting", "waiting", "succeeded", "failed", "cancelled", "expired", "escalated"]
-StopReason = Literal[
-    "succeeded",
-    "provider_failure",
-    "cancelled",
-    "expired",
-    "deadline_exceeded",
-    "request_budget_exhausted",
-    "delivery_ambiguous",
-    "rate_limited",
-    "unknown_state",
-    "authorization_denied",
-    "integration_failure",
+from pollwarden.gate import GateDecision
+from pollwarden.vocabulary import (
+    ApprovalKind,
+    ApprovalStatus,
+    Category,
+    DelaySource,
+    FollowupKind,
+    FollowupStatus,
+    Status,
+    StopReason,
+    status_for,
+)
+
+__all__ = [
+    "APPROVAL_COLUMNS",
+    "FOLLOWUP_COLUMNS",
+    "OPERATION_COLUMNS",
+    "ApprovalRecord",
+    "CheckStart",
+    "DelaySource",
+    "FollowupRecord",
+    "OperationRecord",
+    "Status",
+    "StopReason",
+    "status_for",
 ]
-DelaySource = Literal[
-    "start", "local_backoff", "provider_retry_after", "provider_poll_hint", "manual_extension", "fleet_pacing"
-]
-
-TERMINAL_STATUS: dict[str, Status] = {
-    "succeeded": "succeeded",
-    "provider_failure": "failed",
-    "cancelled": "cancelled",
-    "expired": "expired",
-}
-
-
-def status_for(stop_reason: str) -> Status:
-    """The operation status a stop reason leads to: terminal, or escalated to a person."""
-    return TERMINAL_STATUS.get(stop_reason, "escalated")
 
 
 @dataclass(frozen=True)
 class OperationRecord:
-    """One row of `operations`. Times are epoch seconds (UTC)."""
+    """One operation as stored. Times are epoch seconds (UTC)."""
 
     operation_id: str
     provider: str
@@ -48,11 +53,11 @@ class OperationRecord:
     request_fingerprint: str
     idempotency_key: str | None
     expected_terminal_state: str
-    status: str
-    stop_reason: str | None
+    status: Status
+    stop_reason: StopReason | None
     stop_detail: str | None
     state: str | None
-    category: str | None
+    category: Category | None
     started_at: float
     deadline_at: float
     business_deadline_at: float | None
@@ -64,7 +69,7 @@ class OperationRecord:
     rate_limited_used: int
     polls_completed: int
     next_check_at: float
-    delay_source: str
+    delay_source: DelaySource
     retry_after_seconds: float | None
     last_http_status: int | None
     last_http_at: float | None
@@ -74,9 +79,6 @@ class OperationRecord:
     result_json: str | None
     lease_owner: str | None
     lease_expires_at: float | None
-    not_yet_count: int
-    not_yet_first_at: float | None
-    not_yet_last_at: float | None
     extensions_used: int
     stopped_at: float | None
     submit_payload_json: str | None
@@ -86,15 +88,18 @@ class OperationRecord:
     fleet_slot_at: float | None
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row | tuple[Any, ...], columns: list[str]) -> OperationRecord:
-        """Build from a row whose column names are `columns`."""
-        data = dict(zip(columns, tuple(row), strict=True))
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+    def from_row(cls, row: Sequence[Any]) -> OperationRecord:
+        """Build from a row whose columns are `OPERATION_COLUMNS`, in that order."""
+        values = list(row)
+        for index, word in _OPERATION_WORDS:
+            if values[index] is not None:
+                values[index] = word(values[index])
+        return cls(*values)
 
     @property
     def is_waiting(self) -> bool:
         """True while status requests may still be sent."""
-        return self.status == "waiting"
+        return self.status == Status.WAITING
 
     @property
     def effective_deadline(self) -> float:
@@ -111,4 +116,91 @@ class OperationRecord:
         return "polling deadline"
 
 
-OPERATION_COLUMNS: list[str] = [f.name for f in fields(OperationRecord)]
+OPERATION_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(OperationRecord))
+"""The operation's stored columns, in record order."""
+
+# Columns stored as text that hold a word of the vocabulary: read back as that word.
+_OPERATION_WORDS: tuple[tuple[int, Callable[[Any], object]], ...] = tuple(
+    (OPERATION_COLUMNS.index(name), word)
+    for name, word in (
+        ("status", Status),
+        ("stop_reason", StopReason),
+        ("category", Category),
+        ("delay_source", DelaySource),
+    )
+)
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    """One question to a person, bound to the operation's version when asked."""
+
+    approval_id: str
+    operation_id: str
+    kind: ApprovalKind
+    status: ApprovalStatus
+    request_json: str
+    bound_version: int
+    asked_at: float
+    expires_at: float
+    decided_at: float | None
+    decided_by: str | None
+    note: str | None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ApprovalRecord:
+        """Build from a row whose columns are `APPROVAL_COLUMNS`, in that order."""
+        values = list(row)
+        values[2] = ApprovalKind(values[2])
+        values[3] = ApprovalStatus(values[3])
+        return cls(*values)
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """The recorded request (what would be added)."""
+        value: dict[str, Any] = json.loads(self.request_json)
+        return value
+
+
+APPROVAL_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ApprovalRecord))
+
+
+@dataclass(frozen=True)
+class FollowupRecord:
+    """One follow-up operation (fetch_result, cancel) with its own record."""
+
+    followup_id: str
+    operation_id: str
+    kind: FollowupKind
+    status: FollowupStatus
+    approval_id: str | None
+    requested_at: float
+    finished_at: float | None
+    http_status: int | None
+    answer: str | None
+    note: str | None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> FollowupRecord:
+        """Build from a row whose columns are `FOLLOWUP_COLUMNS`, in that order."""
+        values = list(row)
+        values[2] = FollowupKind(values[2])
+        values[3] = FollowupStatus(values[3])
+        return cls(*values)
+
+
+FOLLOWUP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(FollowupRecord))
+
+
+@dataclass(frozen=True)
+class CheckStart:
+    """What the store decided and wrote for one round of check_status, in one transaction.
+
+    `decision` is the pure gate's verdict on `record` as it was under the write
+    lock; `record` is the operation after what that verdict wrote (a counted
+    reservation, a booked fleet slot, a counted refusal, a stop) or as read
+    when it writes nothing (wait, apply approvals).
+    """
+
+    record: OperationRecord
+    decision: GateDecision

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pollwarden.clock import RandomSource
+from pollwarden.vocabulary import DelaySource
 
 # A 429 without guidance skips this many doublings: "increase the delay markedly".
 RATE_LIMIT_EXTRA_DOUBLINGS = 2
@@ -39,7 +40,7 @@ class PlannedCheck:
     """When the next status request may go out, and why then."""
 
     at: float
-    delay_source: str
+    delay_source: DelaySource
     # True when the wait is a provider minimum (Retry-After) that may not be shortened.
     mandatory: bool
 
@@ -64,11 +65,11 @@ def plan_next_check(
     extra = RATE_LIMIT_EXTRA_DOUBLINGS if rate_limited_without_guidance else 0
     local = local_backoff(attempt + extra, base, maximum * (2**extra), rng)
     if poll_hint is not None:
-        suggested, source = max(poll_hint, HINT_FLOOR_FRACTION * base), "provider_poll_hint"
+        suggested, source = max(poll_hint, HINT_FLOOR_FRACTION * base), DelaySource.PROVIDER_POLL_HINT
     else:
-        suggested, source = local, "local_backoff"
+        suggested, source = local, DelaySource.LOCAL_BACKOFF
     if retry_after is not None and retry_after >= suggested:
-        return PlannedCheck(now + retry_after, "provider_retry_after", mandatory=True)
+        return PlannedCheck(now + retry_after, DelaySource.PROVIDER_RETRY_AFTER, mandatory=True)
     return PlannedCheck(now + suggested, source, mandatory=False)
 
 

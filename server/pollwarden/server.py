@@ -86,7 +86,11 @@ def controller_factory(
         real_clock = clock or SystemClock()
         http = ProviderHTTP(environ=env, now=real_clock.now, limits=http_limits, transport=transport)
         try:
-            async with open_store(config.db_path, audit_key=audit_key_from_env(env)) as store:
+            async with open_store(
+                config.database,
+                audit_key=audit_key_from_env(env),
+                busy_timeout_seconds=config.busy_timeout_seconds,
+            ) as store:
                 yield Controller(
                     store=store,
                     tables=loaded,
@@ -425,7 +429,8 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
     async def audit_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
         controller = _controller(ctx)
         await _read(controller.load(operation_id))
-        db: Path = controller.store.path
+        await _read(controller.store.flush_refusals(operation_id))  # the story is told up to now
+        db: Path = controller.store.location.path
         rows = await anyio.to_thread.run_sync(lambda: read_rows(db, operation_id))
         return "\n".join(render_story(rows)) + "\n"
 

@@ -17,10 +17,11 @@ from typing import Protocol
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.decide import NoAnswer, ProviderAnswer, UnusableAnswer
 from pollwarden.provider_http import ProviderHTTP
-from pollwarden.records import OperationRecord, status_for
+from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, local_backoff
 from pollwarden.store import Store
 from pollwarden.timefmt import iso
+from pollwarden.vocabulary import DelaySource, Status, StopReason, status_for
 from pollwarden_providers.interpret import (
     BodyError,
     RejectedHint,
@@ -78,7 +79,7 @@ async def submit(
         return await _stop_submission(
             controller,
             record,
-            "deadline_exceeded",
+            StopReason.DEADLINE_EXCEEDED,
             f"the {record.deadline_name} {iso(record.effective_deadline)} passed before the provider "
             "accepted the submission; nothing more is sent",
             at=now,
@@ -88,7 +89,7 @@ async def submit(
         return await _stop_submission(
             controller,
             record,
-            "delivery_ambiguous",
+            StopReason.DELIVERY_AMBIGUOUS,
             "a call sent (or was about to send) the submission and stopped before recording the answer; "
             "the provider has no idempotency, so the job may or may not exist and it is never resubmitted. "
             "A person checks the provider's console",
@@ -128,7 +129,7 @@ async def submit(
         return await _stop_submission(
             controller,
             claimed,
-            "integration_failure",
+            StopReason.INTEGRATION_FAILURE,
             f"the submission's HTTP {answer.status_code} answer was refused: {answer.reason}; the job may "
             "exist, a person checks the provider's console",
             at=answer.received_at,
@@ -156,20 +157,20 @@ async def _accept_submission(
     )
     rejected = [retry_after.rejected] if retry_after.rejected is not None else []
 
-    async def stop(reason: str, detail: str) -> OperationRecord:
+    async def stop(reason: StopReason, detail: str) -> OperationRecord:
         return await _stop_submission(
             controller, record, reason, detail, at=now, http_status=code, owner=owner, rejected=rejected
         )
 
     if code in (401, 403):
         return await stop(
-            "authorization_denied",
+            StopReason.AUTHORIZATION_DENIED,
             f"HTTP {code} on submission: the provider refused these credentials; a person must check access",
         )
     if 300 <= code < 400:
         raw_location = answer.headers.get("location")
         return await stop(
-            "integration_failure",
+            StopReason.INTEGRATION_FAILURE,
             f"HTTP {code} redirect on submission, not followed (requests go to {table.origin} only); "
             f"Location {describe_location(raw_location) if raw_location else '(none)'}",
         )
@@ -179,7 +180,7 @@ async def _accept_submission(
             return await _stop_submission(
                 controller,
                 record,
-                "rate_limited",
+                StopReason.RATE_LIMITED,
                 f"HTTP 429 on submission {used} times (limit {record.max_rate_limited}); nothing was created",
                 at=now,
                 http_status=code,
@@ -216,7 +217,7 @@ async def _accept_submission(
         )
     if code not in (200, 201, 202):
         return await stop(
-            "integration_failure",
+            StopReason.INTEGRATION_FAILURE,
             f"HTTP {code} on submission: not an acceptance (200, 201 or 202); the provider refused the request",
         )
 
@@ -245,7 +246,7 @@ async def _accept_submission(
             absolute = resolve_location(table, submit_url(table), raw_location)
         except EgressError:
             return await stop(
-                "integration_failure",
+                StopReason.INTEGRATION_FAILURE,
                 f"HTTP {code}: the submission's Location {describe_location(raw_location)} is not on "
                 f"{table.origin}; it is never followed or used, and no job id is guessed. The job may exist: "
                 "a person checks the provider's console",
@@ -262,7 +263,7 @@ async def _accept_submission(
         why_not.append("there is no Location header")
     if job_id is None:
         return await stop(
-            "integration_failure",
+            StopReason.INTEGRATION_FAILURE,
             f"HTTP {code}: the submission answer names no job id ({'; '.join(why_not)}); pollwarden never "
             "guesses one. The job may exist: a person checks the provider's console",
         )
@@ -270,14 +271,14 @@ async def _accept_submission(
     first = first_check_at(
         now, table.schedule.base_delay_seconds, table.schedule.max_delay_seconds, controller.rng
     )
-    next_at, source = first, "local_backoff"
+    next_at, source = first, DelaySource.LOCAL_BACKOFF
     if retry_after.seconds is not None and now + retry_after.seconds > first:
-        next_at, source = now + retry_after.seconds, "provider_retry_after"
+        next_at, source = now + retry_after.seconds, DelaySource.PROVIDER_RETRY_AFTER
     updated = await controller.store.finish_submission(
         record.operation_id,
         owner=owner,
         changes={
-            "status": "waiting",
+            "status": Status.WAITING,
             "provider_job_id": job_id,
             "last_http_status": code,
             "last_http_at": now,
@@ -323,7 +324,7 @@ async def _submission_failed(
         return await _stop_submission(
             controller,
             record,
-            "delivery_ambiguous",
+            StopReason.DELIVERY_AMBIGUOUS,
             f"the submission was sent and got no usable answer ({detail}); the provider has no idempotency, "
             "so the job may or may not exist and it is never resubmitted. A person checks the provider's "
             f"console ({budget})",
@@ -334,13 +335,13 @@ async def _submission_failed(
         )
     if failures >= record.max_transport_failures:
         if sent or has_key:
-            reason = "delivery_ambiguous"
+            reason = StopReason.DELIVERY_AMBIGUOUS
             text = (
                 f"no usable answer to {failures} submission attempts (last: {detail}); the job may exist "
                 "under the recorded idempotency key. Never resubmitted: a person checks the provider's console"
             )
         else:
-            reason = "integration_failure"
+            reason = StopReason.INTEGRATION_FAILURE
             text = (
                 f"the provider at {table.origin} could not be reached for {failures} submission attempts "
                 f"(last: {detail}); nothing was delivered, no job exists. Check that the provider is "
@@ -395,9 +396,9 @@ async def _retry_submission_later(
     wait = local_backoff(
         attempt - 1, table.schedule.base_delay_seconds, table.schedule.max_delay_seconds, controller.rng
     )
-    source = "local_backoff"
+    source = DelaySource.LOCAL_BACKOFF
     if retry_after is not None and retry_after >= wait:
-        wait, source = retry_after, "provider_retry_after"
+        wait, source = retry_after, DelaySource.PROVIDER_RETRY_AFTER
     retry_at = at + wait
     detail = (
         f"{what}. Call start_operation again with the same operation_id from {iso(retry_at)}: "
@@ -424,7 +425,7 @@ async def _retry_submission_later(
 async def _stop_submission(
     controller: SubmissionParts,
     record: OperationRecord,
-    reason: str,
+    reason: StopReason,
     detail: str,
     *,
     at: float | None = None,
@@ -444,27 +445,17 @@ async def _stop_submission(
     }
     if http_status is not None:
         stop.update(last_http_status=http_status, last_http_at=at)
-    if owner is not None:
-        updated = await controller.store.finish_submission(
-            record.operation_id,
-            owner=owner,
-            changes=stop,
-            kind="stopped",
-            at=at,
-            note=detail,
-            payload_extra={"rejected_hints": [h.as_record() for h in rejected or []]},
-        )
-    else:
-        # Nothing in flight (checked by the caller): an interrupted call's lease is cleared too.
-        stop.update(lease_owner=None, lease_expires_at=None)
-        updated = await controller.store.update_fields(
-            record.operation_id,
-            stop,
-            expect_status=("submitting",),
-            audit_kind="stopped",
-            at=at,
-            note=detail,
-        )
+    # With `owner` the lease taken to send it is released; without one nothing is in flight
+    # (checked by the caller) and an interrupted call's stale lease is cleared too.
+    updated = await controller.store.finish_submission(
+        record.operation_id,
+        owner=owner,
+        changes=stop,
+        kind="stopped",
+        at=at,
+        note=detail,
+        payload_extra={"rejected_hints": [h.as_record() for h in rejected or []]},
+    )
     return updated or await controller.load(record.operation_id)
 
 

@@ -18,6 +18,7 @@ from pollwarden.decide import ProviderAnswer, Transition, decide_after_response
 from pollwarden.records import OperationRecord
 from pollwarden.timefmt import iso
 from pollwarden.views import allowed_actions
+from pollwarden.vocabulary import Category, DelaySource, Status
 from pollwarden_providers.interpret import BodyError, get_field, parse_json_object
 from pollwarden_providers.request_building import job_id_form
 from pollwarden_providers.table import CATEGORIES, ProviderTable
@@ -84,8 +85,8 @@ def first_check_record(
         account_context=account_context_of(table),
         request_fingerprint="0" * 64,
         idempotency_key=None,
-        expected_terminal_state=",".join(table.states_of("succeeded")),
-        status="waiting",
+        expected_terminal_state=",".join(table.states_of(Category.SUCCEEDED)),
+        status=Status.WAITING,
         stop_reason=None,
         stop_detail=None,
         state=None,
@@ -101,7 +102,7 @@ def first_check_record(
         rate_limited_used=0,
         polls_completed=0,
         next_check_at=now,
-        delay_source="local_backoff",
+        delay_source=DelaySource.LOCAL_BACKOFF,
         retry_after_seconds=None,
         last_http_status=None,
         last_http_at=None,
@@ -111,9 +112,6 @@ def first_check_record(
         result_json=None,
         lease_owner="preview",
         lease_expires_at=now + 60,
-        not_yet_count=0,
-        not_yet_first_at=None,
-        not_yet_last_at=None,
         extensions_used=0,
         stopped_at=None,
         submit_payload_json=None,

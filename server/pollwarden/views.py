@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from pollwarden.records import OperationRecord
 from pollwarden.timefmt import iso, to_datetime
+from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from pollwarden_providers.table import ProviderTable
-
-Outcome = Literal["polled", "not_yet", "stopped"]
 
 # DESIGN §4: what the agent may call next, by stop reason. `cancel_operation`
 # is added only where the provider table has [cancel].
@@ -75,7 +73,7 @@ class EscalationOption(BaseModel):
 class Escalation(BaseModel):
     """A decision for a person: the reason, the facts, and bounded options."""
 
-    reason: str
+    reason: StopReason
     message: str
     options: list[EscalationOption]
 
@@ -89,18 +87,18 @@ class OperationView(BaseModel):
         description="check_status only: polled (one request sent), not_yet (too early, nothing sent), "
         "stopped (already finished or escalated, nothing sent).",
     )
-    status: str = Field(description="waiting, succeeded, failed, cancelled, expired or escalated.")
+    status: Status = Field(description="waiting, succeeded, failed, cancelled, expired or escalated.")
     provider: str
     provider_job_id: str | None
     state: str | None = Field(description="The provider's last state, as received (untrusted text).")
-    category: str | None
-    stop_reason: str | None
+    category: Category | None
+    stop_reason: StopReason | None
     stop_detail: str | None
     next_check_at: str | None
     retry_after_seconds: float | None = Field(
         description="Seconds from now until the next status request may go out; never negative."
     )
-    delay_source: str | None
+    delay_source: DelaySource | None
     status_requests_used: int
     max_status_requests: int
     transport_failures_used: int

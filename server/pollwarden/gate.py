@@ -1,0 +1,115 @@
+"""Before a request: what one round of check_status does, decided from the record alone.
+
+`decide_check` is a pure function of the operation record, the time and the
+caller's wait bound. The store calls it inside the transaction that then
+carries the verdict out (count a refusal, stop, take the lease and count the
+request), so the load, the decision and the guarded write are one trip; the
+store's SQL guard states the same conditions again. The order follows the
+source document: stop if finished, check the deadline and the budget before
+anything is sent, refuse (or wait) if too early, else reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from pollwarden.timefmt import iso
+from pollwarden.vocabulary import Outcome, Status, StopReason
+
+if TYPE_CHECKING:
+    from pollwarden.records import OperationRecord
+
+# While another process's request is in flight, look again after this long.
+IN_FLIGHT_RECHECK_SECONDS = 0.5
+
+
+class Step(StrEnum):
+    """The verdict of the gate for one round of check_status."""
+
+    NO_TABLE = "no_table"  # the operation's provider table is not loaded: nothing is decided
+    APPLY_APPROVALS = "apply_approvals"  # an operator's decision waits to be applied first
+    STOPPED = "stopped"  # already finished or escalated: refused (counted), nothing sent
+    STOP = "stop"  # the deadline passed or the budget is used: stop now, nothing sent
+    WAIT = "wait"  # too early, but the caller waits until `allowed_at`: nothing written
+    NOT_YET = "not_yet"  # too early: refused (counted), nothing sent
+    RESERVE = "reserve"  # count the request and take the lease
+    # Written by the store, not the gate: RESERVE found the provider's shared pace used up,
+    # so the operation was booked the next free slot (at `allowed_at`) instead; nothing counted.
+    PACED = "paced"
+
+
+# What the agent is told when a round ends in a refusal.
+REFUSAL_OUTCOME: dict[Step, Outcome] = {Step.STOPPED: Outcome.STOPPED, Step.NOT_YET: Outcome.NOT_YET}
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The gate's verdict, with what the store needs to carry it out."""
+
+    step: Step
+    allowed_at: float | None = None  # WAIT, NOT_YET: when a request may go out
+    lease_busy: bool = False  # WAIT, NOT_YET: another request is in flight
+    stop_reason: StopReason | None = None  # STOP
+    stop_detail: str | None = None  # STOP
+
+    @property
+    def writes(self) -> bool:
+        """Whether carrying this verdict out changes the database."""
+        return self.step not in (Step.NO_TABLE, Step.APPLY_APPROVALS, Step.WAIT)
+
+    @property
+    def refusal(self) -> Outcome | None:
+        """The outcome of a refused call this verdict counts, or None."""
+        return REFUSAL_OUTCOME.get(self.step)
+
+
+def lease_busy(record: OperationRecord, now: float) -> bool:
+    """Whether another call's request is in flight (its lease has not expired)."""
+    return record.lease_owner is not None and (record.lease_expires_at or 0.0) > now
+
+
+def decide_check(
+    record: OperationRecord, *, now: float, wait_until: float, has_table: bool, approvals_due: bool
+) -> GateDecision:
+    """What this round of check_status does; `approvals_due` says an operator's decision waits."""
+    if not has_table:
+        return GateDecision(Step.NO_TABLE)
+    if record.status == Status.ESCALATED and approvals_due:
+        return GateDecision(Step.APPLY_APPROVALS)
+    if record.status != Status.WAITING:
+        return GateDecision(Step.STOPPED)
+    busy = lease_busy(record, now)
+    if not busy and now >= record.effective_deadline:
+        return GateDecision(
+            Step.STOP,
+            stop_reason=StopReason.DEADLINE_EXCEEDED,
+            stop_detail=f"the {record.deadline_name} {iso(record.effective_deadline)} passed before this check",
+        )
+    if not busy and record.status_requests_used >= record.max_status_requests:
+        return GateDecision(
+            Step.STOP,
+            stop_reason=StopReason.REQUEST_BUDGET_EXHAUSTED,
+            stop_detail=f"all {record.max_status_requests} status requests are used",
+        )
+    allowed_at = record.next_check_at
+    if busy:
+        # Another request is in flight: its answer will move next_check_at, so
+        # look again shortly rather than at the lease's (long) expiry.
+        allowed_at = max(allowed_at, min(record.lease_expires_at or now, now + IN_FLIGHT_RECHECK_SECONDS))
+    if now < allowed_at:
+        step = Step.WAIT if allowed_at <= wait_until else Step.NOT_YET
+        return GateDecision(step, allowed_at=allowed_at, lease_busy=busy)
+    return GateDecision(Step.RESERVE)
+
+
+def may_reserve(record: OperationRecord, now: float) -> bool:
+    """The reservation's preconditions, as the store's SQL guard states them."""
+    return (
+        record.status == Status.WAITING
+        and now < record.effective_deadline
+        and now >= record.next_check_at
+        and record.status_requests_used < record.max_status_requests
+        and not lease_busy(record, now)
+    )

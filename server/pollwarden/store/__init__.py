@@ -1,0 +1,220 @@
+"""The store: what the controller asks of a database, in the controller's terms.
+
+`Store` is the whole interface: each method is one transaction on the engine
+(reserve a request, apply an answer, count a refusal, stop, create, approve,
+append to the audit), returning the record it wrote. An engine implements it
+with the same guarantees: the reservation is committed (durably) before the
+request leaves, anything that spends a budget or a fleet pace is guarded
+against every other process, the audit chain stays one chain, and times come
+from the caller's clock, never the database's. `open_store` picks the engine
+from the database location. SQLite (`store/sqlite/`) is the one engine today.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Protocol
+
+from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord
+from pollwarden.store.location import DatabaseLocation, Engine
+from pollwarden.store.sqlite.engine import open_sqlite
+from pollwarden_providers.table import FleetSpec
+
+__all__ = ["DEFAULT_BUSY_TIMEOUT_SECONDS", "DatabaseLocation", "Engine", "Store", "open_store"]
+
+# How long a write waits for another process's lock before giving up with a clear error.
+DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
+
+
+class Store(Protocol):
+    """One process's connection to the shared database, in domain terms."""
+
+    @property
+    def location(self) -> DatabaseLocation:
+        """Where the database is."""
+        ...
+
+    # -- reads (no transaction) ----------------------------------------------------------------
+
+    async def get(self, operation_id: str) -> OperationRecord | None:
+        """The current record, or None."""
+        ...
+
+    async def list_operations(
+        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+    ) -> list[OperationRecord]:
+        """Most recent operations first."""
+        ...
+
+    async def count_operations(self) -> int:
+        """How many operations the database holds."""
+        ...
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        """One approval by id."""
+        ...
+
+    async def list_approvals(
+        self, *, status: str | None = None, operation_id: str | None = None
+    ) -> list[ApprovalRecord]:
+        """Approvals, newest first."""
+        ...
+
+    async def list_followups(self, operation_id: str) -> list[FollowupRecord]:
+        """The follow-ups of one operation, oldest first."""
+        ...
+
+    # -- the check procedure ---------------------------------------------------------------------
+
+    async def begin_check(
+        self,
+        operation_id: str,
+        *,
+        now: float,
+        wait_until: float,
+        owner: str,
+        lease_seconds: float,
+        fleets: Mapping[str, FleetSpec | None],
+        apply_approvals: bool = True,
+    ) -> CheckStart | None:
+        """One round of check_status before any request, in one transaction (None: no such operation).
+
+        Loads the operation, lets `pollwarden.gate.decide_check` decide, and
+        writes that: a counted refusal (not_yet, stopped), a stop before any
+        request (deadline, budget), or the reservation (the request counted and
+        the lease taken, or a fleet slot booked), guarded by the same conditions.
+        `fleets` holds the loaded provider tables' [fleet] specs (None without one).
+        """
+        ...
+
+    async def apply_answer(
+        self,
+        operation_id: str,
+        *,
+        owner: str,
+        changes: Mapping[str, object],
+        at: float,
+        payload_extra: Mapping[str, object],
+    ) -> tuple[OperationRecord, bool]:
+        """Persist what one status answer meant and release the lease; (record, applied).
+
+        `changes` maps `OperationRecord` fields to their new values.
+        """
+        ...
+
+    # -- creating and submitting -------------------------------------------------------------
+
+    async def create_operation(
+        self, values: Mapping[str, object], *, kind: str, at: float
+    ) -> tuple[OperationRecord, bool]:
+        """Insert the record (and its first audit row) unless the id exists; (record, created)."""
+        ...
+
+    async def claim_submission(
+        self, operation_id: str, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str
+    ) -> OperationRecord | None:
+        """Take the submission lease before the submit request is sent (None: not free)."""
+        ...
+
+    async def finish_submission(
+        self,
+        operation_id: str,
+        *,
+        owner: str | None,
+        changes: Mapping[str, object],
+        kind: str,
+        at: float,
+        note: str | None,
+        payload_extra: Mapping[str, object] | None = None,
+    ) -> OperationRecord | None:
+        """Record what a submission led to; with `owner`, release its lease (None: the guard did not hold)."""
+        ...
+
+    # -- extensions and approvals ----------------------------------------------------------------
+
+    async def apply_extension(
+        self,
+        operation_id: str,
+        *,
+        bound_version: int,
+        changes: Mapping[str, object],
+        at: float,
+        approval_id: str | None,
+        payload_extra: Mapping[str, object],
+    ) -> OperationRecord | None:
+        """Grant a new authorization, only if the operation is still as it was when asked."""
+        ...
+
+    async def open_approval(
+        self,
+        *,
+        approval_id: str,
+        record: OperationRecord,
+        kind: str,
+        request: Mapping[str, object],
+        at: float,
+        ttl_seconds: float,
+    ) -> ApprovalRecord:
+        """Record a question for a person, bound to the operation as it is now (idempotent)."""
+        ...
+
+    async def decide_approval(
+        self, approval_id: str, *, approve: bool, by: str, at: float
+    ) -> ApprovalRecord | None:
+        """A person's answer to a pending approval (pending → approved/denied; expired when late)."""
+        ...
+
+    async def close_approval(
+        self, approval_id: str, *, status: str, at: float, note: str, audit_kind: str | None = None
+    ) -> None:
+        """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story."""
+        ...
+
+    # -- follow-ups and the audit ---------------------------------------------------------------
+
+    async def record_followup(
+        self,
+        *,
+        followup_id: str,
+        operation_id: str,
+        kind: str,
+        status: str,
+        at: float,
+        approval_id: str | None = None,
+        http_status: int | None = None,
+        answer: str | None = None,
+        note: str | None = None,
+        operation_changes: Mapping[str, object] | None = None,
+        expect_version: int | None = None,
+    ) -> FollowupRecord | None:
+        """Record one follow-up and its audit row; optionally change the operation (if still `expect_version`)."""
+        ...
+
+    async def audit_event(
+        self, operation_id: str, *, kind: str, at: float, note: str | None, extra: Mapping[str, object]
+    ) -> None:
+        """Append one audit row about an operation."""
+        ...
+
+    async def flush_refusals(self, operation_id: str | None = None) -> int:
+        """Write the pending summaries of refused calls (one operation's, or every one's); how many.
+
+        Called before the story is read and when the store closes, so a looping
+        agent shows up in the audit even on an operation that never changes again.
+        """
+        ...
+
+
+@asynccontextmanager
+async def open_store(
+    location: DatabaseLocation | Path | str,
+    *,
+    audit_key: bytes | None = None,
+    busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+) -> AsyncGenerator[Store]:
+    """Open (creating and migrating) the database at `location`: a path, a URL, or a `DatabaseLocation`."""
+    where = location if isinstance(location, DatabaseLocation) else DatabaseLocation.parse(location)
+    async with open_sqlite(where, audit_key=audit_key, busy_timeout=busy_timeout_seconds) as store:
+        yield store

@@ -1,0 +1,213 @@
+"""The SQLite connection, the thread it is used from, and one transaction at a time on it.
+
+pollwarden owns the connection (plain `sqlite3`) and the thread explicitly:
+every use is one hop, `anyio.to_thread.run_sync(work, limiter=CapacityLimiter(1))`,
+and a store operation runs its whole transaction (BEGIN IMMEDIATE … COMMIT or
+ROLLBACK) inside that one hop. Because `run_sync` is not abandoned on
+cancellation, a cancelled caller still waits for the transaction to end: no
+transaction is ever left open, whatever happens to the caller. A caller
+cancelled while BEGIN waited for another process's lock is noticed right after
+BEGIN: the transaction is rolled back (nothing written) and the caller's
+cancellation re-raised; a shielded caller (recording an answer that arrived)
+is never interrupted.
+
+Durability: the connection runs WAL at `synchronous=FULL`, so a commit is on
+disk before the call returns (the reservation before the request leaves; the
+answer, approvals and every audit row). A transaction that only counts a
+refused call runs at `synchronous=NORMAL`: nothing that decides a budget, a
+deadline or a lease reads that counter, and a NORMAL commit survives the
+process being killed (it is in the OS page cache); only a power loss can lose
+it, which costs at most a few uncounted refusals. SQLite refuses to change
+`synchronous` inside a transaction, so it is set just before BEGIN and set
+back to FULL right after the transaction ends, in the same hop.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Generator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+
+from pollwarden.errors import StoreError
+from pollwarden.store.sqlite import queries
+from pollwarden.store.sqlite.migrations import migrate
+
+T = TypeVar("T")
+
+
+@dataclass
+class EngineStats:
+    """Counted, not guessed: hops to the database thread and commits by durability."""
+
+    hops: int = 0
+    durable_commits: int = 0
+    normal_commits: int = 0
+    rollbacks: int = 0
+
+
+class CallerGone(BaseException):
+    """The caller was cancelled while BEGIN waited: the transaction was rolled back."""
+
+
+def describe(exc: sqlite3.Error, path: Path, busy_timeout: float) -> StoreError:
+    """A SQLite error as the problem and its fix; nothing was changed (the transaction rolled back)."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return StoreError(
+            f"the database {path} stayed locked by another process for more than {busy_timeout:g} s; "
+            "nothing was changed — try again shortly, or find the process holding it"
+        )
+    if "readonly" in text or "read-only" in text:
+        return StoreError(
+            f"the database {path} is read-only; nothing was changed — give the server write access to the "
+            "file and its directory (SQLite needs to create -wal and -shm files beside it)"
+        )
+    if "unable to open" in text:
+        return StoreError(
+            f"cannot open the database {path}: does its directory exist and is it writable? "
+            "Set --db or POLLWARDEN_DB to a writable location"
+        )
+    return StoreError(f"database error on {path}: {text}")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+class Database:
+    """One process's connection to the shared file, used from one thread hop at a time."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, busy_timeout: float) -> None:
+        self.conn = conn
+        self.path = path
+        self.busy_timeout = busy_timeout
+        self.stats = EngineStats()
+        # One connection per process, shared by concurrent tool calls: one hop at a time on it.
+        self._limiter = anyio.CapacityLimiter(1)
+        # The file this connection has open; a different file at the path (or none) is refused.
+        self._opened = _identity(path)
+
+    async def run(self, work: Callable[[Session], T]) -> T:
+        """Run `work` in the database thread: one hop, whatever it reads and writes."""
+        session = Session(self, anyio.get_cancelled_exc_class())
+        self.stats.hops += 1
+        outcome = await anyio.to_thread.run_sync(self._in_thread, work, session, limiter=self._limiter)
+        if isinstance(outcome, CallerGone):
+            await anyio.lowlevel.checkpoint()  # re-raises the caller's cancellation
+            raise StoreError("the call was cancelled; nothing was changed")
+        return outcome
+
+    def _in_thread(self, work: Callable[[Session], T], session: Session) -> T | CallerGone:
+        try:
+            return work(session)
+        except CallerGone as gone:
+            return gone
+        except sqlite3.Error as exc:
+            raise describe(exc, self.path, self.busy_timeout) from exc
+
+    def check_identity(self) -> None:
+        """Refuse to write when the path no longer names the file opened (replaced or deleted)."""
+        now = _identity(self.path)
+        if now == self._opened:
+            return
+        what = "was deleted" if now is None else "was replaced by another file"
+        raise StoreError(
+            f"the database file {self.path} {what} while this server was running; nothing was changed "
+            "and no request was sent. Its records are not in the file there now: restore the file, "
+            "or restart the pollwarden server to use the new one (it starts without the old operations)"
+        )
+
+    def close(self) -> None:
+        """Close the connection (in the database thread, after the last hop)."""
+        self.conn.close()
+
+
+class Session:
+    """What a unit of work in the database thread uses: the connection and its transactions."""
+
+    def __init__(self, db: Database, cancelled: type[BaseException]) -> None:
+        self.db = db
+        self.conn = db.conn
+        self._cancelled = cancelled
+        self.durable = True  # of the transaction open now (or the last one)
+
+    @contextmanager
+    def transaction(self, *, durable: bool = True) -> Generator[sqlite3.Connection]:
+        """`BEGIN IMMEDIATE` … `COMMIT`, or `ROLLBACK` on any exception; the write lock is taken up front.
+
+        `durable=False` commits at `synchronous=NORMAL` (see the module docstring).
+        """
+        db = self.db
+        conn = self.conn
+        db.check_identity()
+        self.durable = durable
+        if not durable:
+            conn.execute(queries.SYNCHRONOUS_NORMAL)
+        try:
+            conn.execute(queries.BEGIN_IMMEDIATE)
+            try:
+                self._leave_if_cancelled()
+                yield conn
+                conn.execute(queries.COMMIT)
+            except BaseException:
+                if conn.in_transaction:
+                    with suppress(sqlite3.Error):
+                        conn.execute(queries.ROLLBACK)
+                db.stats.rollbacks += 1
+                raise
+            if durable:
+                db.stats.durable_commits += 1
+            else:
+                db.stats.normal_commits += 1
+        finally:
+            if not durable:
+                conn.execute(queries.SYNCHRONOUS_FULL)
+
+    def _leave_if_cancelled(self) -> None:
+        # BEGIN may have waited seconds for another process's lock; a caller that
+        # was cancelled meanwhile (and is not shielded) gets nothing written.
+        try:
+            anyio.from_thread.check_cancelled()
+        except self._cancelled as exc:
+            raise CallerGone from exc
+
+
+def connect(path: Path, busy_timeout: float) -> Database:
+    """Open (creating and migrating) the SQLite file; runs in the database thread."""
+    try:
+        conn = sqlite3.connect(
+            str(path),
+            isolation_level=None,
+            timeout=busy_timeout,
+            check_same_thread=False,
+            cached_statements=256,
+        )
+    except sqlite3.Error as exc:
+        raise describe(exc, path, busy_timeout) from exc
+    try:
+        conn.execute(queries.busy_timeout(busy_timeout))
+        conn.execute(queries.JOURNAL_MODE_WAL).fetchone()
+        # FULL: the reservation must be on disk before the request leaves.
+        conn.execute(queries.SYNCHRONOUS_FULL)
+        migrate(conn)
+        conn.execute(queries.FOREIGN_KEYS_ON)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise describe(exc, path, busy_timeout) from exc
+    except BaseException:
+        conn.close()
+        raise
+    return Database(conn, path, busy_timeout)

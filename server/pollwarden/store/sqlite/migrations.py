@@ -1,0 +1,299 @@
+"""The SQLite schema, as named steps frozen in the order they first shipped.
+
+A step is never edited once released: a database at user_version N has run
+steps 1..N exactly as written here, and the next start runs the rest. Nothing
+is imported from live modules (a step that read its DDL from, say, the audit
+module would change silently with it). Steps 1-3 are the DDL of the first
+releases, copied verbatim; step 4 rebuilds `operations` with CHECK constraints
+spelling out the vocabulary (`pollwarden.vocabulary`; a test compares the two),
+names the refusal counters for what they count, and adds the indexes that keep
+listing and scanning flat at 100,000 operations.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from pollwarden.errors import StoreError
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One frozen schema step."""
+
+    number: int
+    name: str
+    script: str
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "operations, approvals and the audit chain",
+        """
+    CREATE TABLE operations (
+        operation_id TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        provider_job_id TEXT,
+        account_context TEXT NOT NULL,
+        request_fingerprint TEXT NOT NULL,
+        idempotency_key TEXT,
+        expected_terminal_state TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN
+            ('submitting','waiting','succeeded','failed','cancelled','expired','escalated')),
+        stop_reason TEXT,
+        stop_detail TEXT,
+        state TEXT,
+        category TEXT,
+        started_at REAL NOT NULL,
+        deadline_at REAL NOT NULL,
+        business_deadline_at REAL,
+        max_status_requests INTEGER NOT NULL CHECK (max_status_requests > 0),
+        max_transport_failures INTEGER NOT NULL CHECK (max_transport_failures > 0),
+        max_rate_limited INTEGER NOT NULL CHECK (max_rate_limited > 0),
+        status_requests_used INTEGER NOT NULL DEFAULT 0,
+        transport_failures_used INTEGER NOT NULL DEFAULT 0,
+        rate_limited_used INTEGER NOT NULL DEFAULT 0,
+        polls_completed INTEGER NOT NULL DEFAULT 0,
+        next_check_at REAL NOT NULL,
+        delay_source TEXT NOT NULL,
+        retry_after_seconds REAL,
+        last_http_status INTEGER,
+        last_http_at REAL,
+        provider_request_id TEXT,
+        provider_expires_at REAL,
+        error TEXT,
+        result_json TEXT,
+        lease_owner TEXT,
+        lease_expires_at REAL,
+        not_yet_count INTEGER NOT NULL DEFAULT 0,
+        not_yet_first_at REAL,
+        not_yet_last_at REAL,
+        extensions_used INTEGER NOT NULL DEFAULT 0,
+        stopped_at REAL,
+        submit_payload_json TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1,
+        CHECK (status_requests_used <= max_status_requests)
+    );
+    CREATE INDEX operations_by_status ON operations(status, next_check_at);
+    CREATE TABLE approvals (
+        approval_id TEXT PRIMARY KEY,
+        operation_id TEXT NOT NULL REFERENCES operations(operation_id),
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending','approved','denied','expired','void','applied')),
+        request_json TEXT NOT NULL,
+        bound_version INTEGER NOT NULL,
+        asked_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        decided_at REAL,
+        decided_by TEXT,
+        note TEXT
+    );
+    CREATE INDEX approvals_by_operation ON approvals(operation_id, status);
+    """
+        + """
+CREATE TABLE IF NOT EXISTS audit (
+  seq INTEGER PRIMARY KEY,
+  operation_id TEXT NOT NULL,
+  at TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  payload TEXT NOT NULL,
+  prev_hash TEXT NOT NULL,
+  hash TEXT NOT NULL,
+  keyed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
+""",
+    ),
+    # [fleet] pacing shared by every process: one GCRA clock per provider,
+    # and the slot booked for an operation that had to wait for one.
+    Migration(
+        2,
+        "fleet pacing",
+        """
+    CREATE TABLE fleet_buckets (
+        provider TEXT PRIMARY KEY,
+        tat REAL NOT NULL
+    );
+    ALTER TABLE operations ADD COLUMN fleet_slot_at REAL;
+    """,
+    ),
+    # follow-up operations (fetch_result, cancel), each with its own record
+    Migration(
+        3,
+        "follow-ups",
+        """
+    CREATE TABLE followups (
+        followup_id TEXT PRIMARY KEY,
+        operation_id TEXT NOT NULL REFERENCES operations(operation_id),
+        kind TEXT NOT NULL CHECK (kind IN ('fetch_result', 'cancel')),
+        status TEXT NOT NULL CHECK (status IN ('done', 'refused', 'sent', 'failed', 'ambiguous')),
+        approval_id TEXT,
+        requested_at REAL NOT NULL,
+        finished_at REAL,
+        http_status INTEGER,
+        answer TEXT,
+        note TEXT
+    );
+    CREATE INDEX followups_by_operation ON followups(operation_id, requested_at);
+    """,
+    ),
+    # The vocabulary as CHECK constraints (SQLite adds them only by rebuilding the
+    # table); refused calls of either kind (not_yet, stopped) counted under one name
+    # with their kind; indexes for list_operations and the refusal flush.
+    Migration(
+        4,
+        "vocabulary constraints, refusal counters, list indexes",
+        """
+    CREATE TABLE operations_v4 (
+        operation_id TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        provider_job_id TEXT,
+        account_context TEXT NOT NULL,
+        request_fingerprint TEXT NOT NULL,
+        idempotency_key TEXT,
+        expected_terminal_state TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN
+            ('submitting','waiting','succeeded','failed','cancelled','expired','escalated')),
+        stop_reason TEXT CHECK (stop_reason IN
+            ('succeeded','provider_failure','cancelled','expired','deadline_exceeded',
+             'request_budget_exhausted','delivery_ambiguous','rate_limited','unknown_state',
+             'authorization_denied','integration_failure')),
+        stop_detail TEXT,
+        state TEXT,
+        category TEXT CHECK (category IN
+            ('pending','succeeded','failed','cancelled','expired','unknown')),
+        started_at REAL NOT NULL,
+        deadline_at REAL NOT NULL,
+        business_deadline_at REAL,
+        max_status_requests INTEGER NOT NULL CHECK (max_status_requests > 0),
+        max_transport_failures INTEGER NOT NULL CHECK (max_transport_failures > 0),
+        max_rate_limited INTEGER NOT NULL CHECK (max_rate_limited > 0),
+        status_requests_used INTEGER NOT NULL DEFAULT 0,
+        transport_failures_used INTEGER NOT NULL DEFAULT 0,
+        rate_limited_used INTEGER NOT NULL DEFAULT 0,
+        polls_completed INTEGER NOT NULL DEFAULT 0,
+        next_check_at REAL NOT NULL,
+        delay_source TEXT NOT NULL CHECK (delay_source IN
+            ('local_backoff','provider_retry_after','provider_poll_hint','manual_extension','fleet_pacing')),
+        retry_after_seconds REAL,
+        last_http_status INTEGER,
+        last_http_at REAL,
+        provider_request_id TEXT,
+        provider_expires_at REAL,
+        error TEXT,
+        result_json TEXT,
+        lease_owner TEXT,
+        lease_expires_at REAL,
+        refused_count INTEGER NOT NULL DEFAULT 0 CHECK (refused_count >= 0),
+        refused_outcome TEXT CHECK (refused_outcome IN ('not_yet','stopped')),
+        refused_first_at REAL,
+        refused_last_at REAL,
+        extensions_used INTEGER NOT NULL DEFAULT 0,
+        stopped_at REAL,
+        submit_payload_json TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1,
+        fleet_slot_at REAL,
+        CHECK (status_requests_used <= max_status_requests)
+    );
+    INSERT INTO operations_v4 (
+        operation_id, provider, provider_job_id, account_context, request_fingerprint, idempotency_key,
+        expected_terminal_state, status, stop_reason, stop_detail, state, category, started_at,
+        deadline_at, business_deadline_at, max_status_requests, max_transport_failures,
+        max_rate_limited, status_requests_used, transport_failures_used, rate_limited_used,
+        polls_completed, next_check_at, delay_source, retry_after_seconds, last_http_status,
+        last_http_at, provider_request_id, provider_expires_at, error, result_json, lease_owner,
+        lease_expires_at, refused_count, refused_outcome, refused_first_at, refused_last_at,
+        extensions_used, stopped_at, submit_payload_json, created_at, updated_at, version, fleet_slot_at
+    )
+    SELECT
+        operation_id, provider, provider_job_id, account_context, request_fingerprint, idempotency_key,
+        expected_terminal_state, status, stop_reason, stop_detail, state, category, started_at,
+        deadline_at, business_deadline_at, max_status_requests, max_transport_failures,
+        max_rate_limited, status_requests_used, transport_failures_used, rate_limited_used,
+        polls_completed, next_check_at, delay_source, retry_after_seconds, last_http_status,
+        last_http_at, provider_request_id, provider_expires_at, error, result_json, lease_owner,
+        lease_expires_at, not_yet_count,
+        CASE WHEN not_yet_count = 0 THEN NULL WHEN status = 'waiting' THEN 'not_yet' ELSE 'stopped' END,
+        not_yet_first_at, not_yet_last_at,
+        extensions_used, stopped_at, submit_payload_json, created_at, updated_at, version, fleet_slot_at
+    FROM operations;
+    DROP TABLE operations;
+    ALTER TABLE operations_v4 RENAME TO operations;
+    CREATE INDEX operations_by_created ON operations(created_at DESC, operation_id);
+    CREATE INDEX operations_by_status ON operations(status, created_at DESC, operation_id);
+    CREATE INDEX operations_by_provider ON operations(provider, created_at DESC, operation_id);
+    CREATE INDEX operations_with_refusals ON operations(operation_id) WHERE refused_count > 0;
+    CREATE INDEX approvals_by_status ON approvals(status, asked_at);
+    """,
+    ),
+)
+
+LATEST = MIGRATIONS[-1].number
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The database's `user_version`: how many steps it has run."""
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Run the steps the database has not run yet, all in one `BEGIN IMMEDIATE` transaction.
+
+    Several processes may start at once on one file: the transaction serializes
+    them and each reads the version under the lock. It is taken even when
+    nothing is to run, so a database another process keeps locked is reported
+    when a server or an operator command starts, not at its first write.
+    Foreign keys are off while the steps run (step 4 rebuilds a referenced
+    table) and checked after.
+    """
+    conn.execute("PRAGMA foreign_keys = OFF")  # a no-op inside a transaction: set it before
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = schema_version(conn)
+            if current > LATEST:
+                raise StoreError(
+                    f"the database is at schema version {current}, newer than this pollwarden knows "
+                    f"({LATEST}); upgrade pollwarden, or point --db at another file"
+                )
+            for step in MIGRATIONS[current:]:
+                for statement in split_sql(step.script):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {step.number}")
+            broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise StoreError(f"migration left rows without their operation: {broken[:5]}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")
+
+
+def split_sql(script: str) -> list[str]:
+    """The statements of a script, one by one (`executescript` would COMMIT the caller's transaction)."""
+    statements: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        stripped = line.split("--", 1)[0] if "--" in line else line
+        buffer += stripped
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements
+
+
+def audit_table_v1() -> str:
+    """The audit table and its index as step 1 created them (for tools that build only the chain)."""
+    return MIGRATIONS[0].script[MIGRATIONS[0].script.index("CREATE TABLE IF NOT EXISTS audit") :]

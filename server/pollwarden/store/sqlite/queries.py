@@ -1,0 +1,240 @@
+"""Every SQL statement the SQLite engine runs, by name.
+
+Nothing else in pollwarden writes SQL for this engine (the migrations hold
+the DDL; the offline audit readers open the file read-only themselves). A
+write that must not race is guarded here, in its WHERE clause, and returns the
+row it wrote (`RETURNING`), so no caller reads the row again. Updates whose
+set of columns depends on the decision are built here from validated field
+names (`update_operation`), never from text a caller passes in.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import cache
+
+from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
+
+# -- connection and transactions -----------------------------------------------------------
+
+BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"
+JOURNAL_MODE_WAL = "PRAGMA journal_mode = WAL"
+SYNCHRONOUS_FULL = "PRAGMA synchronous = FULL"
+SYNCHRONOUS_NORMAL = "PRAGMA synchronous = NORMAL"
+FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
+
+
+def busy_timeout(seconds: float) -> str:
+    """How long a statement waits for another process's lock."""
+    return f"PRAGMA busy_timeout = {int(seconds * 1000)}"
+
+
+# -- operations ------------------------------------------------------------------------------
+
+_REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
+# What every read (and every RETURNING) of an operation returns: the record, then its refusal counters.
+OPERATION_ROW = ", ".join((*OPERATION_COLUMNS, *_REFUSAL_COLUMNS))
+OPERATION_ROW_WIDTH = len(OPERATION_COLUMNS)
+
+SELECT_OPERATION = f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = ?"
+
+# Newest first; each variant is served by an index on (filter, created_at DESC, operation_id).
+_LIST = (
+    f"SELECT {OPERATION_ROW} FROM operations {{where}} ORDER BY created_at DESC, operation_id LIMIT :limit"
+)
+LIST_OPERATIONS = _LIST.format(where="")
+LIST_OPERATIONS_BY_STATUS = _LIST.format(where="WHERE status = :status")
+LIST_OPERATIONS_BY_PROVIDER = _LIST.format(where="WHERE provider = :provider")
+LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = _LIST.format(where="WHERE status = :status AND provider = :provider")
+
+COUNT_OPERATIONS = "SELECT count(*) FROM operations"
+
+NEW_OPERATION_COLUMNS = (
+    "operation_id",
+    "provider",
+    "provider_job_id",
+    "account_context",
+    "request_fingerprint",
+    "idempotency_key",
+    "expected_terminal_state",
+    "status",
+    "started_at",
+    "deadline_at",
+    "business_deadline_at",
+    "max_status_requests",
+    "max_transport_failures",
+    "max_rate_limited",
+    "next_check_at",
+    "delay_source",
+    "submit_payload_json",
+    "created_at",
+    "updated_at",
+)
+INSERT_OPERATION = (
+    f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in NEW_OPERATION_COLUMNS)}) "
+    f"ON CONFLICT (operation_id) DO NOTHING RETURNING {OPERATION_ROW}"
+)
+
+# The gate's RESERVE, guarded by the same conditions (and the version the gate read).
+RESERVE = (
+    "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
+    "lease_owner = :owner, lease_expires_at = :lease_expires_at, version = version + 1, updated_at = :now "
+    "WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' "
+    "AND :now < deadline_at AND (business_deadline_at IS NULL OR :now < business_deadline_at) "
+    "AND :now >= next_check_at AND status_requests_used < max_status_requests "
+    f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
+)
+
+# The provider's shared pace was used up: the operation holds the next free slot instead.
+BOOK_FLEET_SLOT = (
+    "UPDATE operations SET fleet_slot_at = :slot_at, next_check_at = :slot_at, "
+    "delay_source = 'fleet_pacing', version = version + 1, updated_at = :now "
+    f"WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' RETURNING {OPERATION_ROW}"
+)
+
+# The gate's STOP (deadline passed, budget used): only while no live request holds the lease.
+STOP_BEFORE_REQUEST = (
+    "UPDATE operations SET status = :status, stop_reason = :stop_reason, stop_detail = :stop_detail, "
+    "stopped_at = :at, lease_owner = NULL, lease_expires_at = NULL, version = version + 1, updated_at = :at "
+    "WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' "
+    f"AND (lease_owner IS NULL OR lease_expires_at <= :at) RETURNING {OPERATION_ROW}"
+)
+
+# One refused call (not_yet or stopped). The version guard: the operation is still as the gate saw it
+# (every change but this counter bumps the version).
+COUNT_REFUSAL = (
+    "UPDATE operations SET refused_count = refused_count + 1, refused_outcome = :outcome, "
+    "refused_first_at = COALESCE(refused_first_at, :at), refused_last_at = :at "
+    "WHERE operation_id = :operation_id AND version = :version "
+    "AND (refused_outcome IS NULL OR refused_outcome = :outcome) "
+    f"RETURNING {OPERATION_ROW}"
+)
+SELECT_PENDING_REFUSALS = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = ? AND refused_count > 0"
+)
+SELECT_ALL_PENDING_REFUSALS = f"SELECT {OPERATION_ROW} FROM operations WHERE refused_count > 0"
+ANY_PENDING_REFUSALS = "SELECT 1 FROM operations WHERE refused_count > 0 LIMIT 1"
+ANY_PENDING_REFUSALS_OF = "SELECT 1 FROM operations WHERE operation_id = ? AND refused_count > 0"
+RESET_REFUSALS = (
+    "UPDATE operations SET refused_count = 0, refused_outcome = NULL, refused_first_at = NULL, "
+    "refused_last_at = NULL WHERE operation_id = ?"
+)
+
+CLAIM_SUBMISSION = (
+    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, "
+    "version = version + 1, updated_at = :now "
+    "WHERE operation_id = :operation_id AND status = 'submitting' AND lease_owner IS NULL "
+    f"RETURNING {OPERATION_ROW}"
+)
+# With idempotency an expired lease (a call that died mid-send) may be taken over: a resend is safe.
+CLAIM_SUBMISSION_TAKING_OVER = (
+    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, "
+    "version = version + 1, updated_at = :now "
+    "WHERE operation_id = :operation_id AND status = 'submitting' "
+    f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
+)
+
+# The fields a decision may change (never the identity, the fingerprint or the start).
+MUTABLE_COLUMNS = frozenset(OPERATION_COLUMNS) - {
+    "operation_id",
+    "provider",
+    "account_context",
+    "request_fingerprint",
+    "idempotency_key",
+    "expected_terminal_state",
+    "started_at",
+    "submit_payload_json",
+    "created_at",
+    "updated_at",
+    "version",
+}
+
+
+class Guard(StrEnum):
+    """The condition under which a decided change may be written."""
+
+    LEASE_HELD = "lease_owner = :guard_owner"
+    SUBMISSION_LEASE_HELD = "status = 'submitting' AND lease_owner = :guard_owner"
+    SUBMITTING = "status = 'submitting'"
+    ESCALATED_AS_ASKED = "version = :guard_version AND status = 'escalated'"
+    UNCHANGED = "version = :guard_version"
+
+
+# Counted in SQL alongside a guarded change.
+_ALSO: dict[Guard, str] = {Guard.ESCALATED_AS_ASKED: "extensions_used = extensions_used + 1, "}
+
+
+@cache
+def update_operation(columns: tuple[str, ...], guard: Guard) -> str:
+    """`UPDATE … SET <columns> … WHERE <guard> RETURNING` the row; parameters are named `c_<column>`.
+
+    `columns` must be fields a decision may change (a ValueError names any other).
+    """
+    unknown = [c for c in columns if c not in MUTABLE_COLUMNS]
+    if unknown:
+        raise ValueError(f"not a field an operation's change may set: {', '.join(unknown)}")
+    sets = "".join(f"{c} = :c_{c}, " for c in columns)
+    return (
+        f"UPDATE operations SET {sets}{_ALSO.get(guard, '')}version = version + 1, updated_at = :at "
+        f"WHERE operation_id = :operation_id AND {guard.value} RETURNING {OPERATION_ROW}"
+    )
+
+
+# -- fleet pacing ----------------------------------------------------------------------------------
+
+SELECT_FLEET_TAT = "SELECT tat FROM fleet_buckets WHERE provider = ?"
+UPSERT_FLEET_TAT = "INSERT INTO fleet_buckets (provider, tat) VALUES (?, ?) ON CONFLICT(provider) DO UPDATE SET tat = excluded.tat"
+
+# -- approvals -------------------------------------------------------------------------------
+
+APPROVAL_ROW = ", ".join(APPROVAL_COLUMNS)
+SELECT_APPROVAL = f"SELECT {APPROVAL_ROW} FROM approvals WHERE approval_id = ?"
+_LIST_APPROVALS = f"SELECT {APPROVAL_ROW} FROM approvals {{where}} ORDER BY asked_at DESC"
+LIST_APPROVALS = _LIST_APPROVALS.format(where="")
+LIST_APPROVALS_BY_STATUS = _LIST_APPROVALS.format(where="WHERE status = :status")
+LIST_APPROVALS_OF = _LIST_APPROVALS.format(where="WHERE operation_id = :operation_id")
+LIST_APPROVALS_OF_BY_STATUS = _LIST_APPROVALS.format(
+    where="WHERE operation_id = :operation_id AND status = :status"
+)
+# An extension decision an operator took (or a question nobody answered in time) waits to be applied.
+HAS_DUE_EXTENSION_APPROVALS = (
+    "SELECT 1 FROM approvals WHERE operation_id = ? AND kind = 'extension' "
+    "AND (status IN ('approved', 'denied') OR (status = 'pending' AND expires_at <= ?)) LIMIT 1"
+)
+FIND_PENDING_APPROVAL = (
+    f"SELECT {APPROVAL_ROW} FROM approvals WHERE operation_id = ? AND kind = ? AND bound_version = ? "
+    "AND request_json = ? AND status = 'pending' AND expires_at > ?"
+)
+INSERT_APPROVAL = (
+    "INSERT INTO approvals (approval_id, operation_id, kind, status, request_json, bound_version, asked_at, "
+    f"expires_at) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?) RETURNING {APPROVAL_ROW}"
+)
+DECIDE_APPROVAL = (
+    "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ? WHERE approval_id = ? AND status = 'pending' "
+    f"RETURNING {APPROVAL_ROW}"
+)
+CLOSE_APPROVAL = (
+    "UPDATE approvals SET status = ?, note = ?, decided_at = COALESCE(decided_at, ?) WHERE approval_id = ? "
+    f"RETURNING {APPROVAL_ROW}"
+)
+MARK_APPROVAL_APPLIED = "UPDATE approvals SET status = 'applied', note = 'applied' WHERE approval_id = ?"
+MARK_APPROVAL_USED = (
+    "UPDATE approvals SET status = 'applied', note = ? WHERE approval_id = ? AND status = 'approved'"
+)
+
+# -- follow-ups --------------------------------------------------------------------------------
+
+FOLLOWUP_ROW = ", ".join(FOLLOWUP_COLUMNS)
+INSERT_FOLLOWUP = (
+    f"INSERT INTO followups ({FOLLOWUP_ROW}) VALUES ({', '.join('?' for _ in FOLLOWUP_COLUMNS)}) "
+    f"RETURNING {FOLLOWUP_ROW}"
+)
+LIST_FOLLOWUPS = f"SELECT {FOLLOWUP_ROW} FROM followups WHERE operation_id = ? ORDER BY requested_at, rowid"
+
+# -- the audit chain ----------------------------------------------------------------------------
+
+AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit ORDER BY seq DESC LIMIT 1"
+INSERT_AUDIT_ROW = "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"

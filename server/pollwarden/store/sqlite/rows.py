@@ -1,0 +1,172 @@
+"""Reading rows and appending audit rows, inside a transaction the caller already opened.
+
+Plain functions over a `sqlite3.Connection`, run in the database thread. They
+are the pieces the engine's one-trip operations are made of.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pollwarden.audit_entry import (
+    NO_REFUSALS,
+    REFUSALS_PER_SUMMARY,
+    AuditEvent,
+    ChainHead,
+    PendingRefusals,
+    chain_row,
+    link,
+    refusal_summary,
+)
+from pollwarden.errors import StoreError
+from pollwarden.records import OperationRecord
+from pollwarden.store.sqlite import queries
+from pollwarden.vocabulary import Outcome
+
+
+@dataclass(frozen=True)
+class StoredOperation:
+    """An operation row: the record, and the refused calls counted on it and not yet audited."""
+
+    record: OperationRecord
+    refusals: PendingRefusals
+
+
+def stored(row: Sequence[Any]) -> StoredOperation:
+    """A row of `queries.OPERATION_ROW` as the record and its refusal counters."""
+    width = queries.OPERATION_ROW_WIDTH
+    record = OperationRecord.from_row(row[:width])
+    count, outcome, first_at, last_at = row[width:]
+    if not count:
+        return StoredOperation(record, NO_REFUSALS)
+    return StoredOperation(record, PendingRefusals(int(count), Outcome(outcome), first_at, last_at))
+
+
+def fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation | None:
+    """The operation, or None."""
+    row = conn.execute(queries.SELECT_OPERATION, (operation_id,)).fetchone()
+    return None if row is None else stored(row)
+
+
+def must_fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation:
+    """The operation; rows are never deleted, so a missing one is a programming error."""
+    found = fetch(conn, operation_id)
+    if found is None:
+        raise StoreError(f"operation {operation_id!r} vanished from the database")
+    return found
+
+
+def returned(cursor: sqlite3.Cursor) -> StoredOperation | None:
+    """The row an `UPDATE … RETURNING` wrote (None when its guard did not hold)."""
+    row = cursor.fetchone()
+    return None if row is None else stored(row)
+
+
+def append(conn: sqlite3.Connection, entry: AuditEvent, key: bytes | None) -> int:
+    """Append one decision to the chain (head read and insert in this transaction); its seq."""
+    row = link(_head(conn), entry, key=key)
+    _insert(
+        conn, row.seq, row.operation_id, row.at, row.kind, row.payload, row.prev_hash, row.hash, row.keyed
+    )
+    return row.seq
+
+
+def append_audit(
+    conn: sqlite3.Connection,
+    *,
+    operation_id: str,
+    at: datetime,
+    kind: str,
+    payload: Mapping[str, object],
+    key: bytes | None,
+) -> int:
+    """Append one row to the chain inside the caller's open write transaction; return its seq.
+
+    For tools and tests that build a chain without operations. Raises
+    RuntimeError when no transaction is open (the head read and the insert
+    must be atomic across processes, or the chain could fork), ValueError for
+    a naive `at`, and `AuditKeyError` when the head is keyed and `key` is None.
+    """
+    if not conn.in_transaction:
+        raise RuntimeError("append_audit must run inside an open write transaction (BEGIN IMMEDIATE)")
+    row = chain_row(_head(conn), operation_id=operation_id, at=at, kind=kind, payload=payload, key=key)
+    _insert(
+        conn, row.seq, row.operation_id, row.at, row.kind, row.payload, row.prev_hash, row.hash, row.keyed
+    )
+    return row.seq
+
+
+def _head(conn: sqlite3.Connection) -> ChainHead | None:
+    head = conn.execute(queries.AUDIT_HEAD).fetchone()
+    return None if head is None else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
+
+
+def _insert(conn: sqlite3.Connection, *values: object) -> None:
+    conn.execute(queries.INSERT_AUDIT_ROW, values)
+
+
+def flush_refusals(conn: sqlite3.Connection, operation_id: str, key: bytes | None) -> None:
+    """Write the pending summary of refused calls (if any) and reset the counters.
+
+    Called first by every transaction that changes the operation or appends to
+    its story, so the summary lands before the decision that follows it.
+    """
+    row = conn.execute(queries.SELECT_PENDING_REFUSALS, (operation_id,)).fetchone()
+    if row is not None:
+        _write_summary(conn, stored(row), key)
+
+
+def flush_all_refusals(conn: sqlite3.Connection, key: bytes | None) -> int:
+    """Write every operation's pending summary of refused calls; how many were written."""
+    rows = conn.execute(queries.SELECT_ALL_PENDING_REFUSALS).fetchall()
+    for row in rows:
+        _write_summary(conn, stored(row), key)
+    return len(rows)
+
+
+def _write_summary(conn: sqlite3.Connection, pending: StoredOperation, key: bytes | None) -> None:
+    append(conn, refusal_summary(pending.record, pending.refusals), key)
+    conn.execute(queries.RESET_REFUSALS, (pending.record.operation_id,))
+
+
+def count_refusal(
+    conn: sqlite3.Connection,
+    current: StoredOperation,
+    outcome: Outcome,
+    at: float,
+    key: bytes | None,
+    *,
+    durable: bool,
+) -> StoredOperation | None:
+    """Count one refused call on the operation as `current` shows it; None when it changed since.
+
+    A pending run of the other kind is written first, so each summary tells one
+    kind; a run that reaches `REFUSALS_PER_SUMMARY` is written at once. Audit
+    rows are only ever written durably: in a `durable=False` transaction a
+    count that would write one gives None too (the caller decides again, durably).
+    """
+    if current.refusals.must_flush_before(outcome):
+        if not durable:
+            return None
+        _write_summary(conn, current, key)
+    after = returned(
+        conn.execute(
+            queries.COUNT_REFUSAL,
+            {
+                "outcome": outcome,
+                "at": at,
+                "operation_id": current.record.operation_id,
+                "version": current.record.version,
+            },
+        )
+    )
+    if after is None or after.refusals.count < REFUSALS_PER_SUMMARY:
+        return after
+    if not durable:
+        return None
+    _write_summary(conn, after, key)
+    return StoredOperation(after.record, NO_REFUSALS)

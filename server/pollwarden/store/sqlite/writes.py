@@ -1,0 +1,330 @@
+"""Every other store operation as one transaction: create, submit, extend, approve, follow up, audit.
+
+Each function runs whole in one hop to the database thread, writes with a
+guard in SQL and takes the row it wrote from `RETURNING`. Any that changes an
+operation or adds to its story first writes the pending summary of refused
+calls, so the story stays in time order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pollwarden.audit_entry import event
+from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.store.sqlite import queries, rows
+from pollwarden.store.sqlite.connection import Session
+from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
+
+
+def _columns(changes: Mapping[str, object]) -> dict[str, object]:
+    return {f"c_{column}": value for column, value in changes.items()}
+
+
+def _update(
+    session: Session,
+    operation_id: str,
+    changes: Mapping[str, object],
+    guard: queries.Guard,
+    *,
+    at: float,
+    **guard_values: object,
+) -> OperationRecord | None:
+    """One guarded change of an operation; the row written, or None when the guard did not hold."""
+    updated = rows.returned(
+        session.conn.execute(
+            queries.update_operation(tuple(changes), guard),
+            {**_columns(changes), "at": at, "operation_id": operation_id, **guard_values},
+        )
+    )
+    return None if updated is None else updated.record
+
+
+def create_operation(
+    session: Session, values: Mapping[str, object], *, kind: str, at: float, key: bytes | None
+) -> tuple[OperationRecord, bool]:
+    """Insert the record and its first audit row unless the id exists; (record, created)."""
+    missing = set(queries.NEW_OPERATION_COLUMNS) - set(values)
+    extra = set(values) - set(queries.NEW_OPERATION_COLUMNS)
+    if missing or extra:
+        raise ValueError(f"a new operation needs exactly its columns (missing {missing}, unknown {extra})")
+    with session.transaction() as conn:
+        created = rows.returned(conn.execute(queries.INSERT_OPERATION, dict(values)))
+        if created is None:
+            return rows.must_fetch(conn, str(values["operation_id"])).record, False
+        rows.append(conn, event(created.record, kind, at), key)
+        return created.record, True
+
+
+def claim_submission(
+    session: Session,
+    operation_id: str,
+    *,
+    owner: str,
+    now: float,
+    lease_seconds: float,
+    allow_stale: bool,
+    note: str,
+    key: bytes | None,
+) -> OperationRecord | None:
+    """Take the submission lease before the submit request is sent (None: not free)."""
+    sql = queries.CLAIM_SUBMISSION_TAKING_OVER if allow_stale else queries.CLAIM_SUBMISSION
+    params = {
+        "owner": owner,
+        "lease_expires_at": now + lease_seconds,
+        "now": now,
+        "operation_id": operation_id,
+    }
+    with session.transaction() as conn:
+        rows.flush_refusals(conn, operation_id, key)
+        claimed = rows.returned(conn.execute(sql, params))
+        if claimed is None:
+            return None
+        rows.append(conn, event(claimed.record, "submit_sending", now, note=note), key)
+        return claimed.record
+
+
+def finish_submission(
+    session: Session,
+    operation_id: str,
+    *,
+    owner: str | None,
+    changes: Mapping[str, object],
+    kind: str,
+    at: float,
+    note: str | None,
+    payload_extra: Mapping[str, object] | None,
+    key: bytes | None,
+) -> OperationRecord | None:
+    """Record what a submission led to (None: the guard did not hold).
+
+    With `owner`, only while that call holds the submission lease, which is
+    released; without one, only while the operation is still submitting (a
+    stop decided with nothing in flight), and a stale lease is cleared too.
+    """
+    released = {**changes, "lease_owner": None, "lease_expires_at": None}
+    with session.transaction() as conn:
+        rows.flush_refusals(conn, operation_id, key)
+        if owner is not None:
+            record = _update(
+                session, operation_id, released, queries.Guard.SUBMISSION_LEASE_HELD, at=at, guard_owner=owner
+            )
+        else:
+            record = _update(session, operation_id, released, queries.Guard.SUBMITTING, at=at)
+        if record is None:
+            return None
+        rows.append(conn, event(record, kind, at, note=note, extra=payload_extra), key)
+        return record
+
+
+def apply_extension(
+    session: Session,
+    operation_id: str,
+    *,
+    bound_version: int,
+    changes: Mapping[str, object],
+    at: float,
+    approval_id: str | None,
+    payload_extra: Mapping[str, object],
+    key: bytes | None,
+) -> OperationRecord | None:
+    """Grant a new authorization, only if the operation is still as it was when the person was asked."""
+    with session.transaction() as conn:
+        rows.flush_refusals(conn, operation_id, key)
+        record = _update(
+            session,
+            operation_id,
+            changes,
+            queries.Guard.ESCALATED_AS_ASKED,
+            at=at,
+            guard_version=bound_version,
+        )
+        if record is None:
+            return None
+        if approval_id is not None:
+            conn.execute(queries.MARK_APPROVAL_APPLIED, (approval_id,))
+        rows.append(conn, event(record, "extension_approved", at, note=approval_id, extra=payload_extra), key)
+        return record
+
+
+def open_approval(
+    session: Session,
+    *,
+    approval_id: str,
+    record: OperationRecord,
+    kind: ApprovalKind,
+    request: Mapping[str, object],
+    at: float,
+    ttl_seconds: float,
+    key: bytes | None,
+) -> ApprovalRecord:
+    """Record a question for a person, bound to the operation as it is now.
+
+    Idempotent: the same operation version and the same request return the
+    pending approval already recorded (so a repeated question is not a new one).
+    """
+    request_json = json.dumps(request, sort_keys=True)
+    with session.transaction() as conn:
+        existing = conn.execute(
+            queries.FIND_PENDING_APPROVAL, (record.operation_id, kind, record.version, request_json, at)
+        ).fetchone()
+        if existing is not None:
+            return ApprovalRecord.from_row(existing)
+        row = conn.execute(
+            queries.INSERT_APPROVAL,
+            (approval_id, record.operation_id, kind, request_json, record.version, at, at + ttl_seconds),
+        ).fetchone()
+        rows.flush_refusals(conn, record.operation_id, key)
+        rows.append(
+            conn,
+            event(record, "approval_pending", at, note=approval_id, extra={"request": dict(request)}),
+            key,
+        )
+        return ApprovalRecord.from_row(row)
+
+
+_DECIDED_KIND = {
+    ApprovalStatus.APPROVED: "approval_granted",
+    ApprovalStatus.EXPIRED: "approval_expired",
+    ApprovalStatus.VOID: "approval_void",
+}
+
+
+def decide_approval(
+    session: Session, approval_id: str, *, approve: bool, by: str, at: float, key: bytes | None
+) -> ApprovalRecord | None:
+    """A person's answer to a pending approval (pending → approved/denied; expired when late, void when stale)."""
+    with session.transaction() as conn:
+        row = conn.execute(queries.SELECT_APPROVAL, (approval_id,)).fetchone()
+        approval = None if row is None else ApprovalRecord.from_row(row)
+        if approval is None or approval.status != ApprovalStatus.PENDING:
+            return approval
+        current = rows.must_fetch(conn, approval.operation_id).record
+        if at >= approval.expires_at:
+            status = ApprovalStatus.EXPIRED
+        elif approve and current.version != approval.bound_version:
+            status = ApprovalStatus.VOID  # the operation changed since the person was asked
+        else:
+            status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
+        decided = ApprovalRecord.from_row(
+            conn.execute(queries.DECIDE_APPROVAL, (status, at, by, approval_id)).fetchone()
+        )
+        kind = _DECIDED_KIND.get(status, f"{approval.kind}_denied")
+        rows.flush_refusals(conn, approval.operation_id, key)
+        rows.append(conn, event(current, kind, at, note=f"{approval_id} by {by}"), key)
+        return decided
+
+
+def close_approval(
+    session: Session,
+    approval_id: str,
+    *,
+    status: ApprovalStatus,
+    at: float,
+    note: str,
+    audit_kind: str | None,
+    key: bytes | None,
+) -> ApprovalRecord | None:
+    """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story."""
+    with session.transaction() as conn:
+        row = conn.execute(queries.CLOSE_APPROVAL, (status, note, at, approval_id)).fetchone()
+        if row is None:
+            return None
+        approval = ApprovalRecord.from_row(row)
+        if audit_kind is not None:
+            rows.flush_refusals(conn, approval.operation_id, key)
+            record = rows.must_fetch(conn, approval.operation_id).record
+            rows.append(conn, event(record, audit_kind, at, note=approval_id), key)
+        return approval
+
+
+def record_followup(
+    session: Session,
+    *,
+    followup_id: str,
+    operation_id: str,
+    kind: FollowupKind,
+    status: FollowupStatus,
+    at: float,
+    approval_id: str | None,
+    http_status: int | None,
+    answer: str | None,
+    note: str | None,
+    operation_changes: Mapping[str, object] | None,
+    expect_version: int | None,
+    key: bytes | None,
+) -> FollowupRecord | None:
+    """Record one follow-up and its audit row; optionally change the operation in the same transaction.
+
+    With `operation_changes`, the operation is updated only if its version is
+    still `expect_version`; otherwise nothing is written and None is returned.
+    """
+    with session.transaction() as conn:
+        rows.flush_refusals(conn, operation_id, key)
+        if operation_changes:
+            record = _update(
+                session,
+                operation_id,
+                operation_changes,
+                queries.Guard.UNCHANGED,
+                at=at,
+                guard_version=expect_version,
+            )
+            if record is None:
+                return None
+        else:
+            record = rows.must_fetch(conn, operation_id).record
+        followup = FollowupRecord.from_row(
+            conn.execute(
+                queries.INSERT_FOLLOWUP,
+                (followup_id, operation_id, kind, status, approval_id, at, at, http_status, answer, note),
+            ).fetchone()
+        )
+        if approval_id is not None:
+            conn.execute(queries.MARK_APPROVAL_USED, (f"used by {followup_id}", approval_id))
+        audit_kind = f"{kind}_{status}"
+        extra: dict[str, Any] = {
+            "followup_id": followup_id,
+            "http_status": http_status,
+            "approval_id": approval_id,
+        }
+        rows.append(conn, event(record, audit_kind, at, note=note, extra=extra), key)
+        return followup
+
+
+def audit_event(
+    session: Session,
+    operation_id: str,
+    *,
+    kind: str,
+    at: float,
+    note: str | None,
+    extra: Mapping[str, object],
+    key: bytes | None,
+) -> None:
+    """Append one audit row about an operation (follow-ups, answers that matter)."""
+    with session.transaction() as conn:
+        rows.flush_refusals(conn, operation_id, key)
+        record = rows.must_fetch(conn, operation_id).record
+        rows.append(conn, event(record, kind, at, note=note, extra=extra), key)
+
+
+def flush_refusals(session: Session, operation_id: str | None, key: bytes | None) -> int:
+    """Write the pending summaries of refused calls (one operation's, or every one's); how many.
+
+    Looks first without a transaction, so reading the story of a quiet (or
+    read-only) database writes nothing.
+    """
+    conn = session.conn
+    if operation_id is None:
+        if conn.execute(queries.ANY_PENDING_REFUSALS).fetchone() is None:
+            return 0
+        with session.transaction():
+            return rows.flush_all_refusals(conn, key)
+    if conn.execute(queries.ANY_PENDING_REFUSALS_OF, (operation_id,)).fetchone() is None:
+        return 0
+    with session.transaction():
+        rows.flush_refusals(conn, operation_id, key)
+        return 1
