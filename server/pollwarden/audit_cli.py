@@ -1,7 +1,8 @@
 """``pollwarden audit …`` subcommands: show, export, verify, anchor.
 
-These are offline, read-only commands: they open the database file read-only
-(a copy works too) and print to stdout. The HMAC key is read from
+These are offline commands: they read the database file read-only (a copy
+works too) and print to stdout. ``show`` and ``export`` first write the summary
+rows of refused calls counted since the last row, when the file is writable. The HMAC key is read from
 ``POLLWARDEN_AUDIT_KEY`` and is never printed.
 
 Exit codes: 0 ok, 1 chain broken / operation not found / anchor refused,
@@ -27,6 +28,8 @@ from pollwarden.audit import (
     verify_chain,
     write_anchor,
 )
+from pollwarden.config import BUSY_TIMEOUT_SECONDS
+from pollwarden.store.sqlite.offline import flush_refusals_before_reading
 
 __all__ = ["DB_ENV", "add_audit_commands", "main"]
 
@@ -84,8 +87,21 @@ def _describe(result: VerifyResult) -> str:
     return f"audit chain BROKEN at seq {result.first_broken_seq}: {result.problem}"
 
 
+def _bring_story_up_to_date(db: Path) -> None:
+    """Refused calls counted since the last row are written first (their summary rows), if the file allows."""
+    why_not = flush_refusals_before_reading(
+        db, audit_key=audit_key_from_env(), busy_timeout=BUSY_TIMEOUT_SECONDS
+    )
+    if why_not is not None:
+        print(
+            f"pollwarden audit: refused calls counted since the last row are not shown ({why_not})",
+            file=sys.stderr,
+        )
+
+
 def _show(args: argparse.Namespace, db: Path) -> int:
     operation_id: str = args.operation
+    _bring_story_up_to_date(db)
     rows = read_rows(db, operation_id)
     if not rows:
         print(f"pollwarden audit: no audit rows for operation {operation_id!r}", file=sys.stderr)
@@ -98,6 +114,7 @@ def _show(args: argparse.Namespace, db: Path) -> int:
 def _export(args: argparse.Namespace, db: Path) -> int:
     operation_id: str | None = args.operation
     out: str | None = args.out
+    _bring_story_up_to_date(db)
     if out is None or out == "-":
         export_jsonl(db, sys.stdout, operation_id)
         sys.stdout.flush()

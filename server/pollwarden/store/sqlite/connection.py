@@ -138,7 +138,7 @@ class Database:
 class Session:
     """What a unit of work in the database thread uses: the connection and its transactions."""
 
-    def __init__(self, db: Database, cancelled: type[BaseException]) -> None:
+    def __init__(self, db: Database, cancelled: type[BaseException] | None) -> None:
         self.db = db
         self.conn = db.conn
         self._cancelled = cancelled
@@ -179,6 +179,8 @@ class Session:
     def _leave_if_cancelled(self) -> None:
         # BEGIN may have waited seconds for another process's lock; a caller that
         # was cancelled meanwhile (and is not shielded) gets nothing written.
+        if self._cancelled is None:
+            return  # not in a worker thread of an async caller (an offline command)
         try:
             anyio.from_thread.check_cancelled()
         except self._cancelled as exc:
