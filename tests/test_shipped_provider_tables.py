@@ -82,6 +82,17 @@ def test_each_sample_is_classified_and_decided_as_documented(name: str, sample: 
     if "wait_seconds" in expected:
         assert preview.next_check_in == (expected["wait_seconds"], expected["wait_seconds"])
         assert preview.delay_source == expected["delay_source"]
+    if "kept" in expected:
+        assert set(preview.fields) == set(expected["kept"])
+    if "counts" in expected:
+        assert preview.counts == expected["counts"]
+    if "allowed" in expected:
+        assert preview.allowed_actions == tuple(expected["allowed"])
+    if "where" in expected:
+        assert preview.person_must_act_at is not None
+        assert expected["where"] in preview.person_must_act_at
+    if "detail" in expected:
+        assert expected["detail"] in preview.detail
 
 
 def test_the_undocumented_states_stop_and_offer_only_an_extension() -> None:
@@ -113,6 +124,8 @@ def local_copy(table: ProviderTable, base_url: str) -> dict[str, Any]:
     data.update(name=f"{table.name}-local", base_url=base_url, status_path=prefix)
     data.pop("submit", None)
     data.pop("fleet", None)
+    # The copy uses the shipped table's credential variable on another origin: allowed only when said.
+    data["auth"]["shared_with_origins"] = [table.origin]
     if "cancel" in data:
         data["cancel"]["path"] = prefix + "/cancel"
     return data

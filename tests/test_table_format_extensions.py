@@ -43,6 +43,7 @@ GITHUB_LIKE: dict[str, Any] = {
         }
     },
     "success": {"required_fields": ["artifacts_url"]},
+    "fields": {"result_url": None, "artifacts_url": {"type": "url"}},
 }
 
 
@@ -292,7 +293,13 @@ def test_rfc3339_remains_the_default_time_format(tmp_path: Path) -> None:
 
 
 def test_a_required_result_that_is_a_list_keeps_its_shape(tmp_path: Path) -> None:
-    table = table_from(tmp_path, {"success": {"required_fields": ["output"]}})
+    table = table_from(
+        tmp_path,
+        {
+            "success": {"required_fields": ["output"]},
+            "fields": {"result_url": None, "output": {"type": "list"}},
+        },
+    )
     urls = ["https://files.example/a.png", "https://files.example/b.png"]
 
     status = read_status_body(table, {"state": "succeeded", "output": urls}, now=T0, max_hint_seconds=86400)
@@ -302,7 +309,13 @@ def test_a_required_result_that_is_a_list_keeps_its_shape(tmp_path: Path) -> Non
 
 
 def test_an_empty_or_oversized_structured_result_is_missing_or_truncated(tmp_path: Path) -> None:
-    table = table_from(tmp_path, {"success": {"required_fields": ["output"]}})
+    table = table_from(
+        tmp_path,
+        {
+            "success": {"required_fields": ["output"]},
+            "fields": {"result_url": None, "output": {"type": "list"}},
+        },
+    )
 
     empty = read_status_body(table, {"state": "succeeded", "output": []}, now=T0, max_hint_seconds=86400)
     huge = read_status_body(

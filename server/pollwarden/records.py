@@ -17,6 +17,7 @@ StopReason = Literal[
     "delivery_ambiguous",
     "rate_limited",
     "unknown_state",
+    "awaiting_review",
     "authorization_denied",
     "integration_failure",
 ]
