@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
@@ -81,7 +80,8 @@ def test_a_field_value_is_checked_against_its_declared_type(
     if problem is None:
         assert found is None
     else:
-        assert found is not None and problem in found
+        assert found is not None
+        assert problem in found
 
 
 @pytest.mark.parametrize(
@@ -199,7 +199,8 @@ async def test_a_batch_in_which_every_request_failed_is_a_failure_with_its_error
     assert done["status"] == "failed"
     assert "every request failed" in done["stop_detail"]
     assert done["partial_result"] == {"error_file_id": "file-err2"}
-    assert fetched["result"] == {"error_file_id": "file-err2"} and fetched["partial"] is True
+    assert fetched["result"] == {"error_file_id": "file-err2"}
+    assert fetched["partial"] is True
 
 
 async def test_a_success_state_with_no_request_succeeded_is_decided_by_the_counts(
@@ -295,7 +296,8 @@ async def test_a_state_that_waits_for_a_person_stops_and_says_where_they_act(
     assert sent_while_stopped == 2  # nothing sent while a person had to act
     assert extended["decision"] == "approved"
     assert extended["operation"]["status_requests_used"] == 2  # the same job, the same counters
-    assert resumed["status"] == "waiting" and resumed["state"] == "running"
+    assert resumed["status"] == "waiting"
+    assert resumed["state"] == "running"
 
 
 def test_a_person_state_without_where_they_act_is_refused(tmp_path: Path) -> None:
