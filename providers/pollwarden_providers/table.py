@@ -1102,16 +1102,8 @@ class ProviderTable(BaseModel):
     def _headers_are_plain(cls, value: dict[str, str]) -> dict[str, str]:
         for name, text in value.items():
             _check_header_name(name)
-            lower = name.lower()
-            if lower in _CREDENTIAL_HEADERS or any(word in lower for word in CREDENTIAL_HEADER_WORDS):
-                # The value is not echoed: it would be a secret living in the table.
-                raise _refuse(
-                    f"{name!r} names a credential (Authorization, Cookie, or a name containing "
-                    f"{', '.join(CREDENTIAL_HEADER_WORDS)}); in [headers] it would keep a secret in the table",
-                    'remove it and add [auth] with env = "<VARIABLE HOLDING THE SECRET>" and header = '
-                    f'"{name}"',
-                )
-            if name.lower() in _OWN_HEADERS or name.lower().startswith("proxy-"):
+            # Credential names (Cookie among them) are refused with their own message below.
+            if name.lower() in _OWN_HEADERS - _CREDENTIAL_HEADERS or name.lower().startswith("proxy-"):
                 raise _refuse(
                     f"{name!r} is set by pollwarden or changes how requests are framed",
                     "remove it from [headers]",
@@ -1171,6 +1163,17 @@ class ProviderTable(BaseModel):
                     f"{name!r} is already sent by [auth] or [submit]",
                     "remove it from [headers]; secrets belong in the environment variable [auth] names",
                     key=f"headers.{name}",
+                )
+        for name in self.headers:
+            lower = name.lower()
+            if lower in _CREDENTIAL_HEADERS or any(word in lower for word in CREDENTIAL_HEADER_WORDS):
+                # The value is not echoed: it would be a secret living in the table.
+                raise _refuse(
+                    f"{name!r} names a credential (Authorization, Cookie, or a name containing "
+                    f"{', '.join(CREDENTIAL_HEADER_WORDS)}); in [headers] it would keep a secret in the table",
+                    'remove it and add [auth] with env = "<VARIABLE HOLDING THE SECRET>" and header = '
+                    f'"{name}"',
+                    key="headers",
                 )
         return self
 
