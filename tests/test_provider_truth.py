@@ -10,7 +10,18 @@ import pytest
 from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
-from harness import Harness, SteppedRandom, base_table, check, make_harness, merge, to_toml, track, view
+from harness import (
+    Harness,
+    SteppedRandom,
+    acme_refusal,
+    acme_table,
+    base_table,
+    check,
+    make_harness,
+    merge,
+    track,
+    view,
+)
 from pollwarden.clock import FakeClock
 from pollwarden.fake_provider import FakeProvider, Step, http, pending, succeeded
 from pollwarden_providers import ProviderTable, TableError, load_table, shipped_tables_dir
@@ -23,15 +34,11 @@ T0 = 1_796_032_800.0  # 2026-11-30T10:00:00Z
 
 
 def table_from(tmp_path: Path, overrides: dict[str, Any]) -> ProviderTable:
-    path = tmp_path / "acme.toml"
-    path.write_text(to_toml(merge(base_table("https://api.acme.example"), overrides)))
-    return load_table(path)
+    return acme_table(tmp_path, overrides)
 
 
 def refusal(tmp_path: Path, overrides: dict[str, Any]) -> TableError:
-    with pytest.raises(TableError) as caught:
-        table_from(tmp_path, overrides)
-    return caught.value
+    return acme_refusal(tmp_path, overrides)
 
 
 # -- 12.6: a success is validated, not just present ------------------------------------------------------

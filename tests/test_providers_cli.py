@@ -231,12 +231,18 @@ def test_check_shows_kept_fields_counts_a_person_who_must_act_and_the_new_table_
     github = shipped_samples_dir() / "github-actions-runs"
 
     code, out, _ = check_samples(
-        capsys, "openai-batch", openai / "expired.json", openai / "completed-all-failed.json", options=("--at", AT)
+        capsys,
+        "openai-batch",
+        openai / "expired.json",
+        openai / "completed-all-failed.json",
+        options=("--at", AT),
     )
     blocks = blocks_of(out)
     expired = blocks[str(openai / "expired.json")]
     all_failed = blocks[str(openai / "completed-all-failed.json")]
-    code_gh, out_gh, _ = check_samples(capsys, "github-actions-runs", github / "waiting.json", options=("--at", AT))
+    code_gh, out_gh, _ = check_samples(
+        capsys, "github-actions-runs", github / "waiting.json", options=("--at", AT)
+    )
 
     assert code == 0
     assert code_gh == 0

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from harness import base_table, check, make_harness, merge, to_toml, track, view
+from harness import acme_refusal, acme_table, check, make_harness, track, view
 from pollwarden.decide import ProviderAnswer
 from pollwarden.fake_provider import FakeProvider, Step, pending
 from pollwarden.table_check import preview_answer
 from pollwarden.timefmt import iso
-from pollwarden_providers import ProviderTable, TableError, load_table
+from pollwarden_providers import ProviderTable, TableError
 from pollwarden_providers.interpret import read_status_body
 from pollwarden_providers.request_building import job_id_from_location, split_job_id, status_url
 
@@ -48,15 +48,11 @@ GITHUB_LIKE: dict[str, Any] = {
 
 
 def table_from(tmp_path: Path, overrides: dict[str, Any]) -> ProviderTable:
-    path = tmp_path / "acme.toml"
-    path.write_text(to_toml(merge(base_table("https://api.acme.example"), overrides)))
-    return load_table(path)
+    return acme_table(tmp_path, overrides)
 
 
 def refusal(tmp_path: Path, overrides: dict[str, Any]) -> TableError:
-    with pytest.raises(TableError) as caught:
-        table_from(tmp_path, overrides)
-    return caught.value
+    return acme_refusal(tmp_path, overrides)
 
 
 def read(table: ProviderTable, body: dict[str, Any]) -> tuple[str | None, str, str | None]:

@@ -646,15 +646,8 @@ class ResultsSpec(BaseModel):
 
     def of(self, category: str) -> tuple[str, ...]:
         """The fields documented for `category` (none for other categories)."""
-        match category:
-            case "failed":
-                return self.failed
-            case "cancelled":
-                return self.cancelled
-            case "expired":
-                return self.expired
-            case _:
-                return ()
+        documented = {"failed": self.failed, "cancelled": self.cancelled, "expired": self.expired}
+        return documented.get(category, ())
 
 
 def pattern_problem(pattern: str) -> str | None:
