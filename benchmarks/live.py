@@ -86,6 +86,7 @@ def fake_provider_table(
             "expired": ["expired"],
         },
         "success": {"required_fields": ["result_url"]},
+        "fields": {"result_url": {"type": "url", "schemes": ["http", "https"]}},
         "schedule": dict(schedule),
         "limits": dict(limits),
     }

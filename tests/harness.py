@@ -19,6 +19,7 @@ from pollwarden.fake_provider import FakeProvider
 from pollwarden.provider_http import HttpLimits
 from pollwarden.server import build_server, controller_factory
 from pollwarden.store import DatabaseLocation, Engine
+from pollwarden_providers import ProviderTable, TableError, load_table
 
 # The engine the running test stores its records in: conftest's `database_engine`
 # fixture sets it, once per engine, for every store-touching test.
@@ -61,6 +62,22 @@ def base_table(base_url: str, name: str = "acme") -> dict[str, Any]:
         },
         "not_found": {"grace_seconds": 30},
     }
+
+
+def acme_table(tmp_path: Path, overrides: Mapping[str, Any]) -> ProviderTable:
+    """The `acme` table (on https://api.acme.example) with `overrides`, written to TOML and loaded."""
+    path = tmp_path / "acme.toml"
+    path.write_text(to_toml(merge(base_table("https://api.acme.example"), overrides)))
+    return load_table(path)
+
+
+def acme_refusal(tmp_path: Path, overrides: Mapping[str, Any]) -> TableError:
+    """The TableError refusing the `acme` table with `overrides` (fails if it loads)."""
+    try:
+        acme_table(tmp_path, overrides)
+    except TableError as error:
+        return error
+    raise AssertionError("the table loaded, but a refusal was expected")
 
 
 def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -85,7 +85,9 @@ def test_load_tables_includes_the_shipped_tables_unless_told_not_to(tmp_path: Pa
     assert list(with_shipped) == [
         "anthropic-message-batches",
         "example-export",
+        "gemini-batch",
         "github-actions-runs",
+        "mistral-batch",
         "openai-batch",
         "replicate-predictions",
         "acme-export",

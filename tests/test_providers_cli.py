@@ -222,3 +222,38 @@ def test_the_installed_command_runs_providers_check() -> None:
 
     assert done.code == 0, done.stderr
     assert "keeps waiting; next status request in 30–60 s (local_backoff)" in done.stdout
+
+
+def test_check_shows_kept_fields_counts_a_person_who_must_act_and_the_new_table_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    openai = shipped_samples_dir() / "openai-batch"
+    github = shipped_samples_dir() / "github-actions-runs"
+
+    code, out, _ = check_samples(
+        capsys,
+        "openai-batch",
+        openai / "expired.json",
+        openai / "completed-all-failed.json",
+        options=("--at", AT),
+    )
+    blocks = blocks_of(out)
+    expired = blocks[str(openai / "expired.json")]
+    all_failed = blocks[str(openai / "completed-all-failed.json")]
+    code_gh, out_gh, _ = check_samples(
+        capsys, "github-actions-runs", github / "waiting.json", options=("--at", AT)
+    )
+
+    assert code == 0
+    assert code_gh == 0
+    assert "success needs output_file_id (string file-[A-Za-z0-9_-]{1,128})" in out
+    assert "expiry        expires_at + 3600 s grace; finalizing, cancelling may end after it" in out
+    assert "counts        succeeded <- request_counts.completed" in out
+    assert "kept          output_file_id, error_file_id (fetch_result)" in expired
+    assert "counts        succeeded 3218, errored 0, total 5000" in expired
+    assert "stops with provider_failure" in all_failed
+    assert "the agent may: fetch_result" in all_failed
+    assert "stops with awaiting_review: a person must act at the provider: https://github.com/" in out_gh
+    assert "(Review deployments" in out_gh
+    assert "the agent may: request_extension, cancel_operation" in out_gh
+    assert "at least 60 s" in out_gh

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from harness import base_table, check, make_harness, merge, to_toml, track, view
+from harness import acme_refusal, acme_table, check, make_harness, track, view
 from pollwarden.decide import ProviderAnswer
 from pollwarden.fake_provider import FakeProvider, Step, pending
 from pollwarden.table_check import preview_answer
 from pollwarden.timefmt import iso
-from pollwarden_providers import ProviderTable, TableError, load_table
+from pollwarden_providers import ProviderTable, TableError
 from pollwarden_providers.interpret import read_status_body
 from pollwarden_providers.request_building import job_id_from_location, split_job_id, status_url
 
@@ -43,19 +43,16 @@ GITHUB_LIKE: dict[str, Any] = {
         }
     },
     "success": {"required_fields": ["artifacts_url"]},
+    "fields": {"result_url": None, "artifacts_url": {"type": "url"}},
 }
 
 
 def table_from(tmp_path: Path, overrides: dict[str, Any]) -> ProviderTable:
-    path = tmp_path / "acme.toml"
-    path.write_text(to_toml(merge(base_table("https://api.acme.example"), overrides)))
-    return load_table(path)
+    return acme_table(tmp_path, overrides)
 
 
 def refusal(tmp_path: Path, overrides: dict[str, Any]) -> TableError:
-    with pytest.raises(TableError) as caught:
-        table_from(tmp_path, overrides)
-    return caught.value
+    return acme_refusal(tmp_path, overrides)
 
 
 def read(table: ProviderTable, body: dict[str, Any]) -> tuple[str | None, str, str | None]:
@@ -292,7 +289,13 @@ def test_rfc3339_remains_the_default_time_format(tmp_path: Path) -> None:
 
 
 def test_a_required_result_that_is_a_list_keeps_its_shape(tmp_path: Path) -> None:
-    table = table_from(tmp_path, {"success": {"required_fields": ["output"]}})
+    table = table_from(
+        tmp_path,
+        {
+            "success": {"required_fields": ["output"]},
+            "fields": {"result_url": None, "output": {"type": "list"}},
+        },
+    )
     urls = ["https://files.example/a.png", "https://files.example/b.png"]
 
     status = read_status_body(table, {"state": "succeeded", "output": urls}, now=T0, max_hint_seconds=86400)
@@ -302,7 +305,13 @@ def test_a_required_result_that_is_a_list_keeps_its_shape(tmp_path: Path) -> Non
 
 
 def test_an_empty_or_oversized_structured_result_is_missing_or_truncated(tmp_path: Path) -> None:
-    table = table_from(tmp_path, {"success": {"required_fields": ["output"]}})
+    table = table_from(
+        tmp_path,
+        {
+            "success": {"required_fields": ["output"]},
+            "fields": {"result_url": None, "output": {"type": "list"}},
+        },
+    )
 
     empty = read_status_body(table, {"state": "succeeded", "output": []}, now=T0, max_hint_seconds=86400)
     huge = read_status_body(

@@ -17,6 +17,9 @@ class Category(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+    # The job waits for a person to act at the provider (approve a deployment, a run from a fork):
+    # waiting stops and says where the person acts.
+    AWAITING_REVIEW = "awaiting_review"
     UNKNOWN = "unknown"
 
 
@@ -26,5 +29,6 @@ CATEGORIES: tuple[Category, ...] = (
     Category.FAILED,
     Category.CANCELLED,
     Category.EXPIRED,
+    Category.AWAITING_REVIEW,
 )
 """The categories a table can list states under, in table order (``unknown`` is never listed)."""

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Literal, cast
+from urllib.parse import urlsplit
 
-from pollwarden_providers.table import Category, ProviderTable, TimeFormat
+from pollwarden_providers.request_building import split_job_id
+from pollwarden_providers.table import Category, FieldSpec, ProviderTable, TimeFormat
 
 # An HTTP-date further in the past than this is not "retry now", it is garbage.
 FAR_PAST_SECONDS = 86_400.0
@@ -32,7 +34,13 @@ MAX_HINT_TEXT = 64
 
 _DELTA_SECONDS = re.compile(r"^[0-9]+$")
 
-HintSource = Literal["retry_after", "rate_limit_reset", "poll_after", "next_check_at"]
+HintSource = Literal[
+    "retry_after", "retry_after_ms", "rate_limit_reset", "rate_limit_minimum", "poll_after", "next_check_at"
+]
+# A rate-limit phrase is looked for in this much of the body field, no more.
+MAX_RATE_LIMIT_TEXT = 2000
+# A count larger than this is not a plausible number of requests.
+MAX_COUNT = 10**12
 
 _TIME_FORMS: dict[TimeFormat, str] = {"rfc3339": "an RFC 3339 timestamp", "unix_seconds": "Unix seconds"}
 
@@ -127,10 +135,34 @@ def parse_rate_limit_reset(raw: str | None, *, now: float, max_seconds: float) -
     return HintCheck(seconds=max(0.0, seconds), source="rate_limit_reset")
 
 
-def rate_limited_refusal(table: ProviderTable, headers: Mapping[str, str]) -> str | None:
+def parse_retry_after_ms(raw: str | None, *, max_seconds: float) -> HintCheck:
+    """Validate a milliseconds wait header such as OpenAI's ``retry-after-ms`` (a minimum, like Retry-After)."""
+    if raw is None:
+        return HintCheck()
+    value = raw.strip()
+    if len(value) > MAX_HINT_TEXT or not re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        reason = "negative" if value.startswith("-") else "not a number of milliseconds"
+        return HintCheck(rejected=RejectedHint("retry_after_ms", _shown(raw), reason))
+    seconds = float(value) / 1000.0
+    if seconds > max_seconds:
+        return HintCheck(
+            rejected=RejectedHint("retry_after_ms", _shown(raw), f"longer than the {max_seconds:g} s maximum")
+        )
+    return HintCheck(seconds=seconds, source="retry_after_ms")
+
+
+def longest_wait(*checks: HintCheck) -> HintCheck:
+    """Of several valid minimum waits, the longest (every one is a minimum); none valid: no wait."""
+    valid = [c for c in checks if c.seconds is not None]
+    return max(valid, key=lambda c: c.seconds or 0.0) if valid else HintCheck()
+
+
+def rate_limited_refusal(table: ProviderTable, headers: Mapping[str, str], body: bytes = b"") -> str | None:
     """Why a 403 is the provider's rate limit rather than a refusal (per ``[rate_limit]``), or None.
 
-    ``headers`` have lower-cased names.
+    ``headers`` have lower-cased names. The body is read only where the table
+    names a documented field and literal phrases (GitHub's secondary limit says
+    so in ``message``): a bounded, case-insensitive substring test, no patterns.
     """
     spec = table.rate_limit
     if spec.remaining_header is not None:
@@ -139,7 +171,36 @@ def rate_limited_refusal(table: ProviderTable, headers: Mapping[str, str]) -> st
             return f"{spec.remaining_header}: 0"
     if spec.forbidden_with_retry_after and "retry-after" in headers:
         return "with Retry-After"
+    phrase = rate_limit_phrase(table, body)
+    if phrase is not None:
+        return f"whose {spec.body_field} says {phrase!r}"
     return None
+
+
+def rate_limit_phrase(table: ProviderTable, body: bytes) -> str | None:
+    """The ``[rate_limit] body_contains`` phrase found in the body's ``body_field``, or None."""
+    spec = table.rate_limit
+    if spec.body_field is None or not body:
+        return None
+    try:
+        text = get_field(parse_json_object(body), spec.body_field)
+    except BodyError:
+        return None
+    if not isinstance(text, str):
+        return None
+    folded = text[:MAX_RATE_LIMIT_TEXT].casefold()
+    return next((phrase for phrase in spec.body_contains if phrase.casefold() in folded), None)
+
+
+def reset_applies(table: ProviderTable, headers: Mapping[str, str]) -> bool:
+    """Whether the reset header is the wait: when the remaining count is 0, or the table reads no count.
+
+    GitHub: "if x-ratelimit-remaining is 0, wait until x-ratelimit-reset";
+    a secondary limit with requests remaining waits the documented minimum instead.
+    """
+    name = table.rate_limit.remaining_header
+    remaining = headers.get(name.lower()) if name is not None else None
+    return remaining is None or remaining.strip() == "0"
 
 
 def parse_poll_after(value: object, *, max_seconds: float) -> HintCheck:
@@ -283,6 +344,100 @@ def _present(value: object) -> bool:
     return value is not None and value != "" and value != [] and value != {}
 
 
+def field_problem(spec: FieldSpec, value: object) -> str | None:
+    """Why `value` is not a valid field of its declared type, or None when it is."""
+    kind = spec.type
+    if kind in ("string", "url"):
+        if not isinstance(value, str) or not value:
+            return f"not a non-empty {kind}"
+        if len(value) > spec.max_length:
+            return f"longer than {spec.max_length} characters"
+        if kind == "string":
+            if spec.pattern is not None and re.fullmatch(spec.pattern, value) is None:
+                return f"does not match the pattern {spec.pattern!r}"
+            return None
+        if any(ch.isspace() or not ch.isprintable() for ch in value):
+            return "not a URL (it holds spaces or control characters)"
+        parts = urlsplit(value)
+        if parts.scheme.lower() not in spec.schemes:
+            return f"not a URL with scheme {' or '.join(spec.schemes)}"
+        if not parts.netloc or "@" in parts.netloc:
+            return "not a URL with a host (and no user name or password)"
+        return None
+    if kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "not an integer"
+        if spec.minimum is not None and value < spec.minimum:
+            return f"below the minimum {spec.minimum}"
+        return None
+    if kind == "object":
+        return None if isinstance(value, dict) and value else "not a non-empty object"
+    if kind == "list":
+        return None if isinstance(value, list) and value else "not a non-empty list"
+    return None if _present(value) else "empty"
+
+
+@dataclass(frozen=True)
+class FieldRead:
+    """Result fields read from a body: the valid ones, the missing ones, and why others were refused."""
+
+    values: dict[str, object] = field(default_factory=dict[str, object])
+    missing: tuple[str, ...] = ()
+    invalid: tuple[str, ...] = ()  # "name: why", for the stop detail and the audit
+
+
+def read_fields(table: ProviderTable, body: Mapping[str, object], names: tuple[str, ...]) -> FieldRead:
+    """Read and validate `names` (each declared in ``[fields]``); absent or null ones are missing."""
+    values: dict[str, object] = {}
+    missing: list[str] = []
+    invalid: list[str] = []
+    for name in names:
+        value = get_field(body, name)
+        if value is None or value in ("", [], {}):
+            missing.append(name)
+            continue
+        spec = table.fields.get(name)
+        problem = field_problem(spec, value) if spec is not None else None
+        if problem is None:
+            values[name] = result_value(value)
+        else:
+            invalid.append(f"{name} ({_shown(value)}) is {problem}")
+    return FieldRead(values, tuple(missing), tuple(invalid))
+
+
+def read_counts(table: ProviderTable, body: Mapping[str, object]) -> dict[str, int]:
+    """The request counts the table maps (``[counts]``); a value that is not a count is left out.
+
+    Counts may be JSON integers or decimal strings (Google writes int64 as a string).
+    """
+    counts: dict[str, int] = {}
+    for name, path in table.counts.mapped().items():
+        value = get_field(body, path)
+        if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 13:
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+            counts[name] = value
+    return counts
+
+
+def outcome_from_counts(counts: Mapping[str, int]) -> Category | None:
+    """The end category counts imply for a success state in which no request succeeded, or None.
+
+    None when a request succeeded, or when the counts say nothing (no
+    ``succeeded`` count, or no request counted at all).
+    """
+    if counts.get("succeeded") != 0:
+        return None
+    ended = {name: counts.get(name, 0) for name in ("errored", "cancelled", "expired")}
+    if not any(ended.values()):
+        return None
+    if ended["cancelled"] and not ended["errored"] and not ended["expired"]:
+        return Category.CANCELLED
+    if ended["expired"] and not ended["errored"] and not ended["cancelled"]:
+        return Category.EXPIRED
+    return Category.FAILED
+
+
 @dataclass(frozen=True)
 class StatusBody:
     """What a 2xx status body says, read through the provider's table."""
@@ -294,6 +449,8 @@ class StatusBody:
     expires_at_rejected: str | None = None
     result: dict[str, object] = field(default_factory=dict[str, object])
     missing_fields: tuple[str, ...] = ()
+    invalid_fields: tuple[str, ...] = ()
+    counts: dict[str, int] = field(default_factory=dict[str, int])
     poll_hint: HintCheck = HintCheck()
     # Every body hint that failed validation (recorded, then ignored).
     rejected_hints: tuple[RejectedHint, ...] = ()
@@ -380,14 +537,16 @@ def read_status_body(
                 expires_at = parsed.timestamp()
 
     result: dict[str, object] = {}
-    missing: list[str] = []
+    missing: tuple[str, ...] = ()
+    invalid: tuple[str, ...] = ()
     if category == "succeeded":
-        for name in table.success.required_fields:
-            value = get_field(body, name)
-            if _present(value):
-                result[name] = result_value(value)
-            else:
-                missing.append(name)
+        required = read_fields(table, body, table.success.required_fields)
+        one_of = read_fields(table, body, table.success.required_one_of)
+        result = {**required.values, **one_of.values}
+        missing = required.missing
+        if table.success.required_one_of and not one_of.values and not one_of.invalid:
+            missing += (" or ".join(table.success.required_one_of),)
+        invalid = required.invalid + one_of.invalid
 
     # poll_after wins when both are valid; a rejected one never hides the other.
     checks: list[HintCheck] = []
@@ -410,7 +569,9 @@ def read_status_body(
         expires_at=expires_at,
         expires_at_rejected=expires_rejected,
         result=result,
-        missing_fields=tuple(missing),
+        missing_fields=missing,
+        invalid_fields=invalid,
+        counts=read_counts(table, body),
         poll_hint=poll_hint,
         rejected_hints=tuple(c.rejected for c in checks if c.rejected is not None),
         unknown_because=unknown_because,
@@ -422,3 +583,20 @@ def read_request_id(table: ProviderTable, headers: Mapping[str, str]) -> str | N
     name = table.response.request_id_header
     value = headers.get(name.lower()) if name else None
     return truncate_text(value, 128) if value else None
+
+
+def where_person_acts(table: ProviderTable, state: str | None, job_id: str | None) -> str:
+    """Where a person acts at the provider for an ``awaiting_review`` state (``[awaiting_review]``).
+
+    Job id placeholders (``{owner}``) are filled from the recorded job id, never
+    from the provider's answer.
+    """
+    spec = table.awaiting_review
+    if spec is None:
+        return "the provider's console"
+    where = spec.where_of(state)
+    parts = split_job_id(table, job_id) if job_id is not None else {}
+    if isinstance(parts, dict):
+        for name, value in parts.items():
+            where = where.replace(f"{{{name}}}", value)
+    return where

@@ -13,7 +13,7 @@ import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
@@ -21,10 +21,21 @@ from pydantic_core import ErrorDetails
 
 from .table import ProviderTable
 
-__all__ = ["TableError", "load_table", "load_tables", "shipped_samples_dir", "shipped_tables_dir"]
+__all__ = [
+    "TableError",
+    "check_shared_credentials",
+    "load_table",
+    "load_tables",
+    "shipped_samples_dir",
+    "shipped_tables_dir",
+]
 
 _TOML_POSITION_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 _MAX_SHOWN_INPUT = 80
+# No real table nests deeper than [fields."a.b"] (four levels); a file nesting
+# arrays or inline tables past this is refused before anything recurses into it.
+MAX_TABLE_DEPTH = 16
+_NESTING_FIX = "a provider table nests at most a few levels; remove the nested arrays or tables"
 
 
 class TableError(ValueError):
@@ -98,11 +109,59 @@ def load_table(path: Path) -> ProviderTable:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _syntax_error(file, exc) from exc
+    except RecursionError as exc:  # tomllib recurses once per nested array or inline table
+        raise TableError(file, "", "nests arrays or inline tables too deeply to read", _NESTING_FIX) from exc
+    if _depth_exceeds(data, MAX_TABLE_DEPTH):
+        raise TableError(file, "", f"nests values deeper than {MAX_TABLE_DEPTH} levels", _NESTING_FIX)
     try:
         table = ProviderTable.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(file, exc) from exc
     return table.with_source(file)
+
+
+def _depth_exceeds(data: object, limit: int) -> bool:
+    """True when lists and dicts in `data` nest deeper than `limit` (walked without recursion)."""
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children: list[object] = []
+        if isinstance(value, dict):
+            children = list(cast(dict[str, object], value).values())
+        elif isinstance(value, list):
+            children = list(cast(list[object], value))
+        if children and depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def check_shared_credentials(tables: Sequence[ProviderTable]) -> None:
+    """Refuse two tables sending one credential variable to different origins, unless one allows it.
+
+    A credential belongs to one provider account. A table naming another
+    table's variable for another origin would send that secret elsewhere; it
+    is allowed only when one of the two lists the other's origin in
+    ``[auth] shared_with_origins``.
+    """
+    first_by_env: dict[str, list[ProviderTable]] = {}
+    for table in tables:
+        if table.auth is None:
+            continue
+        for other in first_by_env.get(table.auth.env, []):
+            if other.origin == table.origin:
+                continue
+            if table.shares_credential_with(other.origin) or other.shares_credential_with(table.origin):
+                continue
+            raise TableError(
+                table.source,
+                "auth.env",
+                f"${table.auth.env} is also the credential of {other.name!r} ({other.source}) for "
+                f"{other.origin}; this table would send it to {table.origin}",
+                f"use a variable of its own, or, if that account really serves both origins, add "
+                f'shared_with_origins = ["{other.origin}"] under [auth]',
+            )
+        first_by_env.setdefault(table.auth.env, []).append(table)
 
 
 def load_tables(dirs: Sequence[Path], include_shipped: bool = True) -> dict[str, ProviderTable]:
@@ -148,6 +207,7 @@ def load_tables(dirs: Sequence[Path], include_shipped: bool = True) -> dict[str,
                     "give each provider table its own name, or remove one of the two files",
                 )
             tables[table.name] = table
+    check_shared_credentials(list(tables.values()))
     return tables
 
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
-from pollwarden_providers.table import ProviderTable
+from pollwarden_providers.table import OWN_ENV_PREFIX, ProviderTable
 
 
 class EgressError(ValueError):
@@ -161,17 +161,45 @@ def resolve_location(table: ProviderTable, base_url: str, location: str) -> str:
     return absolute
 
 
+_PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+
+
+def match_path(template: str, path: str) -> dict[str, str] | None:
+    """The placeholder values of `path` matched against `template`, segment by segment, or None.
+
+    Linear in the length of `path`: a table holds at most one placeholder per
+    segment (refused at load otherwise), so each segment is a literal prefix,
+    at most one placeholder and a literal suffix, and nothing backtracks however
+    a provider's ``Location`` is crafted.
+    """
+    wanted = template.split("/")
+    given = path.split("/")
+    if len(wanted) != len(given):
+        return None
+    values: dict[str, str] = {}
+    for pattern, segment in zip(wanted, given, strict=True):
+        found = _PLACEHOLDER.search(pattern)
+        if found is None:
+            if pattern != segment:
+                return None
+            continue
+        prefix, suffix = pattern[: found.start()], pattern[found.end() :]
+        if (
+            len(segment) <= len(prefix) + len(suffix)
+            or not segment.startswith(prefix)
+            or not segment.endswith(suffix)
+        ):
+            return None
+        values[found.group(1)] = segment[len(prefix) : len(segment) - len(suffix)]
+    return values
+
+
 def job_id_from_location(table: ProviderTable, location_url: str) -> str | None:
     """The job id from a same-origin `Location` that matches the table's status path."""
-    pattern = "".join(
-        f"(?P<{piece[1:-1]}>[^/]+)" if piece.startswith("{") else re.escape(piece)
-        for piece in re.split(r"(\{[a-z_][a-z0-9_]*\})", table.status_path)
-        if piece
-    )
-    match = re.fullmatch(pattern, urlsplit(location_url).path)
-    if match is None:
+    values = match_path(table.status_path, urlsplit(location_url).path)
+    if values is None or any(name not in values for name in table.job_id_parts):
         return None
-    pieces = [unquote(match.group(name)) for name in table.job_id_parts]
+    pieces = [unquote(values[name]) for name in table.job_id_parts]
     if len(pieces) > 1 and any("/" in piece for piece in pieces):
         return None  # an encoded "/" inside one part could not be told apart from the separator
     job_id = "/".join(pieces)
@@ -186,6 +214,12 @@ def auth_headers(table: ProviderTable, environ: Mapping[str, str]) -> dict[str, 
     """
     if table.auth is None:
         return {}
+    if table.auth.env.upper().startswith(OWN_ENV_PREFIX):
+        # Refused at load too; checked again here because this is where a secret would leave.
+        raise MissingCredentialError(
+            f"provider {table.name!r} names {table.auth.env}, one of pollwarden's own variables, which are "
+            "never sent to a provider; name the provider's own credential variable in its [auth]"
+        )
     value = environ.get(table.auth.env)
     if not value:
         raise MissingCredentialError(

@@ -27,8 +27,13 @@ from pollwarden_providers.category import CATEGORIES, Category
 __all__ = [
     "CATEGORIES",
     "AuthSpec",
+    "AwaitingReviewSpec",
     "CancelSpec",
     "Category",
+    "CountsSpec",
+    "ExpirySpec",
+    "FieldSpec",
+    "FieldType",
     "FleetSpec",
     "LimitsSpec",
     "NotFoundSpec",
@@ -36,6 +41,7 @@ __all__ = [
     "RateLimitSpec",
     "RefineSpec",
     "ResponseSpec",
+    "ResultsSpec",
     "ScheduleSpec",
     "StatesSpec",
     "SubmitSpec",
@@ -46,6 +52,15 @@ __all__ = [
 TimeFormat = Literal["rfc3339", "unix_seconds"]
 """How a table's time fields are written: RFC 3339 text, or seconds since 1970."""
 
+
+EndCategory = Literal["failed", "cancelled", "expired"]
+"""The end states whose documented result fields ``[results]`` may name."""
+
+FieldType = Literal["string", "integer", "url", "object", "list", "any"]
+"""The declared type of a result field (``[fields]``)."""
+
+COUNT_NAMES: tuple[str, ...] = ("succeeded", "errored", "cancelled", "expired", "processing", "total")
+"""The request counts a ``[counts]`` table can map, in the order they are shown."""
 
 # hide_input_in_errors: a mistaken table may hold a secret (a token pasted into
 # auth.env, a password in base_url); a logged ValidationError must not show it.
@@ -61,6 +76,9 @@ _FieldList = Annotated[tuple[StrictStr, ...], Field(strict=False)]
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# pollwarden's own settings and secrets (the audit key, the operator token) live
+# in variables with this prefix: no table may send one to a provider.
+OWN_ENV_PREFIX = "POLLWARDEN_"
 # RFC 9110 token: anything else would be refused by the HTTP client at request
 # time, which is far later and far less clear than refusing the table.
 _HEADER_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -75,6 +93,29 @@ _OWN_HEADERS = frozenset(
     {"host", "content-length", "content-type", "transfer-encoding", "connection", "te", "upgrade",
      "accept-encoding", "cookie", "proxy-authorization", "keep-alive", "expect", "trailer"}
 )  # fmt: skip
+# Hop-by-hop and routing headers: a credential sent in one of these would be
+# consumed or forwarded by a proxy, or would re-route the request. [auth] may
+# not use them (nor any header pollwarden owns, nor one starting "proxy-").
+_ROUTING_HEADERS = frozenset(
+    {"forwarded", "via", "max-forwards", "x-real-ip", "x-http-method-override", "x-original-url",
+     "x-rewrite-url", "content-encoding", "origin", "referer"}
+)  # fmt: skip
+# [headers] holds fixed, non-secret values. A header whose name says it carries
+# a credential is refused: these names exactly, and any name containing one of
+# the words below (so "X-Api-Key", "X-Auth-Token", "X-Client-Secret" are refused).
+_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+CREDENTIAL_HEADER_WORDS: tuple[str, ...] = (
+    "token",
+    "secret",
+    "key",
+    "auth",
+    "password",
+    "passwd",
+    "credential",
+)
+# A declared pattern and a "where" text are short; a value checked against a pattern is bounded too.
+_MAX_PATTERN = 200
+_MAX_WHERE = 300
 
 
 def _refuse(problem: str, fix: str, key: str | None = None) -> PydanticCustomError:
@@ -156,6 +197,17 @@ def _check_placeholders(value: str, parts: tuple[str, ...], *, key: str, names_t
                 key=key,
             )
         return
+    for segment in value.split("?")[0].split("/"):
+        held = _PLACEHOLDER_RE.findall(segment)
+        if len(held) > 1:
+            adjacent = "}{" in segment
+            raise _refuse(
+                f"{value!r} puts {' and '.join(held)} "
+                + ("next to each other" if adjacent else "in one path segment")
+                + ", so a job id could not be told apart from its neighbour",
+                "give each placeholder its own path segment, e.g. " + example,
+                key=key,
+            )
     others = sorted({p for p in placeholders if p not in wanted})
     if others:
         raise _refuse(
@@ -186,6 +238,10 @@ class AuthSpec(BaseModel):
     env: str = Field(description='the name of an environment variable holding the secret, e.g. "ACME_TOKEN"')
     header: str = Field(default="Authorization", description='an HTTP header name, e.g. "Authorization"')
     prefix: str = Field(default="", description='text put before the secret, e.g. "Bearer "')
+    shared_with_origins: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
+        default=(),
+        description='origins of other tables allowed to use the same variable, e.g. ["https://api.acme.example"]',
+    )
 
     @field_validator("env")
     @classmethod
@@ -196,12 +252,44 @@ class AuthSpec(BaseModel):
                 "the value is not an environment variable name",
                 'name the variable that holds the secret, not the secret, e.g. "ACME_TOKEN"',
             )
+        if value.upper().startswith(OWN_ENV_PREFIX):
+            raise _refuse(
+                f"{value!r} is one of pollwarden's own variables, which are never sent to a provider",
+                'name a variable that holds this provider\'s credential, e.g. "ACME_TOKEN"',
+            )
         return value
 
     @field_validator("header")
     @classmethod
     def _header_is_a_token(cls, value: str) -> str:
         _check_header_name(value)
+        lower = value.lower()
+        if lower in _OWN_HEADERS or lower in _ROUTING_HEADERS or lower.startswith(("proxy-", "x-forwarded-")):
+            raise _refuse(
+                f"{value!r} is a hop-by-hop, routing or framing header: a proxy would consume, forward "
+                "or re-route a credential sent in it",
+                'send the credential in the header the provider documents, e.g. "Authorization" or "x-api-key"',
+            )
+        return value
+
+    @field_validator("shared_with_origins")
+    @classmethod
+    def _origins_are_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            parts = urlsplit(origin)
+            if (
+                parts.scheme not in _DEFAULT_PORTS
+                or not parts.netloc
+                or "@" in parts.netloc
+                or parts.path not in ("", "/")
+                or parts.query
+                or parts.fragment
+                or _has_control_or_space(origin)
+            ):
+                raise _refuse(
+                    f"{origin!r} is not an origin",
+                    'write scheme, host and optional port only, e.g. "https://api.acme.example"',
+                )
         return value
 
     @field_validator("prefix")
@@ -275,6 +363,10 @@ class ResponseSpec(BaseModel):
         default=None, description='an HTTP header name, e.g. "X-Request-Id"'
     )
     job_id_field: str | None = Field(default=None, description='a dotted path, e.g. "id"')
+    retry_after_ms_header: str | None = Field(
+        default=None,
+        description='an HTTP header name, e.g. "retry-after-ms" (milliseconds; a minimum wait like Retry-After)',
+    )
     time_format: TimeFormat = Field(
         default="rfc3339",
         description='how expires_at_field and next_check_at_field write times: "rfc3339" or "unix_seconds"',
@@ -292,7 +384,7 @@ class ResponseSpec(BaseModel):
     def _fields_are_dotted(cls, value: str | None) -> str | None:
         return _check_dotted_path(value)
 
-    @field_validator("request_id_header")
+    @field_validator("request_id_header", "retry_after_ms_header")
     @classmethod
     def _header_is_a_token(cls, value: str | None) -> str | None:
         return _check_header_name(value)
@@ -308,8 +400,12 @@ class _CategoryLists(BaseModel):
     failed: _StateList = Field(default=(), description='a list of state strings, e.g. ["failed"]')
     cancelled: _StateList = Field(default=(), description='a list of state strings, e.g. ["cancelled"]')
     expired: _StateList = Field(default=(), description='a list of state strings, e.g. ["expired"]')
+    awaiting_review: _StateList = Field(
+        default=(),
+        description='a list of states in which a person must act at the provider, e.g. ["waiting"]',
+    )
 
-    @field_validator("pending", "succeeded", "failed", "cancelled", "expired")
+    @field_validator("pending", "succeeded", "failed", "cancelled", "expired", "awaiting_review")
     @classmethod
     def _states_are_exact(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for state in value:
@@ -356,6 +452,8 @@ class _CategoryLists(BaseModel):
                 return self.cancelled
             case Category.EXPIRED:
                 return self.expired
+            case Category.AWAITING_REVIEW:
+                return self.awaiting_review
             case Category.UNKNOWN:
                 return ()
 
@@ -391,11 +489,52 @@ class RateLimitSpec(BaseModel):
     forbidden_with_retry_after: bool = Field(
         default=False, description="true or false: a 403 carrying Retry-After is a rate limit"
     )
+    body_field: str | None = Field(
+        default=None,
+        description='a dotted path to the error text in the JSON body, e.g. "message" (used with body_contains)',
+    )
+    body_contains: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
+        default=(),
+        description='literal phrases, e.g. ["secondary rate limit"]: a 403 whose body_field contains one '
+        "(ignoring case) is a rate limit",
+    )
+    min_wait_seconds: _PositiveFloat | None = Field(
+        default=None,
+        description="a number of seconds > 0, e.g. 60: the documented shortest wait after a rate limit "
+        "that gives no Retry-After (or reset time)",
+    )
 
     @field_validator("remaining_header", "reset_header")
     @classmethod
     def _headers_are_tokens(cls, value: str | None) -> str | None:
         return _check_header_name(value)
+
+    @field_validator("body_field")
+    @classmethod
+    def _field_is_dotted(cls, value: str | None) -> str | None:
+        return _check_dotted_path(value)
+
+    @field_validator("body_contains")
+    @classmethod
+    def _phrases_are_literal(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for phrase in value:
+            if not 3 <= len(phrase) <= 100 or _has_control_or_space(phrase.replace(" ", "")):
+                raise _refuse(
+                    f"{phrase[:40]!r} is not a short literal phrase",
+                    'write 3 to 100 plain characters as the provider documents them, e.g. "secondary rate limit"',
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _phrases_need_a_field(self) -> Self:
+        if bool(self.body_field) != bool(self.body_contains):
+            raise _refuse(
+                "body_field and body_contains go together",
+                'name the documented field and the phrases, e.g. body_field = "message" and '
+                'body_contains = ["secondary rate limit"]',
+                key="body_field" if self.body_contains else "body_contains",
+            )
+        return self
 
 
 class StatesSpec(_CategoryLists):
@@ -428,19 +567,295 @@ class RefineSpec(_CategoryLists):
         return self
 
 
+def _check_fields(value: tuple[str, ...]) -> tuple[str, ...]:
+    for field in value:
+        _check_dotted_path(field)
+    if len(set(value)) != len(value):
+        raise _refuse("a field is named twice", "name each field once")
+    return value
+
+
 class SuccessSpec(BaseModel):
-    """What a success must carry; a success without these fields is a contradiction and stops."""
+    """What a success must carry; a success without these fields is a contradiction and stops.
+
+    Every field named here needs a declared type in ``[fields]``.
+    """
 
     model_config = _MODEL_CONFIG
 
     required_fields: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["result_url"]')
+    required_one_of: _FieldList = Field(
+        default=(),
+        description='dotted paths of which at least one must be present, e.g. ["output.file", "output.inline"]',
+    )
+    failure_fields: _FieldList = Field(
+        default=(),
+        description='dotted paths, e.g. ["error_file_id"]: a success state without its required fields but '
+        "with one of these is the provider's failure (every request failed), not a contradiction",
+    )
 
-    @field_validator("required_fields")
+    @field_validator("required_fields", "required_one_of", "failure_fields")
     @classmethod
     def _fields_are_dotted(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for field in value:
-            _check_dotted_path(field)
+        return _check_fields(value)
+
+    @model_validator(mode="after")
+    def _one_of_means_two(self) -> Self:
+        if len(self.required_one_of) == 1:
+            raise _refuse(
+                "required_one_of names one field",
+                "move it to required_fields, or name the alternatives it stands for",
+                key="required_one_of",
+            )
+        return self
+
+
+class ResultsSpec(BaseModel):
+    """Result fields the provider documents for an end state other than success (partial results).
+
+    After such a stop ``fetch_result`` returns the ones present (validated like a
+    success's fields): OpenAI keeps the finished requests of an expired or
+    cancelled batch in ``output_file_id``.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    failed: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["error_file_id"]')
+    cancelled: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["output_file_id"]')
+    expired: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["output_file_id"]')
+
+    @field_validator("failed", "cancelled", "expired")
+    @classmethod
+    def _fields_are_dotted(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_fields(value)
+
+    def of(self, category: str) -> tuple[str, ...]:
+        """The fields documented for `category` (none for other categories)."""
+        documented = {"failed": self.failed, "cancelled": self.cancelled, "expired": self.expired}
+        return documented.get(category, ())
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why `pattern` is not an allowed value pattern, or None.
+
+    Allowed: literal characters, escapes and character classes, each optionally
+    repeated, with at most one repeated a variable number of times. Without
+    groups, alternatives or a second variable repeat, a full match runs in
+    linear time, so a table cannot make a provider's answer stall the server.
+    """
+    if len(pattern) > _MAX_PATTERN:
+        return f"it is longer than {_MAX_PATTERN} characters"
+    variable = 0
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch in "()|":
+            return "groups and alternatives ( ) | are not supported"
+        if ch in "^$":
+            return "anchors are not needed: the whole value must match"
+        if ch in "*+?{}":
+            return f"{ch!r} at position {i} repeats nothing"
+        if ch == "\\":
+            if i + 1 >= n:
+                return "it ends with a lone backslash"
+            if pattern[i + 1].isdigit() or pattern[i + 1] in "bBAZgkpPN":
+                return "backreferences, anchors and named escapes are not supported"
+            i += 2
+        elif ch == "[":
+            j = i + 1
+            j += 1 if j < n and pattern[j] == "^" else 0
+            j += 1 if j < n and pattern[j] == "]" else 0
+            while j < n and pattern[j] != "]":
+                if pattern[j] == "[":
+                    return "a '[' inside a character class is not supported"
+                j += 2 if pattern[j] == "\\" else 1
+            if j >= n:
+                return "a character class is not closed with ']'"
+            i = j + 1
+        else:
+            i += 1
+        if i < n and pattern[i] in "*+?{":
+            if pattern[i] == "{":
+                repeat = re.match(r"\{([0-9]{1,4})(,([0-9]{0,4}))?\}", pattern[i:])
+                if repeat is None:
+                    return "a repeat in braces must be {n}, {m,n} or {m,}"
+                i += repeat.end()
+                variable += repeat.group(2) is not None
+            else:
+                i += 1
+                variable += 1
+            if i < n and pattern[i] in "*+?{":
+                return "a repeat may not be followed by another (no lazy or possessive forms)"
+    if variable > 1:
+        return "more than one part repeats a variable number of times"
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"it is not a valid pattern ({exc})"
+    return None
+
+
+class FieldSpec(BaseModel):
+    """The declared type of a result field; a value that does not validate is never handed over."""
+
+    model_config = _MODEL_CONFIG
+
+    type: FieldType = Field(description='"string", "integer", "url", "object", "list" or "any"')
+    pattern: str | None = Field(
+        default=None,
+        description='for a string: a pattern the whole value matches, e.g. "file-[A-Za-z0-9]+"',
+    )
+    schemes: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
+        default=("https",), description='for a url: the allowed schemes, e.g. ["https"]'
+    )
+    max_length: _PositiveInt = Field(default=2048, description="for a string or url: a whole number > 0")
+    minimum: int | None = Field(
+        default=None, description="for an integer: the smallest allowed value, e.g. 0"
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_is_linear(cls, value: str | None) -> str | None:
+        if value is not None and (problem := pattern_problem(value)) is not None:
+            raise _refuse(
+                f"the pattern {value[:60]!r} is refused: {problem}",
+                'write literal text and character classes with one open repeat, e.g. "file-[A-Za-z0-9_-]{1,64}"',
+            )
         return value
+
+    @field_validator("schemes")
+    @classmethod
+    def _schemes_are_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) for scheme in value):
+            raise _refuse("schemes must be lower-case URL schemes", 'e.g. ["https"]')
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_the_type(self) -> Self:
+        misplaced = [
+            name
+            for name, applies, is_set in (
+                ("pattern", self.type == "string", self.pattern is not None),
+                ("schemes", self.type == "url", self.schemes != ("https",)),
+                ("minimum", self.type == "integer", self.minimum is not None),
+            )
+            if is_set and not applies
+        ]
+        if misplaced:
+            raise _refuse(
+                f"{misplaced[0]} does not apply to type {self.type!r}",
+                f"remove {misplaced[0]}, or change the type",
+                key=misplaced[0],
+            )
+        return self
+
+
+class CountsSpec(BaseModel):
+    """Where the provider reports how many requests of a batch ended how (dotted paths).
+
+    Shown in the view on every answer. A success state whose ``succeeded``
+    count is 0 while other requests are counted is not a success: it stops as
+    ``cancelled`` when every counted request was cancelled, ``expired`` when
+    every one expired, else ``provider_failure``.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    succeeded: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.succeeded"')
+    errored: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.errored"')
+    cancelled: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.canceled"')
+    expired: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.expired"')
+    processing: str | None = Field(
+        default=None, description='a dotted path, e.g. "request_counts.processing"'
+    )
+    total: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.total"')
+
+    @field_validator("succeeded", "errored", "cancelled", "expired", "processing", "total")
+    @classmethod
+    def _fields_are_dotted(cls, value: str | None) -> str | None:
+        return _check_dotted_path(value)
+
+    def mapped(self) -> dict[str, str]:
+        """Count name -> dotted path, for the counts the table maps, in display order."""
+        paths = {
+            "succeeded": self.succeeded,
+            "errored": self.errored,
+            "cancelled": self.cancelled,
+            "expired": self.expired,
+            "processing": self.processing,
+            "total": self.total,
+        }
+        return {name: path for name, path in paths.items() if path is not None}
+
+
+class ExpirySpec(BaseModel):
+    """How the provider's own expiry time (``response.expires_at_field``) is read.
+
+    A pending state later than ``expires_at + grace_seconds`` is a contradiction,
+    except the states in ``states_after_expiry``, which the provider documents
+    as finishing after the expiry (OpenAI's ``finalizing`` and ``cancelling``).
+    """
+
+    model_config = _MODEL_CONFIG
+
+    grace_seconds: _NonNegativeFloat = Field(
+        default=0.0,
+        description="a number of seconds >= 0, e.g. 3600: how late a batch may still be seen pending",
+    )
+    states_after_expiry: _StateList = Field(
+        default=(), description='pending states documented to end after the expiry, e.g. ["finalizing"]'
+    )
+    window_seconds: _PositiveFloat | None = Field(
+        default=None,
+        description="a number of seconds > 0, e.g. 86400: the provider's documented processing window; the "
+        "default deadline must cover it plus grace_seconds",
+    )
+
+
+class AwaitingReviewSpec(BaseModel):
+    """Where a person acts when a job waits for them (states in the ``awaiting_review`` category).
+
+    ``where`` (and each ``where_for`` text) may name the job id's parts as
+    placeholders, e.g. ``{owner}``; they are filled in from the recorded job id,
+    never from the provider's answer.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    where: str = Field(
+        description='text naming where a person acts, e.g. "the run\'s page on GitHub: Review deployments"'
+    )
+    where_for: dict[str, StrictStr] = Field(
+        default_factory=dict[str, str],
+        description='per-state text, e.g. "completed/action_required" = "the pull request: Approve and run"',
+    )
+
+    @field_validator("where")
+    @classmethod
+    def _where_is_short_plain_text(cls, value: str) -> str:
+        return _check_where(value)
+
+    @field_validator("where_for")
+    @classmethod
+    def _each_where_is_short_plain_text(cls, value: dict[str, str]) -> dict[str, str]:
+        for text in value.values():
+            _check_where(text)
+        return value
+
+    def where_of(self, state: str | None) -> str:
+        """The text for `state` (its own, else the general one)."""
+        return self.where_for.get(state or "", self.where)
+
+
+def _check_where(value: str) -> str:
+    if not value.strip() or len(value) > _MAX_WHERE or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise _refuse(
+            f"the text must be 1 to {_MAX_WHERE} characters on one line",
+            'name the page and the button a person uses, e.g. "the run\'s page: Review deployments"',
+        )
+    if "{" in _PLACEHOLDER_RE.sub("", value) or "}" in _PLACEHOLDER_RE.sub("", value):
+        raise _refuse(f"{value[:60]!r} has an unmatched '{{' or '}}'", "remove it")
+    return value
 
 
 class NotFoundSpec(BaseModel):
@@ -567,6 +982,16 @@ class ProviderTable(BaseModel):
         description='[refine.<state>] tables, e.g. [refine.completed] with field = "conclusion"',
     )
     success: SuccessSpec = Field(default=SuccessSpec(), description="a [success] table")
+    fields: dict[str, FieldSpec] = Field(
+        default_factory=dict[str, FieldSpec],
+        description='[fields] declaring each result field\'s type, e.g. result_url = { type = "url" }',
+    )
+    results: ResultsSpec = Field(default=ResultsSpec(), description="a [results] table")
+    counts: CountsSpec = Field(default=CountsSpec(), description="a [counts] table")
+    expiry: ExpirySpec = Field(default=ExpirySpec(), description="an [expiry] table")
+    awaiting_review: AwaitingReviewSpec | None = Field(
+        default=None, description='an [awaiting_review] table with where = "..."'
+    )
     not_found: NotFoundSpec = Field(default=NotFoundSpec(), description="a [not_found] table")
     schedule: ScheduleSpec = Field(default=ScheduleSpec(), description="a [schedule] table")
     fleet: FleetSpec | None = Field(default=None, description="a [fleet] table with max_requests_per_second")
@@ -655,13 +1080,8 @@ class ProviderTable(BaseModel):
     def _headers_are_plain(cls, value: dict[str, str]) -> dict[str, str]:
         for name, text in value.items():
             _check_header_name(name)
-            if name.lower() == "authorization":
-                # The value is not echoed: it would be a secret living in the table.
-                raise _refuse(
-                    "a credential header in [headers] would keep a secret in the table",
-                    'remove it and add [auth] with env = "<VARIABLE HOLDING THE SECRET>"',
-                )
-            if name.lower() in _OWN_HEADERS or name.lower().startswith("proxy-"):
+            # Credential names (Cookie among them) are refused with their own message below.
+            if name.lower() in _OWN_HEADERS - _CREDENTIAL_HEADERS or name.lower().startswith("proxy-"):
                 raise _refuse(
                     f"{name!r} is set by pollwarden or changes how requests are framed",
                     "remove it from [headers]",
@@ -709,6 +1129,9 @@ class ProviderTable(BaseModel):
                     f"list at least one state the provider reports as {category}",
                     key=f"states.{category}",
                 )
+        self._check_result_fields()
+        self._check_awaiting_review()
+        self._check_expiry()
         owned: set[str] = {self.auth.header.lower()} if self.auth is not None else set()
         if self.submit is not None and self.submit.idempotency_header:
             owned.add(self.submit.idempotency_header.lower())
@@ -719,7 +1142,107 @@ class ProviderTable(BaseModel):
                     "remove it from [headers]; secrets belong in the environment variable [auth] names",
                     key=f"headers.{name}",
                 )
+        for name in self.headers:
+            lower = name.lower()
+            if lower in _CREDENTIAL_HEADERS or any(word in lower for word in CREDENTIAL_HEADER_WORDS):
+                # The value is not echoed: it would be a secret living in the table.
+                raise _refuse(
+                    f"{name!r} names a credential (Authorization, Cookie, or a name containing "
+                    f"{', '.join(CREDENTIAL_HEADER_WORDS)}); in [headers] it would keep a secret in the table",
+                    'remove it and add [auth] with env = "<VARIABLE HOLDING THE SECRET>" and header = '
+                    f'"{name}"',
+                    key="headers",
+                )
         return self
+
+    def _check_result_fields(self) -> None:
+        named: dict[str, str] = {}
+        for key, fields in (
+            ("success.required_fields", self.success.required_fields),
+            ("success.required_one_of", self.success.required_one_of),
+            ("success.failure_fields", self.success.failure_fields),
+            ("results.failed", self.results.failed),
+            ("results.cancelled", self.results.cancelled),
+            ("results.expired", self.results.expired),
+        ):
+            for field in fields:
+                named.setdefault(field, key)
+                if field not in self.fields:
+                    raise _refuse(
+                        f"{field!r} has no declared type",
+                        f'declare it under [fields], e.g. "{field}" = {{ type = "string" }} '
+                        "(string, integer, url, object, list or any)",
+                        key=key,
+                    )
+        for field in self.fields:
+            _check_dotted_path(field)
+            if field not in named:
+                raise _refuse(
+                    f"{field!r} is declared but no [success] or [results] list names it",
+                    "remove it, or name it where it is handed over",
+                    key=f"fields.{field}",
+                )
+
+    def _check_awaiting_review(self) -> None:
+        states = self.states_of(Category.AWAITING_REVIEW)
+        spec = self.awaiting_review
+        if states and spec is None:
+            raise _refuse(
+                f"{states[0]!r} waits for a person, but the table does not say where they act",
+                'add [awaiting_review] with where = "<the page and button a person uses>"',
+                key="awaiting_review",
+            )
+        if spec is None:
+            return
+        if not states:
+            raise _refuse(
+                "no state is listed under awaiting_review",
+                "list the states in which a person must act, or remove [awaiting_review]",
+                key="awaiting_review",
+            )
+        for state in spec.where_for:
+            if state not in states:
+                raise _refuse(
+                    f"{state!r} is not an awaiting_review state",
+                    f"use one of {', '.join(states)}",
+                    key=f"awaiting_review.where_for.{state}",
+                )
+        wanted = {f"{{{part}}}" for part in self.job_id_parts}
+        for text in (spec.where, *spec.where_for.values()):
+            others = sorted(set(_PLACEHOLDER_RE.findall(text)) - wanted)
+            if others:
+                raise _refuse(
+                    f"{', '.join(others)} is not a job id part",
+                    f"use only {', '.join(sorted(wanted))}, or write the text literally",
+                    key="awaiting_review.where",
+                )
+
+    def _check_expiry(self) -> None:
+        spec = self.expiry
+        uses_expiry = spec.grace_seconds > 0 or bool(spec.states_after_expiry)
+        if uses_expiry and self.response.expires_at_field is None:
+            raise _refuse(
+                "an expiry grace needs the provider's expiry time",
+                'set response.expires_at_field (e.g. "expires_at"), or remove the grace',
+                key="expiry",
+            )
+        pending = self.states_of(Category.PENDING)
+        for state in spec.states_after_expiry:
+            if state not in pending:
+                raise _refuse(
+                    f"{state!r} is not a pending state",
+                    f"list only states from states.pending ({', '.join(pending)})",
+                    key="expiry.states_after_expiry",
+                )
+        if spec.window_seconds is not None:
+            needed = spec.window_seconds + spec.grace_seconds
+            if self.limits.default_deadline_seconds < needed:
+                raise _refuse(
+                    f"default_deadline_seconds ({self.limits.default_deadline_seconds:g}) is shorter than the "
+                    f"provider's window plus grace ({needed:g})",
+                    f"make limits.default_deadline_seconds at least {needed:g}",
+                    key="expiry.window_seconds",
+                )
 
     @property
     def source(self) -> str:
@@ -739,15 +1262,13 @@ class ProviderTable(BaseModel):
         Scheme and host are lower-cased and a default port is omitted, so the
         origin compares equal to one computed from any spelling of the same URL.
         """
-        parts = urlsplit(self.base_url)
-        scheme = parts.scheme.lower()
-        host = parts.hostname or ""
-        if ":" in host:  # IPv6 literals keep their brackets in an origin
-            host = f"[{host}]"
-        port = parts.port
-        if port is None or port == _DEFAULT_PORTS[scheme]:
-            return f"{scheme}://{host}"
-        return f"{scheme}://{host}:{port}"
+        return normalized_origin(self.base_url)
+
+    def shares_credential_with(self, origin: str) -> bool:
+        """Whether ``[auth] shared_with_origins`` lets a table on `origin` use this table's variable."""
+        return self.auth is not None and any(
+            normalized_origin(allowed) == origin for allowed in self.auth.shared_with_origins
+        )
 
     def category_of(self, state: object) -> Category:
         """Return the category of a provider state that no other field refines.
@@ -768,6 +1289,22 @@ class ProviderTable(BaseModel):
     def documented_states(self) -> tuple[str, ...]:
         """Every state the table lists, refined ones as ``state/value``, in table order."""
         return tuple(state for category in CATEGORIES for state in self.states_of(category))
+
+
+def normalized_origin(url: str) -> str:
+    """``scheme://host[:port]`` of an http(s) URL: lower-cased, IPv6 in brackets, default port omitted."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literals keep their brackets in an origin
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None or port == _DEFAULT_PORTS.get(scheme):
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
 
 
 def _valid_host(host: str) -> bool:

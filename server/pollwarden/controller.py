@@ -37,6 +37,7 @@ from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at
 from pollwarden.store import Store
+from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.views import OperationView, operation_view
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status
@@ -416,8 +417,8 @@ def transition_changes(
         changes["provider_expires_at"] = t.provider_expires_at
     if t.error is not None:
         changes["error"] = t.error
-    if t.result is not None:
-        changes["result_json"] = json.dumps(t.result, sort_keys=True)
+    if t.result is not None or t.counts is not None:
+        changes["result_json"] = encode_result(t.result or {}, t.counts or {})
     if t.status == "waiting":
         assert t.next_check_at is not None
         assert t.delay_source is not None

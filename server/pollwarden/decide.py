@@ -25,14 +25,22 @@ from pollwarden_providers.interpret import (
     BodyError,
     HintCheck,
     RejectedHint,
+    StatusBody,
     get_field,
+    longest_wait,
+    outcome_from_counts,
     parse_json_object,
     parse_rate_limit_reset,
     parse_retry_after,
+    parse_retry_after_ms,
+    rate_limit_phrase,
     rate_limited_refusal,
+    read_fields,
     read_request_id,
     read_status_body,
+    reset_applies,
     truncate_text,
+    where_person_acts,
 )
 from pollwarden_providers.request_building import describe_location, repeated_job_id
 from pollwarden_providers.table import ProviderTable
@@ -87,7 +95,10 @@ class Transition:
     provider_request_id: str | None = None
     provider_expires_at: float | None = None
     error: str | None = None
+    # Validated result fields: a success's, or those the table documents for another end state.
     result: dict[str, object] | None = None
+    # The provider's request counts ([counts]), on any answer that reports them.
+    counts: dict[str, int] | None = None
     rejected_hints: tuple[RejectedHint, ...] = ()
     note: str | None = None
     location: str | None = None
@@ -193,6 +204,92 @@ def answer_about_another_job(
     return f"the status body is about job {truncate_text(value, 80)!r} ({name}), not {expected!r}"
 
 
+_STOP_FOR_END: dict[str, StopReason] = {
+    "failed": StopReason.PROVIDER_FAILURE,
+    "cancelled": StopReason.CANCELLED,
+    "expired": StopReason.EXPIRED,
+}
+
+
+def _end_state(
+    table: ProviderTable,
+    body: Mapping[str, object],
+    read: StatusBody,
+    answered: Transition,
+    category: str,
+    detail: str,
+    extra_fields: tuple[str, ...] = (),
+) -> Transition:
+    """Stop in an end state other than success, keeping the result fields the table documents for it.
+
+    A kept field that does not validate is left out and named in the detail.
+    """
+    names = tuple(dict.fromkeys((*extra_fields, *table.results.of(category))))
+    kept = read_fields(table, body, names)
+    if kept.values:
+        detail += f"; {', '.join(kept.values)} kept for fetch_result"
+    if kept.invalid:
+        detail += f"; ignored {'; '.join(kept.invalid)}"
+    error = read.error if category == "failed" else None
+    return _stop(answered, _STOP_FOR_END[category], detail, error=error, result=kept.values or None)
+
+
+def _after_success(
+    table: ProviderTable, body: Mapping[str, object], read: StatusBody, answered: Transition
+) -> Transition:
+    """A success state: succeeded only with every required field valid, else what it really is.
+
+    A required field present but invalid is an integration failure naming it.
+    Counts showing no request succeeded make it the end state they show. A
+    missing required field with a documented failure field present is the
+    provider's failure (every request failed); without one it is a contradiction.
+    """
+    if read.invalid_fields:
+        return _stop(
+            answered,
+            StopReason.INTEGRATION_FAILURE,
+            f"state {read.state!r} with an invalid result field: {'; '.join(read.invalid_fields)}",
+        )
+    implied = outcome_from_counts(read.counts)
+    if implied is not None:
+        shown = ", ".join(f"{name} {count}" for name, count in read.counts.items())
+        return _end_state(
+            table,
+            body,
+            read,
+            answered,
+            implied,
+            f"state {read.state!r} but no request succeeded ({shown})",
+            extra_fields=table.success.failure_fields if implied == "failed" else (),
+        )
+    if read.missing_fields:
+        failure = read_fields(table, body, table.success.failure_fields)
+        # Counts saying some requests succeeded contradict "every request failed".
+        if failure.values and not read.counts.get("succeeded"):
+            return _end_state(
+                table,
+                body,
+                read,
+                answered,
+                "failed",
+                f"state {read.state!r} without {', '.join(read.missing_fields)} but with "
+                f"{', '.join(failure.values)}: the provider reports that every request failed",
+                extra_fields=table.success.failure_fields,
+            )
+        return _stop(
+            answered,
+            StopReason.INTEGRATION_FAILURE,
+            f"state {read.state!r} without the required field(s) {', '.join(read.missing_fields)}",
+        )
+    detail = f"state {read.state!r} with every required field"
+    return _stop(answered, StopReason.SUCCEEDED, detail, result=read.result)
+
+
+def _person_must_act(table: ProviderTable, state: str | None, job_id: str | None) -> str:
+    """The stop detail of an ``awaiting_review`` state: a person must act at the provider, and where."""
+    return f"state {state!r}: a person must act at the provider: {where_person_acts(table, state, job_id)}"
+
+
 def decide_after_response(
     record: OperationRecord,
     table: ProviderTable,
@@ -236,12 +333,15 @@ def decide_after_response(
     code = answer.status_code
     headers = answer.headers
     request_id = read_request_id(table, headers)
-    retry_after = parse_retry_after(headers.get("retry-after"), now=now, max_seconds=max_hint)
+    header_waits = [parse_retry_after(headers.get("retry-after"), now=now, max_seconds=max_hint)]
+    if (ms_header := table.response.retry_after_ms_header) is not None:
+        header_waits.append(parse_retry_after_ms(headers.get(ms_header.lower()), max_seconds=max_hint))
+    retry_after = longest_wait(*header_waits)
     answered = Transition(
         status=Status.WAITING,
         http_status=code,
         provider_request_id=request_id,
-        rejected_hints=(retry_after.rejected,) if retry_after.rejected else (),
+        rejected_hints=tuple(w.rejected for w in header_waits if w.rejected is not None),
     )
 
     if code >= 500:
@@ -265,7 +365,7 @@ def decide_after_response(
             base=base,
         )
 
-    limit_signal = rate_limited_refusal(table, headers) if code == 403 else None
+    limit_signal = rate_limited_refusal(table, headers, answer.body) if code == 403 else None
     if code in (401, 403) and limit_signal is None:
         return _stop(
             answered,
@@ -278,12 +378,18 @@ def decide_after_response(
         base = replace(answered, rate_limited=True)
         if limit_signal is not None:
             base = replace(base, note=f"HTTP 403 {limit_signal}: the provider's rate limit, not a refusal")
+        elif code == 429 and (phrase := rate_limit_phrase(table, answer.body)) is not None:
+            base = replace(base, note=f"HTTP 429 whose {table.rate_limit.body_field} says {phrase!r}")
         reset_header = table.rate_limit.reset_header
-        if retry_after.seconds is None and reset_header is not None:
+        if retry_after.seconds is None and reset_header is not None and reset_applies(table, headers):
             reset = parse_rate_limit_reset(headers.get(reset_header.lower()), now=now, max_seconds=max_hint)
             if reset.rejected is not None:
                 base = replace(base, rejected_hints=(*base.rejected_hints, reset.rejected))
             retry_after = reset if reset.seconds is not None else retry_after
+        minimum = table.rate_limit.min_wait_seconds
+        if retry_after.seconds is None and minimum is not None:
+            # The provider's documented shortest wait (GitHub: "at least one minute").
+            retry_after = HintCheck(seconds=minimum, source="rate_limit_minimum")
         if used >= record.max_rate_limited:
             return replace(
                 base,
@@ -352,6 +458,7 @@ def decide_after_response(
         state=read.state,
         category=read.category,
         provider_expires_at=read.expires_at,
+        counts=read.counts or None,
         rejected_hints=answered.rejected_hints + read.rejected_hints,
     )
     if read.state is None:
@@ -361,22 +468,13 @@ def decide_after_response(
     if (other_job := answer_about_another_job(table, body, record.provider_job_id)) is not None:
         return _stop(answered, StopReason.INTEGRATION_FAILURE, other_job)
     if read.category == "succeeded":
-        if read.missing_fields:
-            return _stop(
-                answered,
-                StopReason.INTEGRATION_FAILURE,
-                f"state {read.state!r} without the required field(s) {', '.join(read.missing_fields)}",
-            )
-        detail = f"state {read.state!r} with every required field"
-        return _stop(answered, StopReason.SUCCEEDED, detail, result=read.result)
-    if read.category == "failed":
+        return _after_success(table, body, read, answered)
+    if read.category in ("failed", "cancelled", "expired"):
+        return _end_state(table, body, read, answered, read.category, f"the provider reported {read.state!r}")
+    if read.category == "awaiting_review":
         return _stop(
-            answered, StopReason.PROVIDER_FAILURE, f"the provider reported {read.state!r}", error=read.error
+            answered, StopReason.AWAITING_REVIEW, _person_must_act(table, read.state, record.provider_job_id)
         )
-    if read.category == "cancelled":
-        return _stop(answered, StopReason.CANCELLED, f"the provider reported {read.state!r}")
-    if read.category == "expired":
-        return _stop(answered, StopReason.EXPIRED, f"the provider reported {read.state!r}")
     if read.category == "unknown":
         return _stop(
             answered,
@@ -386,14 +484,25 @@ def decide_after_response(
             + "; it is not safe to keep waiting",
         )
     # pending
-    if read.expires_at is not None and now > read.expires_at:
-        return _stop(
-            answered,
-            StopReason.INTEGRATION_FAILURE,
-            f"contradiction: the provider still reports {read.state!r} after its own expiry "
-            f"{iso(read.expires_at)} ({table.response.expires_at_field})",
-        )
     base = answered
+    if read.expires_at is not None and now > read.expires_at:
+        expiry = table.expiry
+        if read.state in expiry.states_after_expiry:
+            base = replace(
+                base, note=f"{read.state!r} after the expiry {iso(read.expires_at)}: documented to end later"
+            )
+        elif now > read.expires_at + expiry.grace_seconds:
+            grace = f" and its {expiry.grace_seconds:g} s grace" if expiry.grace_seconds else ""
+            return _stop(
+                answered,
+                StopReason.INTEGRATION_FAILURE,
+                f"contradiction: the provider still reports {read.state!r} after its own expiry "
+                f"{iso(read.expires_at)} ({table.response.expires_at_field}){grace}",
+            )
+        else:
+            base = replace(
+                base, note=f"{read.state!r} after the expiry {iso(read.expires_at)}, within the grace"
+            )
     if read.expires_at_rejected:
         base = replace(base, note=f"ignored {read.expires_at_rejected}")
     return _keep_waiting(

@@ -39,6 +39,9 @@ failed = ["failed"]
 [success]
 required_fields = ["result_url"]
 
+[fields]
+result_url = {{ type = "url", schemes = ["http", "https"] }}
+
 [schedule]
 base_delay_seconds = 0.25
 max_delay_seconds = 1.0

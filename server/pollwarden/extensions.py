@@ -24,6 +24,7 @@ EXTENDABLE = (
     "rate_limited",
     "unknown_state",
     "delivery_ambiguous",
+    "awaiting_review",  # a person acted at the provider: wait again on the same budget
 )
 
 

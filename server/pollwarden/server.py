@@ -233,7 +233,8 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
             str,
             Field(
                 description="Provider table name, e.g. 'openai-batch', 'anthropic-message-batches', "
-                "'replicate-predictions', 'github-actions-runs'; an unknown name's error lists the loaded ones."
+                "'replicate-predictions', 'github-actions-runs', 'gemini-batch', 'mistral-batch'; "
+                "an unknown name's error lists the loaded ones."
             ),
         ],
         ctx: Context[Any, Any],
@@ -341,7 +342,9 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
 
     @mcp.tool(
         description="The validated result fields of a succeeded operation, recorded as its own follow-up. "
-        "Refused (with the reason and the allowed actions) before a validated success.",
+        "After a failure, cancel or expiry whose provider documents result fields for it (a batch's finished "
+        "part, an error file): those fields, marked partial: never a success. Refused (with the reason and the "
+        "allowed actions) otherwise.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def fetch_result(operation_id: str, ctx: Context[Any, Any]) -> FollowUpResult:

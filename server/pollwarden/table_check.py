@@ -16,12 +16,13 @@ from pathlib import Path
 from pollwarden.controller import account_context_of, transition_changes
 from pollwarden.decide import ProviderAnswer, Transition, decide_after_response
 from pollwarden.records import OperationRecord
+from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso
-from pollwarden.views import allowed_actions
+from pollwarden.views import allowed_actions, person_must_act_at
 from pollwarden.vocabulary import Category, DelaySource, Status
 from pollwarden_providers.interpret import BodyError, get_field, parse_json_object
 from pollwarden_providers.request_building import job_id_form
-from pollwarden_providers.table import CATEGORIES, ProviderTable
+from pollwarden_providers.table import CATEGORIES, FieldSpec, ProviderTable
 
 __all__ = [
     "SampleError",
@@ -62,6 +63,10 @@ class SamplePreview:
     delay_source: str | None
     allowed_actions: tuple[str, ...]
     ignored: tuple[str, ...]  # hints and fields the controller recorded as ignored
+    # Result fields handed over: a success's, or those kept for another end state.
+    fields: tuple[str, ...] = ()
+    counts: dict[str, int] | None = None
+    person_must_act_at: str | None = None
 
     def what_the_controller_does(self) -> str:
         """One sentence: keep waiting (and when), or stop (and what may follow)."""
@@ -70,6 +75,11 @@ class SamplePreview:
             when = f"{low:g} s" if abs(high - low) < 0.001 else f"{low:g}–{high:g} s"
             return f"keeps waiting; next status request in {when} ({self.delay_source})"
         actions = ", ".join(self.allowed_actions) or "nothing: a person takes over"
+        if self.person_must_act_at is not None:
+            return (
+                f"stops with {self.outcome}: a person must act at the provider: {self.person_must_act_at}; "
+                f"the agent may: {actions}"
+            )
         return f"stops with {self.outcome} ({self.detail}); the agent may: {actions}"
 
 
@@ -159,7 +169,11 @@ def preview_answer(
             round(shortest.next_check_at - answer.received_at, 3),
             round(longest.next_check_at - answer.received_at, 3),
         )
+    stored = decode_result(after.result_json)
     return SamplePreview(
+        fields=tuple(stored.fields),
+        counts=stored.counts or None,
+        person_must_act_at=person_must_act_at(after, table),
         http_status=answer.status_code,
         state=longest.state,
         category=longest.category,
@@ -231,7 +245,12 @@ def describe_table(table: ProviderTable) -> list[str]:
     if table.description:
         lines.insert(1, f"  {table.description}")
     if table.auth is not None:
-        lines.append(f"  credentials   {table.auth.header} from ${table.auth.env}")
+        shared = (
+            f" (also used for {', '.join(table.auth.shared_with_origins)})"
+            if table.auth.shared_with_origins
+            else ""
+        )
+        lines.append(f"  credentials   {table.auth.header} from ${table.auth.env}{shared}")
     if table.headers:
         lines.append(f"  headers       {', '.join(f'{k}: {v}' for k, v in table.headers.items())}")
     if table.submit is not None:
@@ -247,16 +266,52 @@ def describe_table(table: ProviderTable) -> list[str]:
             lines.append(f"  {category:<13} {', '.join(states)}")
     lines.append("  unknown       anything else (stops the operation)")
     if table.success.required_fields:
-        lines.append(f"  success needs {', '.join(table.success.required_fields)}")
+        lines.append(f"  success needs {', '.join(_typed(table, f) for f in table.success.required_fields)}")
+    if table.success.required_one_of:
+        one_of = " or ".join(_typed(table, f) for f in table.success.required_one_of)
+        lines.append(f"  success needs one of {one_of}")
+    if table.success.failure_fields:
+        lines.append(
+            f"  all failed    a success state without them but with {', '.join(table.success.failure_fields)}"
+        )
+    for category in ("failed", "cancelled", "expired"):
+        kept = table.results.of(category)
+        if kept:
+            lines.append(
+                f"  {category + ' keeps':<13} {', '.join(_typed(table, f) for f in kept)} (fetch_result)"
+            )
+    counts = table.counts.mapped()
+    if counts:
+        lines.append(f"  counts        {', '.join(f'{name} <- {path}' for name, path in counts.items())}")
+    if table.awaiting_review is not None:
+        lines.append(f"  person acts   {table.awaiting_review.where}")
+    expiry = table.expiry
+    if table.response.expires_at_field is not None:
+        after = (
+            f"; {', '.join(expiry.states_after_expiry)} may end after it"
+            if expiry.states_after_expiry
+            else ""
+        )
+        lines.append(
+            f"  expiry        {table.response.expires_at_field} + {expiry.grace_seconds:g} s grace{after}"
+        )
     lines.append(
         f"  schedule      {schedule.base_delay_seconds:g} s doubling to {schedule.max_delay_seconds:g} s, jittered"
     )
     limit = table.rate_limit
     signals = [f"{limit.remaining_header}: 0"] if limit.remaining_header else []
     signals += ["Retry-After"] if limit.forbidden_with_retry_after else []
-    if signals or limit.reset_header:
+    signals += (
+        [f"{limit.body_field} saying {' or '.join(map(repr, limit.body_contains))}"]
+        if limit.body_field
+        else []
+    )
+    if signals or limit.reset_header or limit.min_wait_seconds:
         reset = f"; waits for {limit.reset_header}" if limit.reset_header else ""
-        lines.append(f"  rate limit    429, or 403 with {' or '.join(signals) or 'nothing'}{reset}")
+        least = f"; at least {limit.min_wait_seconds:g} s" if limit.min_wait_seconds else ""
+        lines.append(f"  rate limit    429, or 403 with {' or '.join(signals) or 'nothing'}{reset}{least}")
+    if table.response.retry_after_ms_header:
+        lines.append(f"  minimum wait  Retry-After or {table.response.retry_after_ms_header}, the longer")
     if table.fleet is not None:
         lines.append(
             f"  fleet         {table.fleet.max_requests_per_second:g} requests/s shared, burst {table.fleet.burst}"
@@ -267,6 +322,18 @@ def describe_table(table: ProviderTable) -> list[str]:
         f"{limits.max_transport_failures} transport failures, {limits.max_rate_limited} rate limits"
     )
     return lines
+
+
+def _typed(table: ProviderTable, name: str) -> str:
+    spec: FieldSpec | None = table.fields.get(name)
+    if spec is None:
+        return name
+    shown = spec.type
+    if spec.pattern is not None:
+        shown += f" {spec.pattern}"
+    if spec.type == "url":
+        shown = "/".join(spec.schemes) + " url"
+    return f"{name} ({shown})"
 
 
 def describe_preview(name: str, preview: SamplePreview, at: float) -> list[str]:
@@ -280,6 +347,11 @@ def describe_preview(name: str, preview: SamplePreview, at: float) -> list[str]:
         f"  state         {state}",
         f"  controller    {preview.what_the_controller_does()}",
     ]
+    if preview.fields:
+        label = "result" if preview.outcome == "succeeded" else "kept"
+        lines.append(f"  {label:<13} {', '.join(preview.fields)} (fetch_result)")
+    if preview.counts:
+        lines.append(f"  counts        {', '.join(f'{k} {v}' for k, v in preview.counts.items())}")
     lines += [f"  ignored       {note}" for note in preview.ignored]
     lines.append(f"  evaluated at  {iso(at)}")
     return lines

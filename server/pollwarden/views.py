@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 from pydantic import BaseModel, Field
 
 from pollwarden.records import OperationRecord
+from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso, to_datetime
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
+from pollwarden_providers.interpret import where_person_acts
 from pollwarden_providers.table import ProviderTable
 
 # DESIGN §4: what the agent may call next, by stop reason. `cancel_operation`
@@ -21,6 +22,8 @@ ALLOWED_BY_STOP_REASON: dict[str, tuple[str, ...]] = {
     "rate_limited": ("request_extension", "cancel_operation"),
     "unknown_state": ("request_extension",),
     "delivery_ambiguous": ("request_extension",),
+    # A person acts at the provider first; then more waiting resumes the same job and budget.
+    "awaiting_review": ("request_extension", "cancel_operation"),
     "authorization_denied": (),
     "integration_failure": (),
     "provider_failure": (),
@@ -35,6 +38,7 @@ PERSON_MAY_APPROVE: dict[str, str] = {
     "rate_limited": "more time, after the provider's rate limit has passed",
     "unknown_state": "a bounded pause while someone checks the provider's change",
     "delivery_ambiguous": "more transport failures and time",
+    "awaiting_review": "after acting at the provider: more waiting for the same job, or a cancel",
     "authorization_denied": "nothing here: fix the credentials, then start a new operation",
     "integration_failure": "nothing here: fix the provider table or the integration; no identical retry",
     "provider_failure": "a resubmission, only as a new operation with a persisted idempotency key",
@@ -55,11 +59,27 @@ def allowed_actions(record: OperationRecord, table: ProviderTable | None) -> lis
     if record.provider_job_id is None:
         return []  # a submission whose fate is unknown is never retried
     has_cancel = table is not None and table.cancel is not None
-    return [
+    actions = [
         action
         for action in ALLOWED_BY_STOP_REASON.get(record.stop_reason, ())
         if action != "cancel_operation" or has_cancel
     ]
+    if record.stop_reason in END_STATES_WITH_RESULTS and decode_result(record.result_json).fields:
+        actions.append("fetch_result")  # the result fields the provider documents for this end state
+    return actions
+
+
+# Stops after which fetch_result hands over the fields the table documents for that end state.
+END_STATES_WITH_RESULTS = frozenset({"provider_failure", "cancelled", "expired"})
+
+
+def person_must_act_at(record: OperationRecord, table: ProviderTable | None) -> str | None:
+    """Where a person acts at the provider, for an operation stopped with ``awaiting_review``."""
+    if record.stop_reason != "awaiting_review":
+        return None
+    if table is None:
+        return "the provider's console"
+    return where_person_acts(table, record.state, record.provider_job_id)
 
 
 class EscalationOption(BaseModel):
@@ -111,6 +131,21 @@ class OperationView(BaseModel):
     last_http_at: str | None
     provider_request_id: str | None
     result: dict[str, object] | None = Field(description="Validated result fields, only when succeeded.")
+    partial_result: dict[str, object] | None = Field(
+        default=None,
+        description="After a failure, cancel or expiry: the validated fields the provider documents for that "
+        "end state (the finished part of a batch, an error file). Not a success; call fetch_result.",
+    )
+    request_counts: dict[str, int] | None = Field(
+        default=None,
+        description="How many of the job's requests succeeded, errored, were cancelled or expired, as the "
+        "provider last reported (succeeded/errored/cancelled/expired/processing/total), where it reports them.",
+    )
+    person_must_act_at: str | None = Field(
+        default=None,
+        description="When stopped with awaiting_review: where a person must act at the provider. "
+        "Do not poll again; after they act, request_extension resumes waiting on the same job.",
+    )
     error: str | None = Field(
         description="The provider's error text, truncated and untrusted, only when failed."
     )
@@ -122,6 +157,7 @@ class OperationView(BaseModel):
             "state",
             "error",
             "result",
+            "partial_result",
             "stop_detail",
             "provider_job_id",
             "provider_request_id",
@@ -157,6 +193,12 @@ def escalation_options(
         if record.stop_reason == "unknown_state":
             label = f"pause {minutes:g} minutes while someone checks the provider's change, then 1 more check"
             args: dict[str, object] = {"extra_seconds": extra_seconds, "extra_status_requests": 1}
+        elif record.stop_reason == "awaiting_review":
+            label = (
+                f"after a person acts at the provider, wait again: {minutes:g} more minutes "
+                f"with {extra_requests} more checks"
+            )
+            args = {"extra_seconds": extra_seconds, "extra_status_requests": extra_requests}
         else:
             label = f"extend waiting once: {minutes:g} more minutes with {extra_requests} more checks"
             args = {"extra_seconds": extra_seconds, "extra_status_requests": extra_requests}
@@ -179,7 +221,9 @@ def escalation_options(
         options.append(
             EscalationOption(
                 action="fetch_result",
-                label="fetch the validated result",
+                label="fetch the validated result"
+                if record.status == "succeeded"
+                else "fetch the result fields the provider kept for this end state (not a success)",
                 arguments={"operation_id": record.operation_id},
             )
         )
@@ -227,7 +271,9 @@ def _short_option(option: EscalationOption) -> str:
     return "inspect provider console"
 
 
-def _next_step_message(record: OperationRecord, outcome: Outcome | None, wait: float | None) -> str:
+def _next_step_message(
+    record: OperationRecord, outcome: Outcome | None, wait: float | None, where: str | None = None
+) -> str:
     if record.status == "waiting":
         prefix = {
             "polled": "One status request was sent; the job is not finished. ",
@@ -248,12 +294,20 @@ def _next_step_message(record: OperationRecord, outcome: Outcome | None, wait: f
         )
     if record.status == "succeeded":
         return "The job succeeded with every required field; call fetch_result for the validated result."
+    if record.status == "escalated" and where is not None:
+        return (
+            f"Waiting stopped: awaiting_review. A person must act at the provider: {where}. "
+            "Do not poll again; after they act, request_extension resumes waiting on the same job."
+        )
     if record.status == "escalated":
         return (
             f"Waiting stopped: {record.stop_reason}. Do not poll again; a person decides. "
             "See escalation.options for what may be done."
         )
-    return f"The job ended ({record.status}: {record.stop_reason}). Nothing more will be sent for it."
+    ended = f"The job ended ({record.status}: {record.stop_reason}). Nothing more will be sent for it."
+    if record.stop_reason in END_STATES_WITH_RESULTS and decode_result(record.result_json).fields:
+        ended += " The provider kept some result fields for this end state: fetch_result returns them."
+    return ended
 
 
 def operation_view(
@@ -275,9 +329,10 @@ def operation_view(
         escalation = Escalation(
             reason=record.stop_reason, message=escalation_message(record, options, now), options=options
         )
-    result: dict[str, object] | None = None
-    if record.status == "succeeded" and record.result_json:
-        result = json.loads(record.result_json)
+    stored = decode_result(record.result_json)
+    result = stored.fields if record.status == "succeeded" and stored.fields else None
+    partial = stored.fields if record.stop_reason in END_STATES_WITH_RESULTS and stored.fields else None
+    where = person_must_act_at(record, table)
     return OperationView(
         operation_id=record.operation_id,
         outcome=outcome,
@@ -303,8 +358,11 @@ def operation_view(
         last_http_at=iso(record.last_http_at),
         provider_request_id=record.provider_request_id,
         result=result,
+        partial_result=partial,
+        request_counts=stored.counts or None,
+        person_must_act_at=where,
         error=record.error if record.status == "failed" else None,
         allowed_actions=allowed_actions(record, table),
         escalation=escalation,
-        message=_next_step_message(record, outcome, wait),
+        message=_next_step_message(record, outcome, wait, where),
     )

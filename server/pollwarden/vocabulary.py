@@ -60,6 +60,7 @@ class StopReason(StrEnum):
     DELIVERY_AMBIGUOUS = "delivery_ambiguous"
     RATE_LIMITED = "rate_limited"
     UNKNOWN_STATE = "unknown_state"
+    AWAITING_REVIEW = "awaiting_review"
     AUTHORIZATION_DENIED = "authorization_denied"
     INTEGRATION_FAILURE = "integration_failure"
 

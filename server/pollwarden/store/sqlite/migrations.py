@@ -161,11 +161,11 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
         stop_reason TEXT CHECK (stop_reason IN
             ('succeeded','provider_failure','cancelled','expired','deadline_exceeded',
              'request_budget_exhausted','delivery_ambiguous','rate_limited','unknown_state',
-             'authorization_denied','integration_failure')),
+             'awaiting_review','authorization_denied','integration_failure')),
         stop_detail TEXT,
         state TEXT,
         category TEXT CHECK (category IN
-            ('pending','succeeded','failed','cancelled','expired','unknown')),
+            ('pending','succeeded','failed','cancelled','expired','awaiting_review','unknown')),
         started_at REAL NOT NULL,
         deadline_at REAL NOT NULL,
         business_deadline_at REAL,
