@@ -199,7 +199,8 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
         updated_at REAL NOT NULL,
         version INTEGER NOT NULL DEFAULT 1,
         fleet_slot_at REAL,
-        CHECK (status_requests_used <= max_status_requests)
+        CHECK (status_requests_used <= max_status_requests),
+        CHECK ((refused_count = 0) = (refused_outcome IS NULL))
     );
     INSERT INTO operations_v4 (
         operation_id, provider, provider_job_id, account_context, request_fingerprint, idempotency_key,

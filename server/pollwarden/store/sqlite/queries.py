@@ -103,14 +103,14 @@ STOP_BEFORE_REQUEST = (
     f"AND (lease_owner IS NULL OR lease_expires_at <= :at) RETURNING {OPERATION_ROW}"
 )
 
-# One refused call (not_yet or stopped). The version guard: the operation is still as the gate saw it
-# (every change but this counter bumps the version).
+# One refused call (not_yet or stopped). The version guard: the operation is still as the gate read it
+# (every change but this counter bumps the version), so only the counters need returning.
 COUNT_REFUSAL = (
     "UPDATE operations SET refused_count = refused_count + 1, refused_outcome = :outcome, "
     "refused_first_at = COALESCE(refused_first_at, :at), refused_last_at = :at "
     "WHERE operation_id = :operation_id AND version = :version "
     "AND (refused_outcome IS NULL OR refused_outcome = :outcome) "
-    f"RETURNING {OPERATION_ROW}"
+    f"RETURNING {', '.join(_REFUSAL_COLUMNS)}"
 )
 SELECT_PENDING_REFUSALS = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = ? AND refused_count > 0"

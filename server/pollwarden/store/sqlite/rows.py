@@ -153,18 +153,21 @@ def count_refusal(
         if not durable:
             return None
         _write_summary(conn, current, key)
-    after = returned(
-        conn.execute(
-            queries.COUNT_REFUSAL,
-            {
-                "outcome": outcome,
-                "at": at,
-                "operation_id": current.record.operation_id,
-                "version": current.record.version,
-            },
-        )
-    )
-    if after is None or after.refusals.count < REFUSALS_PER_SUMMARY:
+    counted = conn.execute(
+        queries.COUNT_REFUSAL,
+        {
+            "outcome": outcome,
+            "at": at,
+            "operation_id": current.record.operation_id,
+            "version": current.record.version,
+        },
+    ).fetchone()
+    if counted is None:
+        return None
+    # The version guard held, so the record is as read: only the counters moved.
+    count, _, first_at, last_at = counted
+    after = StoredOperation(current.record, PendingRefusals(int(count), outcome, first_at, last_at))
+    if after.refusals.count < REFUSALS_PER_SUMMARY:
         return after
     if not durable:
         return None
