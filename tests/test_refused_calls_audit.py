@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from benchmarks.live import audit_verify, pollwarden_cli
@@ -22,15 +23,20 @@ from pollwarden.fake_provider import FakeProvider, pending
 pytestmark = pytest.mark.anyio
 
 
+async def _stopped_after_one_poll(client: Any, job_id: str) -> None:
+    """Track `job_id` with a budget of one request and spend it: the operation escalates at 10:20:05."""
+    await track(client, job_id, max_status_requests=1)
+    escalated = await check(client, job_id, wait=50)
+    assert (escalated["status"], escalated["stop_reason"]) == ("escalated", "request_budget_exhausted")
+
+
 async def test_a_looping_agent_on_a_stopped_operation_shows_up_in_the_story_read_through_the_resource(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("done", [pending("running")])
     h = make_harness(tmp_path, fake)  # clock at 10:20:00; first check allowed at 10:20:05
     async with h.client() as client:
-        await track(client, "done", max_status_requests=1)
-        escalated = await check(client, "done", wait=50)
-        assert (escalated["status"], escalated["stop_reason"]) == ("escalated", "request_budget_exhausted")
+        await _stopped_after_one_poll(client, "done")
         h.clock.advance(55)  # 10:21:00
         for _ in range(3):
             assert (await check(client, "done"))["outcome"] == "stopped"
@@ -81,8 +87,7 @@ async def test_a_long_loop_on_a_stopped_operation_is_bounded_and_export_includes
     fake.script("loop", [pending("running")])
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
-        await track(client, "loop", max_status_requests=1)
-        await check(client, "loop", wait=50)
+        await _stopped_after_one_poll(client, "loop")
         for _ in range(250):
             assert (await check(client, "loop"))["outcome"] == "stopped"
         out = tmp_path / "audit.jsonl"
@@ -104,8 +109,7 @@ async def test_refusals_nobody_read_are_written_when_the_server_stops(
     fake.script("quiet", [pending("running")])
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
-        await track(client, "quiet", max_status_requests=1)
-        await check(client, "quiet", wait=50)
+        await _stopped_after_one_poll(client, "quiet")
         for _ in range(4):
             await check(client, "quiet")
     # The server has stopped: the rows are in the file, for anyone who reads it later.
@@ -120,8 +124,7 @@ async def test_refusals_are_written_before_the_extension_that_follows_them(
     h = make_harness(tmp_path, fake)
     h.approval_mode = "tool-confirmation"  # the client's own confirmation stands for the person here
     async with h.client() as client:
-        await track(client, "ext", max_status_requests=1)
-        await check(client, "ext", wait=50)
+        await _stopped_after_one_poll(client, "ext")
         for _ in range(2):
             await check(client, "ext")
         extended = await client.call_tool(

@@ -42,6 +42,15 @@ __all__ = [
 ]
 
 
+def _read_words(row: Sequence[Any], words: Sequence[tuple[int, Callable[[Any], object]]]) -> list[Any]:
+    """A row's values, with the text columns that hold a word of the vocabulary read back as that word."""
+    values = list(row)
+    for index, word in words:
+        if values[index] is not None:
+            values[index] = word(values[index])
+    return values
+
+
 @dataclass(frozen=True)
 class OperationRecord:
     """One operation as stored. Times are epoch seconds (UTC)."""
@@ -90,11 +99,7 @@ class OperationRecord:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> OperationRecord:
         """Build from a row whose columns are `OPERATION_COLUMNS`, in that order."""
-        values = list(row)
-        for index, word in _OPERATION_WORDS:
-            if values[index] is not None:
-                values[index] = word(values[index])
-        return cls(*values)
+        return cls(*_read_words(row, _OPERATION_WORDS))
 
     @property
     def is_waiting(self) -> bool:
@@ -150,10 +155,7 @@ class ApprovalRecord:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ApprovalRecord:
         """Build from a row whose columns are `APPROVAL_COLUMNS`, in that order."""
-        values = list(row)
-        values[2] = ApprovalKind(values[2])
-        values[3] = ApprovalStatus(values[3])
-        return cls(*values)
+        return cls(*_read_words(row, ((2, ApprovalKind), (3, ApprovalStatus))))
 
     @property
     def request(self) -> dict[str, Any]:
@@ -183,10 +185,7 @@ class FollowupRecord:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> FollowupRecord:
         """Build from a row whose columns are `FOLLOWUP_COLUMNS`, in that order."""
-        values = list(row)
-        values[2] = FollowupKind(values[2])
-        values[3] = FollowupStatus(values[3])
-        return cls(*values)
+        return cls(*_read_words(row, ((2, FollowupKind), (3, FollowupStatus))))
 
 
 FOLLOWUP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(FollowupRecord))

@@ -27,6 +27,14 @@ class _Stale(Exception):
     """The operation changed between the gate's read and the guarded write."""
 
 
+def _written(session: Session, sql: str, params: Mapping[str, object]) -> OperationRecord:
+    """The row a write guarded by the version the gate read returned; `_Stale` when the guard failed."""
+    written = rows.returned(session.conn.execute(sql, params))
+    if written is None:
+        raise _Stale
+    return written.record
+
+
 def begin_check(
     session: Session,
     operation_id: str,
@@ -118,25 +126,22 @@ def _carry_out(
             booked = _pace(session, record, fleet, now)
             if booked is not None:
                 return CheckStart(booked, GateDecision(Step.PACED, allowed_at=booked.next_check_at))
-    reserved = rows.returned(
-        conn.execute(
-            queries.RESERVE,
-            {
-                "owner": owner,
-                "lease_expires_at": now + lease_seconds,
-                "now": now,
-                "operation_id": record.operation_id,
-                "version": record.version,
-            },
-        )
+    reserved = _written(
+        session,
+        queries.RESERVE,
+        {
+            "owner": owner,
+            "lease_expires_at": now + lease_seconds,
+            "now": now,
+            "operation_id": record.operation_id,
+            "version": record.version,
+        },
     )
-    if reserved is None:
-        raise _Stale
     if record.lease_owner is not None:
         # A check that never finished held the lease until it expired: tell it in the story.
         rows.flush_refusals(conn, record.operation_id, key)
         rows.append(conn, lease_recovered(record, now), key)
-    return CheckStart(reserved.record, decision)
+    return CheckStart(reserved, decision)
 
 
 def _pace(session: Session, record: OperationRecord, fleet: FleetSpec, now: float) -> OperationRecord | None:
@@ -149,20 +154,13 @@ def _pace(session: Session, record: OperationRecord, fleet: FleetSpec, now: floa
     conn.execute(queries.UPSERT_FLEET_TAT, (record.provider, step.next_tat))
     if step.admitted:
         return None
-    booked = rows.returned(
-        conn.execute(
-            queries.BOOK_FLEET_SLOT,
-            {
-                "slot_at": step.slot_at,
-                "now": now,
-                "operation_id": record.operation_id,
-                "version": record.version,
-            },
-        )
-    )
-    if booked is None:
-        raise _Stale
-    return booked.record
+    slot = {
+        "slot_at": step.slot_at,
+        "now": now,
+        "operation_id": record.operation_id,
+        "version": record.version,
+    }
+    return _written(session, queries.BOOK_FLEET_SLOT, slot)
 
 
 def _stop_before_request(
@@ -175,23 +173,20 @@ def _stop_before_request(
     rows.flush_refusals(conn, before.operation_id, key)
     if before.lease_owner is not None:  # the gate stops only once a lease has expired
         rows.append(conn, lease_recovered(before, now), key)
-    stopped = rows.returned(
-        conn.execute(
-            queries.STOP_BEFORE_REQUEST,
-            {
-                "status": status_for(decision.stop_reason),
-                "stop_reason": decision.stop_reason,
-                "stop_detail": decision.stop_detail,
-                "at": now,
-                "operation_id": before.operation_id,
-                "version": before.version,
-            },
-        )
+    stopped = _written(
+        session,
+        queries.STOP_BEFORE_REQUEST,
+        {
+            "status": status_for(decision.stop_reason),
+            "stop_reason": decision.stop_reason,
+            "stop_detail": decision.stop_detail,
+            "at": now,
+            "operation_id": before.operation_id,
+            "version": before.version,
+        },
     )
-    if stopped is None:
-        raise _Stale
-    rows.append(conn, event(stopped.record, "stopped", now, outcome=Outcome.STOPPED), key)
-    return stopped.record
+    rows.append(conn, event(stopped, "stopped", now, outcome=Outcome.STOPPED), key)
+    return stopped
 
 
 def apply_answer(
@@ -212,11 +207,8 @@ def apply_answer(
     with session.transaction() as conn:
         rows.flush_refusals(conn, operation_id, key)  # the refusals came before this answer
         released = {**changes, "lease_owner": None, "lease_expires_at": None}
-        updated = rows.returned(
-            conn.execute(
-                queries.update_operation(tuple(released), queries.Guard.LEASE_HELD),
-                {**_columns(released), "at": at, "operation_id": operation_id, "guard_owner": owner},
-            )
+        updated = rows.update_operation(
+            conn, operation_id, released, queries.Guard.LEASE_HELD, at=at, guard_owner=owner
         )
         if updated is None:
             current = rows.must_fetch(conn, operation_id).record
@@ -226,11 +218,5 @@ def apply_answer(
                 key,
             )
             return current, False
-        rows.append(
-            conn, event(updated.record, "polled", at, outcome=Outcome.POLLED, extra=payload_extra), key
-        )
-        return updated.record, True
-
-
-def _columns(changes: Mapping[str, object]) -> dict[str, object]:
-    return {f"c_{column}": value for column, value in changes.items()}
+        rows.append(conn, event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra), key)
+        return updated, True

@@ -66,6 +66,22 @@ def returned(cursor: sqlite3.Cursor) -> StoredOperation | None:
     return None if row is None else stored(row)
 
 
+def update_operation(
+    conn: sqlite3.Connection,
+    operation_id: str,
+    changes: Mapping[str, object],
+    guard: queries.Guard,
+    *,
+    at: float,
+    **guard_values: object,
+) -> OperationRecord | None:
+    """One decided change of an operation under `guard`; the row written, or None when the guard did not hold."""
+    params = {f"c_{column}": value for column, value in changes.items()}
+    params.update(guard_values, at=at, operation_id=operation_id)
+    updated = returned(conn.execute(queries.update_operation(tuple(changes), guard), params))
+    return None if updated is None else updated.record
+
+
 def append(conn: sqlite3.Connection, entry: AuditEvent, key: bytes | None) -> int:
     """Append one decision to the chain (head read and insert in this transaction); its seq."""
     row = link(_head(conn), entry, key=key)

@@ -19,29 +19,6 @@ from pollwarden.store.sqlite.connection import Session
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
 
 
-def _columns(changes: Mapping[str, object]) -> dict[str, object]:
-    return {f"c_{column}": value for column, value in changes.items()}
-
-
-def _update(
-    session: Session,
-    operation_id: str,
-    changes: Mapping[str, object],
-    guard: queries.Guard,
-    *,
-    at: float,
-    **guard_values: object,
-) -> OperationRecord | None:
-    """One guarded change of an operation; the row written, or None when the guard did not hold."""
-    updated = rows.returned(
-        session.conn.execute(
-            queries.update_operation(tuple(changes), guard),
-            {**_columns(changes), "at": at, "operation_id": operation_id, **guard_values},
-        )
-    )
-    return None if updated is None else updated.record
-
-
 def create_operation(
     session: Session, values: Mapping[str, object], *, kind: str, at: float, key: bytes | None
 ) -> tuple[OperationRecord, bool]:
@@ -108,11 +85,11 @@ def finish_submission(
     with session.transaction() as conn:
         rows.flush_refusals(conn, operation_id, key)
         if owner is not None:
-            record = _update(
-                session, operation_id, released, queries.Guard.SUBMISSION_LEASE_HELD, at=at, guard_owner=owner
+            record = rows.update_operation(
+                conn, operation_id, released, queries.Guard.SUBMISSION_LEASE_HELD, at=at, guard_owner=owner
             )
         else:
-            record = _update(session, operation_id, released, queries.Guard.SUBMITTING, at=at)
+            record = rows.update_operation(conn, operation_id, released, queries.Guard.SUBMITTING, at=at)
         if record is None:
             return None
         rows.append(conn, event(record, kind, at, note=note, extra=payload_extra), key)
@@ -133,8 +110,8 @@ def apply_extension(
     """Grant a new authorization, only if the operation is still as it was when the person was asked."""
     with session.transaction() as conn:
         rows.flush_refusals(conn, operation_id, key)
-        record = _update(
-            session,
+        record = rows.update_operation(
+            conn,
             operation_id,
             changes,
             queries.Guard.ESCALATED_AS_ASKED,
@@ -264,8 +241,8 @@ def record_followup(
     with session.transaction() as conn:
         rows.flush_refusals(conn, operation_id, key)
         if operation_changes:
-            record = _update(
-                session,
+            record = rows.update_operation(
+                conn,
                 operation_id,
                 operation_changes,
                 queries.Guard.UNCHANGED,
