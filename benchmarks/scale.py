@@ -4,16 +4,17 @@
     python benchmarks/scale.py --operations 10000    # quicker
 
 The fake provider runs as its own process on 127.0.0.1; pollwarden runs in
-this process behind the in-process MCP `Client`, on the real clock, with one
-SQLite file (WAL, synchronous=FULL; NORMAL for a refusal's counter). The
-target: a check at 100,000 operations costs at most 1.1 times what it costs at 10. The same measurement runs twice: with 10
-active (waiting) operations in the database, and again after filling it to
-`--operations` active operations with real `start_operation` calls (through
-the controller directly, one transaction and audit row each, as the tool
-does). Measured each time: the median and p95 of `check_status` that polls
-(one provider request) and of `check_status` answered `not_yet`, and
-`start_operation` throughput through the MCP client. The fill itself gives
-`start_operation` throughput through the controller.
+this process behind the in-process MCP `Client`, on the real clock, with
+SQLite files in WAL mode (synchronous=FULL; NORMAL for a refusal's counter).
+Two databases: one keeps 10 active (waiting) operations, the other is filled
+to `--operations` with real `start_operation` calls (through the controller
+directly, one transaction and audit row each, as the tool does). Then the
+calls are made on each database in turn, so machine load hits both alike:
+`check_status` that polls (one provider request), `check_status` answered
+`not_yet`, and `start_operation` through the MCP client (median, p95,
+throughput). The fill itself gives `start_operation` throughput through the
+controller. The target: a check at 100,000 operations costs at most 1.1 times
+what it costs at 10.
 
 Prints a table and writes benchmarks/results/scale.json.
 """
@@ -68,60 +69,77 @@ class Bench:
             raise RuntimeError(f"expected {expect} for {op}, got {outcome}")
         return elapsed
 
-    async def checks(self, samples: int, poll_op: str, idle_ops: Sequence[str]) -> dict[str, Any]:
-        """check_status polled and not_yet, interleaved."""
-        polled: list[float] = []
-        refused: list[float] = []
-        for i in range(samples):
-            polled.append(await self.check(poll_op, "polled"))
-            refused.append(await self.check(idle_ops[i % len(idle_ops)], "not_yet"))
-        return {"check_status_polled": median_p95_ms(polled), "check_status_not_yet": median_p95_ms(refused)}
-
-    async def starts(self, count: int) -> float:
-        """start_operation calls per second through the MCP client."""
+    async def timed_start(self) -> float:
         started = time.perf_counter()
-        for _ in range(count):
-            await self.start("slow", "scale-idle")
-        return round(count / (time.perf_counter() - started), 1)
+        await self.start("slow", "scale-idle")
+        return time.perf_counter() - started
 
 
-async def run(
-    operations: int, samples: int, start_calls: int, workdir: Path, base_url: str
-) -> dict[str, Any]:
-    """Measure at 10 operations, fill to `operations`, measure again."""
+async def _interleaved(
+    benches: Sequence[Bench], samples: int, poll_ops: Sequence[str], idle_ops: Sequence[Sequence[str]]
+) -> list[dict[str, Any]]:
+    """check_status polled and not_yet, and start_operation, on each database in turn, call by call.
+
+    Interleaving puts both databases under the same machine load, whatever else runs.
+    """
+    polled: list[list[float]] = [[] for _ in benches]
+    refused: list[list[float]] = [[] for _ in benches]
+    starts: list[list[float]] = [[] for _ in benches]
+    for i in range(samples):
+        for k, bench in enumerate(benches):
+            polled[k].append(await bench.check(poll_ops[k], "polled"))
+            refused[k].append(await bench.check(idle_ops[k][i % len(idle_ops[k])], "not_yet"))
+            starts[k].append(await bench.timed_start())
+    return [
+        {
+            "check_status_polled": median_p95_ms(polled[k]),
+            "check_status_not_yet": median_p95_ms(refused[k]),
+            "start_operation_mcp_per_second": round(len(starts[k]) / sum(starts[k]), 1),
+        }
+        for k in range(len(benches))
+    ]
+
+
+async def run(operations: int, samples: int, workdir: Path, base_url: str) -> dict[str, Any]:
+    """Fill one database to `operations`, keep another at 10, then measure both, interleaved."""
     await script_running(base_url, "scale-poll", "scale-idle")
-    db = workdir / "scale.db"
-    factory = timing_controller_factory(db, base_url)
-    async with in_process_client(factory) as client, factory() as controller:
-        bench = Bench(client)
-        idle = [await bench.start("slow", "scale-idle") for _ in range(SMALL - 1)]
-        poll_op = await bench.start("fast", "scale-poll")
-        await bench.checks(max(20, samples // 10), poll_op, idle)  # warm-up, discarded
-        small_count = await controller.store.count_operations()
-        small = await bench.checks(samples, poll_op, idle)
-        small["start_operation_mcp_per_second"] = await bench.starts(start_calls)
+    small_db, large_db = workdir / "small.db", workdir / "large.db"
+    small_factory = timing_controller_factory(small_db, base_url)
+    large_factory = timing_controller_factory(large_db, base_url)
+    async with (
+        in_process_client(small_factory) as small_client,
+        in_process_client(large_factory) as large_client,
+        large_factory() as filler,
+    ):
+        small, large = Bench(small_client), Bench(large_client)
+        idle_small = [await small.start("slow", "scale-idle") for _ in range(SMALL - 1)]
+        poll_small = await small.start("fast", "scale-poll")
+        poll_large = await large.start("fast", "scale-poll")
 
-        fill = operations - await controller.store.count_operations()
+        fill = operations - 1
         started = time.perf_counter()
         for n in range(fill):
-            await controller.start_operation(
+            await filler.start_operation(
                 provider="slow", operation_id=f"fill-{n:06d}", provider_job_id="scale-idle"
             )
         fill_seconds = time.perf_counter() - started
-        large_count = await controller.store.count_operations()
         # Idle operations spread across the whole id range, so reads are not all in one page.
         spread = [f"fill-{n:06d}" for n in range(0, fill, max(1, fill // 50))]
-        large = await bench.checks(samples, poll_op, spread)
-        large["start_operation_mcp_per_second"] = await bench.starts(start_calls)
+        counts = [await filler.store.count_operations()]
+
+        await _interleaved(
+            [small, large], max(20, samples // 10), [poll_small, poll_large], [idle_small, spread]
+        )
+        measured = await _interleaved([small, large], samples, [poll_small, poll_large], [idle_small, spread])
     return {
-        "small": {"operations": small_count, **small},
-        "large": {"operations": large_count, **large},
+        "small": {"operations": SMALL, **measured[0]},
+        "large": {"operations": counts[0], **measured[1]},
         "fill": {
             "start_operation_calls": fill,
             "seconds": round(fill_seconds, 2),
             "start_operation_controller_per_second": round(fill / fill_seconds, 1),
         },
-        "database_bytes": db.stat().st_size + sum(p.stat().st_size for p in workdir.glob("scale.db-*")),
+        "database_bytes": large_db.stat().st_size + sum(p.stat().st_size for p in workdir.glob("large.db-*")),
     }
 
 
@@ -165,11 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--samples must be 10 to 10000")
     where = machine()
     with fake_provider_workdir() as (workdir, base_url):
-        measured = anyio.run(run, args.operations, args.samples, args.samples, workdir, base_url)
+        measured = anyio.run(run, args.operations, args.samples, workdir, base_url)
     result = {
         "benchmark": "scale",
         "samples": args.samples,
         "start_operation_mcp_calls": args.samples,
+        "interleaved": True,
         "machine": where,
         **measured,
     }
