@@ -18,8 +18,10 @@ refused call runs at `synchronous=NORMAL`: nothing that decides a budget, a
 deadline or a lease reads that counter, and a NORMAL commit survives the
 process being killed (it is in the OS page cache); only a power loss can lose
 it, which costs at most a few uncounted refusals. SQLite refuses to change
-`synchronous` inside a transaction, so it is set just before BEGIN and set
-back to FULL right after the transaction ends, in the same hop.
+`synchronous` inside a transaction, so each transaction sets the level it
+needs just before its BEGIN, in the same hop, when the connection is not
+already there (a run of refusals stays at NORMAL; the next durable write
+sets FULL again before it begins).
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class Database:
         self.stats = EngineStats()
         # One connection per process, shared by concurrent tool calls: one hop at a time on it.
         self._limiter = anyio.CapacityLimiter(1)
+        # The connection's synchronous level (FULL at open; set per transaction, see the module docstring).
+        self.synchronous_full = True
         # The file this connection has open; a different file at the path (or none) is refused.
         self._opened = _identity(path)
 
@@ -154,27 +158,24 @@ class Session:
         conn = self.conn
         db.check_identity()
         self.durable = durable
-        if not durable:
-            conn.execute(queries.SYNCHRONOUS_NORMAL)
+        if durable != db.synchronous_full:
+            conn.execute(queries.SYNCHRONOUS_FULL if durable else queries.SYNCHRONOUS_NORMAL)
+            db.synchronous_full = durable
+        conn.execute(queries.BEGIN_IMMEDIATE)
         try:
-            conn.execute(queries.BEGIN_IMMEDIATE)
-            try:
-                self._leave_if_cancelled()
-                yield conn
-                conn.execute(queries.COMMIT)
-            except BaseException:
-                if conn.in_transaction:
-                    with suppress(sqlite3.Error):
-                        conn.execute(queries.ROLLBACK)
-                db.stats.rollbacks += 1
-                raise
-            if durable:
-                db.stats.durable_commits += 1
-            else:
-                db.stats.normal_commits += 1
-        finally:
-            if not durable:
-                conn.execute(queries.SYNCHRONOUS_FULL)
+            self._leave_if_cancelled()
+            yield conn
+            conn.execute(queries.COMMIT)
+        except BaseException:
+            if conn.in_transaction:
+                with suppress(sqlite3.Error):
+                    conn.execute(queries.ROLLBACK)
+            db.stats.rollbacks += 1
+            raise
+        if durable:
+            db.stats.durable_commits += 1
+        else:
+            db.stats.normal_commits += 1
 
     def _leave_if_cancelled(self) -> None:
         # BEGIN may have waited seconds for another process's lock; a caller that
