@@ -241,7 +241,7 @@ def decide_after_response(
         rejected_hints=(retry_after.rejected,) if retry_after.rejected else (),
     )
 
-    if code >= 500:
+    if 500 <= code <= 599:  # 600–999 are no HTTP status: integration_failure below
         base = replace(answered, transport_failure=True)
         if record.transport_failures_used + 1 >= record.max_transport_failures:
             return replace(
