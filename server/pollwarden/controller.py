@@ -31,7 +31,7 @@ from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFou
 from pollwarden.faults import fault_point
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
-from pollwarden.schedule import first_check_at
+from pollwarden.schedule import first_check_at, wait_bound
 from pollwarden.store import Store
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.views import OperationView, Outcome, operation_view
@@ -278,7 +278,12 @@ class Controller:
         """One bounded status check (DESIGN §1.10). Never sends more than one request."""
         if not math.isfinite(wait_seconds) or wait_seconds < 0:
             raise InvalidRequest(f"wait_seconds must be between 0 and {self.config.max_wait_seconds:g}")
-        wait_seconds = min(wait_seconds, self.config.max_wait_seconds)
+        # Past this, a request could not finish inside the client's timeout: answer not_yet instead.
+        wait_seconds = wait_bound(
+            wait_seconds,
+            max_wait=self.config.max_wait_seconds,
+            request_timeout=self.http.limits.total_timeout_seconds,
+        )
         wait_started = self.clock.now()
         wait_until = wait_started + wait_seconds
         # A bounded number of rounds: each either answers or sleeps toward wait_until.

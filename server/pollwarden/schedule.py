@@ -77,6 +77,27 @@ def first_check_at(start: float, base: float, maximum: float, rng: RandomSource)
     return start + local_backoff(0, base, maximum, rng)
 
 
+# The TypeScript SDK's default request timeout is 60 s, and progress notifications
+# do not extend it by default. A whole check_status call (its wait, one provider
+# request and the database work around it) ends within CALL_BUDGET_SECONDS.
+CLIENT_REQUEST_TIMEOUT_SECONDS = 60.0
+CALL_BUDGET_SECONDS = 55.0
+# What a call spends besides waiting and the provider request: reserving and
+# recording in the database (each normally milliseconds), progress messages.
+CALL_MARGIN_SECONDS = 5.0
+
+
+def wait_bound(requested: float, *, max_wait: float, request_timeout: float) -> float:
+    """How long one check_status call may wait for its allowed time before it must send or answer not_yet.
+
+    `wait + request_timeout + CALL_MARGIN_SECONDS <= CALL_BUDGET_SECONDS`: a request
+    is only started while it can still finish inside the call's budget. With the
+    default 20 s request cap that is 30 s of waiting, whatever the caller asked.
+    """
+    room = CALL_BUDGET_SECONDS - request_timeout - CALL_MARGIN_SECONDS
+    return max(0.0, min(requested, max_wait, room))
+
+
 @dataclass(frozen=True)
 class PacingStep:
     """One fleet-pacing step (GCRA): admitted now, or a booked slot later."""

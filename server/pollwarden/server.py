@@ -39,6 +39,12 @@ from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
+from pollwarden.schedule import (
+    CALL_BUDGET_SECONDS,
+    CALL_MARGIN_SECONDS,
+    CLIENT_REQUEST_TIMEOUT_SECONDS,
+    wait_bound,
+)
 from pollwarden.store import open_store
 from pollwarden.views import OperationView
 from pollwarden_providers.table import ProviderTable
@@ -63,6 +69,8 @@ class OperationList(BaseModel):
     operations: list[OperationView]
     count: int
 
+
+_DEFAULT_REQUEST_TIMEOUT = HttpLimits().total_timeout_seconds
 
 ControllerFactory = Callable[[], AbstractAsyncContextManager[Controller]]
 
@@ -274,7 +282,12 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         description="One bounded status check. Sends at most one status request, and only when the "
         "controller allows it. outcome: polled (one request sent), not_yet (too early, nothing sent: wait "
         "retry_after_seconds), stopped (finished or escalated: do not call again). wait_seconds (at most "
-        f"{MAX_WAIT_SECONDS:g}) lets the server wait for the allowed time instead of answering not_yet.",
+        f"{MAX_WAIT_SECONDS:g}) lets the server wait for the allowed time instead of answering not_yet, "
+        f"only as long as the whole call still ends within {CALL_BUDGET_SECONDS:g} s (under a client's "
+        f"{CLIENT_REQUEST_TIMEOUT_SECONDS:g} s default timeout): the wait, a provider request of up to "
+        f"{_DEFAULT_REQUEST_TIMEOUT:g} s and a {CALL_MARGIN_SECONDS:g} s margin: at most "
+        f"{wait_bound(MAX_WAIT_SECONDS, max_wait=MAX_WAIT_SECONDS, request_timeout=_DEFAULT_REQUEST_TIMEOUT):g} s "
+        "of waiting; a later allowed time is answered not_yet at once.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
         ),
