@@ -26,19 +26,25 @@ from mcp.server.mcpserver import (
     MCPServer,
     Resolve,
 )
-from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
-from mcp_types import ToolAnnotations
-from pydantic import BaseModel, Field
+from mcp.server.mcpserver.exceptions import (
+    ResourceError,
+    ResourceNotFoundError,
+    ToolError,
+    UnexpectedToolError,
+)
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
+from pydantic import BaseModel, Field, ValidationError
 
 from pollwarden import approvals, followups
 from pollwarden.audit import audit_key_from_env, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
-from pollwarden.controller import Controller
+from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
+from pollwarden.records import Status
 from pollwarden.schedule import (
     CALL_BUDGET_SECONDS,
     CALL_MARGIN_SECONDS,
@@ -46,6 +52,7 @@ from pollwarden.schedule import (
     wait_bound,
 )
 from pollwarden.store import open_store
+from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
 from pollwarden.views import OperationView
 from pollwarden_providers.table import ProviderTable
 
@@ -71,6 +78,15 @@ class OperationList(BaseModel):
 
 
 _DEFAULT_REQUEST_TIMEOUT = HttpLimits().total_timeout_seconds
+
+OperationIdArg = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_OPERATION_ID_LENGTH,
+        description="The operation's id, as start_operation returned it.",
+    ),
+]
 
 ControllerFactory = Callable[[], AbstractAsyncContextManager[Controller]]
 
@@ -205,6 +221,48 @@ async def _ask_cancel(
     return Elicit(plan.question, followups.ConfirmCancel)
 
 
+class PollwardenServer(MCPServer[ServerContext]):
+    """The SDK's server, with tool errors an agent can act on.
+
+    A refused call reads as plain sentences naming the argument and what it
+    accepts: no "Error executing tool" framing, no pydantic model names, no
+    internal module names. A defect is logged here with its traceback and told
+    to the agent as such.
+    """
+
+    _schemas: dict[str, dict[str, Any]] | None = None
+
+    async def _input_schemas(self) -> dict[str, dict[str, Any]]:
+        if self._schemas is None:  # the tools are fixed once the server is built
+            self._schemas = {tool.name: tool.input_schema for tool in await self.list_tools()}
+        return self._schemas
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[ServerContext, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        """Run a tool; turn the SDK's framing of refusals and crashes into plain language."""
+        schema = (await self._input_schemas()).get(name)
+        problem = unusable_text(arguments) or (unknown_arguments(name, arguments, schema) if schema else None)
+        if problem is not None:
+            raise ToolError(problem)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except UnexpectedToolError as exc:
+            log.error("tool %s failed unexpectedly", name, exc_info=exc)
+            raise ToolError(
+                f"{name} stopped on an internal error in pollwarden (logged on the server's stderr). "
+                "Nothing about it was sent to a provider after the error; call get_operation to see "
+                "what is recorded before trying again"
+            ) from None
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):
+                raise ToolError(describe_invalid_arguments(cause, schema)) from cause
+            if isinstance(cause, ToolError | ResourceError):
+                raise ToolError(str(cause)) from cause
+            raise
+
+
 def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCPServer[ServerContext]:
     """The MCP server with its tools and resources."""
 
@@ -220,9 +278,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
                 context = DatabaseUnavailable(str(exc))
             yield context
 
-    mcp: MCPServer[ServerContext] = MCPServer(
-        name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0"
-    )
+    mcp = PollwardenServer(name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0")
 
     @mcp.tool(
         description="Record a bounded wait on an external job (exactly one of provider_job_id or submit) "
@@ -236,8 +292,9 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         provider: Annotated[
             str,
             Field(
+                max_length=200,
                 description="Provider table name, e.g. 'openai-batch', 'anthropic-message-batches', "
-                "'replicate-predictions', 'github-actions-runs'; an unknown name's error lists the loaded ones."
+                "'replicate-predictions', 'github-actions-runs'; an unknown name's error lists the loaded ones.",
             ),
         ],
         ctx: Context[Any, Any],
@@ -258,7 +315,12 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
             float | None, Field(gt=0, description="Polling deadline from now.")
         ] = None,
         business_deadline_at: Annotated[
-            str | None, Field(description="RFC 3339 time after which the result is no longer useful.")
+            str | None,
+            Field(
+                max_length=64,
+                description="RFC 3339 time with an offset after which the result is no longer useful, "
+                "e.g. 2026-11-30T18:00:00Z; within 10 years from now.",
+            ),
         ] = None,
         max_status_requests: Annotated[int | None, Field(gt=0, description="Status request budget.")] = None,
         idempotency_key: Annotated[
@@ -293,7 +355,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         ),
     )
     async def check_status(
-        operation_id: str,
+        operation_id: OperationIdArg,
         ctx: Context[Any, Any],
         wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
     ) -> OperationView:
@@ -315,7 +377,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         ),
     )
     async def request_extension(
-        operation_id: str,
+        operation_id: OperationIdArg,
         extra_seconds: Annotated[float, Field(ge=0, description="More waiting time, in seconds.")],
         extra_status_requests: Annotated[int, Field(ge=0, description="More status requests.")],
         reason: Annotated[
@@ -353,7 +415,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         "Refused (with the reason and the allowed actions) before a validated success.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
-    async def fetch_result(operation_id: str, ctx: Context[Any, Any]) -> FollowUpResult:
+    async def fetch_result(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> FollowUpResult:
         return await _run(followups.fetch_result(_controller(ctx), operation_id))
 
     @mcp.tool(
@@ -365,7 +427,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         ),
     )
     async def cancel_operation(
-        operation_id: str,
+        operation_id: OperationIdArg,
         plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)],
         decision: Annotated[ElicitationResult[followups.ConfirmCancel], Resolve(_ask_cancel)],
         ctx: Context[Any, Any],
@@ -403,7 +465,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
-    async def get_operation(operation_id: str, ctx: Context[Any, Any]) -> OperationView:
+    async def get_operation(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> OperationView:
         return await _run(_controller(ctx).get_operation(operation_id))
 
     @mcp.tool(
@@ -412,8 +474,10 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
     )
     async def list_operations(
         ctx: Context[Any, Any],
-        status: str | None = None,
-        provider: str | None = None,
+        status: Annotated[Status | None, Field(description="Only operations with this status.")] = None,
+        provider: Annotated[
+            str | None, Field(max_length=200, description="Only operations of this provider table.")
+        ] = None,
         limit: Annotated[int, Field(ge=1, le=500)] = 50,
     ) -> OperationList:
         views = await _run(_controller(ctx).list_operations(status=status, provider=provider, limit=limit))
