@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import httpx2
 from mcp.server.mcpserver import (
     AcceptedElicitation,
@@ -32,7 +33,9 @@ from mcp.server.mcpserver.exceptions import (
     ToolError,
     UnexpectedToolError,
 )
+from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
+from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
 
 from pollwarden import approvals, followups
@@ -189,16 +192,111 @@ def _client_can_elicit(ctx: Context[Any, Any]) -> bool:
     return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
 
 
+# The first protocol revision without a back channel: a question travels inside tools/call rounds.
+_INPUT_REQUIRED_VERSION = "2026-07-28"
+MISMATCHED_ANSWER = (
+    "the answer to the question did not match the choices offered, so it was not taken as a decision "
+    "and nothing changed; call {tool} again to ask again"
+)
+Schema = TypeVar("Schema", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class _Answered:
+    """A person's answer, asked here on the 2025-11-25 back channel (the SDK hands it on as accepted data)."""
+
+    outcome: ElicitationResult[Any]
+
+
+def _outcome(decision: ElicitationResult[Any]) -> ElicitationResult[Any] | None:
+    """What the person answered, or None when nobody was asked (the client cannot show a prompt)."""
+    if isinstance(decision, AcceptedElicitation):
+        data: object = decision.data
+        if isinstance(data, _Answered):
+            return data.outcome
+        if data is None:
+            return None
+    return decision
+
+
+def _yes(outcome: ElicitationResult[Any] | None, yes: str) -> bool | None:
+    """True for the approving choice, False for the other one or a decline, None for no answer."""
+    if isinstance(outcome, AcceptedElicitation):
+        return getattr(outcome.data, "decision", None) == yes
+    if isinstance(outcome, DeclinedElicitation):
+        return False
+    return None
+
+
+async def _ask_on_back_channel(
+    ctx: Context[Any, Any],
+    question: str,
+    schema: type[Schema],
+    *,
+    tool: str,
+    late: Callable[[ElicitationResult[Schema] | None, str], Awaitable[None]],
+) -> _Answered:
+    """Ask on the 2025-11-25 back channel, and keep listening if the client gives up meanwhile.
+
+    The wait is shielded from the call's cancellation (and bounded by the
+    approval TTL), so an answer that arrives after the client timed out or
+    cancelled is still received and handed to `late` to be recorded, instead of
+    being lost with the call.
+    """
+    outcome: ElicitationResult[Schema] | None = None
+    missing = "no answer came in time"
+    failure: Exception | None = None
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_controller(ctx).config.approval_ttl_seconds):
+        try:
+            outcome = await ctx.elicit(question, schema)
+        except ValueError:
+            missing = "the answer did not match the choices offered"
+        except (MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            missing, failure = "the client went away before an answer came", exc
+    try:
+        await anyio.lowlevel.checkpoint()
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            await late(outcome, missing)
+        raise
+    if failure is not None:
+        raise failure
+    if outcome is None:
+        raise ToolError(MISMATCHED_ANSWER.format(tool=tool))
+    return _Answered(outcome)
+
+
+def _has_back_channel(ctx: Context[Any, Any]) -> bool:
+    version = ctx.protocol_version
+    return version is None or not is_version_at_least(version, _INPUT_REQUIRED_VERSION)
+
+
 async def _ask_person(
     plan: Annotated[ExtensionPlan, Resolve(_plan)], ctx: Context[Any, Any]
-) -> Elicit[ExtensionDecision] | None:
+) -> Elicit[ExtensionDecision] | _Answered | None:
     """Ask only when the plan is allowed, the operator wants a prompt, and the client can show one."""
     controller = _controller(ctx)
     if not plan.allowed or controller.config.approval_mode == "tool-confirmation":
         return None
     if not _client_can_elicit(ctx):
         return None
-    return Elicit(plan.question, ExtensionDecision)
+    if not _has_back_channel(ctx):
+        return Elicit(plan.question, ExtensionDecision)
+
+    async def late(outcome: ElicitationResult[ExtensionDecision] | None, missing: str) -> None:
+        approve = _yes(outcome, "approve")
+        await approvals.record_late_answer(
+            controller,
+            operation_id=plan.operation_id,
+            kind="extension",
+            request=plan.model_dump(mode="json"),
+            approve=approve,
+            answer=missing if outcome is None else "the question was dismissed (cancelled)",
+        )
+
+    return await _ask_on_back_channel(
+        ctx, plan.question, ExtensionDecision, tool="request_extension", late=late
+    )
 
 
 async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
@@ -207,7 +305,7 @@ async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.C
 
 async def _ask_cancel(
     plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)], ctx: Context[Any, Any]
-) -> Elicit[followups.ConfirmCancel] | None:
+) -> Elicit[followups.ConfirmCancel] | _Answered | None:
     """Ask only when a cancel is allowed, not yet approved, and a prompt is possible."""
     controller = _controller(ctx)
     if (
@@ -218,7 +316,22 @@ async def _ask_cancel(
         return None
     if not _client_can_elicit(ctx):
         return None
-    return Elicit(plan.question, followups.ConfirmCancel)
+    if not _has_back_channel(ctx):
+        return Elicit(plan.question, followups.ConfirmCancel)
+
+    async def late(outcome: ElicitationResult[followups.ConfirmCancel] | None, missing: str) -> None:
+        await approvals.record_late_answer(
+            controller,
+            operation_id=plan.operation_id,
+            kind="cancel",
+            request={"question": plan.question, "operation_id": plan.operation_id},
+            approve=_yes(outcome, "cancel_at_provider"),
+            answer=missing if outcome is None else "the question was dismissed (cancelled)",
+        )
+
+    return await _ask_on_back_channel(
+        ctx, plan.question, followups.ConfirmCancel, tool="cancel_operation", late=late
+    )
 
 
 class PollwardenServer(MCPServer[ServerContext]):
@@ -259,7 +372,10 @@ class PollwardenServer(MCPServer[ServerContext]):
             if isinstance(cause, ValidationError):
                 raise ToolError(describe_invalid_arguments(cause, schema)) from cause
             if isinstance(cause, ToolError | ResourceError):
-                raise ToolError(str(cause)) from cause
+                text = str(cause)
+                if text.startswith("Resolver "):  # the SDK's words for an answer that fits no choice
+                    text = MISMATCHED_ANSWER.format(tool=name)
+                raise ToolError(text) from cause
             raise
 
 
@@ -395,18 +511,15 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
                 return approvals.refused(controller, plan, record)
             if controller.config.approval_mode == "tool-confirmation":
                 return await approvals.apply_extension(controller, plan, by="client tool confirmation")
-            # The resolver returns None (no question) when the client cannot show a prompt.
-            answer: object = decision.data if isinstance(decision, AcceptedElicitation) else None
-            if isinstance(answer, ExtensionDecision):
-                if answer.decision == "approve":
-                    return await approvals.apply_extension(controller, plan, by="person (elicitation)")
-                return await approvals.record_answer(controller, plan, "denied")
-            if isinstance(decision, DeclinedElicitation):
-                return await approvals.record_answer(controller, plan, "denied")
-            if isinstance(decision, AcceptedElicitation):
-                # The resolver did not ask: this client cannot show a prompt.
+            outcome = _outcome(decision)
+            if outcome is None:  # nobody was asked: this client cannot show a prompt
                 return await approvals.request_operator_approval(controller, plan)
-            return await approvals.record_answer(controller, plan, "cancelled")
+            approve = _yes(outcome, "approve")
+            if approve:
+                return await approvals.apply_extension(controller, plan, by="person (elicitation)")
+            return await approvals.record_answer(
+                controller, plan, "cancelled" if approve is None else "denied"
+            )
 
         return await _run(work())
 
@@ -446,18 +559,17 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
                 return await followups.send_cancel(
                     controller, plan, approval_id=None, by="client tool confirmation"
                 )
-            answer: object = decision.data if isinstance(decision, AcceptedElicitation) else None
-            if isinstance(answer, followups.ConfirmCancel):
-                if answer.decision == "cancel_at_provider":
-                    return await followups.send_cancel(
-                        controller, plan, approval_id=None, by="person (elicitation)"
-                    )
-                return await followups.record_cancel_answer(controller, plan, "denied")
-            if isinstance(decision, DeclinedElicitation):
-                return await followups.record_cancel_answer(controller, plan, "denied")
-            if isinstance(decision, AcceptedElicitation):
+            outcome = _outcome(decision)
+            if outcome is None:  # nobody was asked: this client cannot show a prompt
                 return await followups.request_cancel_approval(controller, plan)
-            return await followups.record_cancel_answer(controller, plan, "cancelled")
+            approve = _yes(outcome, "cancel_at_provider")
+            if approve:
+                return await followups.send_cancel(
+                    controller, plan, approval_id=None, by="person (elicitation)"
+                )
+            return await followups.record_cancel_answer(
+                controller, plan, "cancelled" if approve is None else "denied"
+            )
 
         return await _run(work())
 
