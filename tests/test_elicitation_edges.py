@@ -131,6 +131,14 @@ async def test_an_answer_that_arrives_after_the_client_timed_out_is_recorded_and
         if tool == "request_extension":
             applied = view(await client.call_tool("check_status", {"operation_id": "op-late"}))
             assert (applied["outcome"], applied["max_status_requests"]) == ("polled", 3)
+            # As the README says: the check that applies the extension goes straight on to the check it
+            # allows; the extension's own row carries manual_extension, the view the schedule after the poll.
+            rows = [
+                row for row in read_rows(h.db_path, "op-late") if row.kind in ("extension_approved", "polled")
+            ]
+            assert [row.kind for row in rows[-2:]] == ["extension_approved", "polled"]
+            assert rows[-2].payload_obj["delay_source"] == "manual_extension"
+            assert applied["delay_source"] == "local_backoff"
         else:
             sent = view(await client.call_tool("cancel_operation", {"operation_id": "op-late"}))
             assert sent["decision"] == "done"
