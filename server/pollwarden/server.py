@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -33,10 +34,21 @@ from mcp.server.mcpserver.exceptions import (
     ToolError,
     UnexpectedToolError,
 )
+from mcp.server.streamable_http import EventStore
+from mcp.server.streamable_http_manager import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
+from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
+from mcp_types import (
+    CallToolResult,
+    InputRequiredResult,
+    SubscribeRequestParams,
+    ToolAnnotations,
+    UnsubscribeRequestParams,
+)
 from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
+from starlette.applications import Starlette
 
 from pollwarden import approvals, followups
 from pollwarden.audit import audit_key_from_env, read_rows, render_story
@@ -46,6 +58,7 @@ from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
+from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
 from pollwarden.schedule import (
@@ -57,6 +70,7 @@ from pollwarden.schedule import (
 from pollwarden.store import open_store
 from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
 from pollwarden.views import OperationView
+from pollwarden.watch import WATCH_INTERVAL_SECONDS, Reader, Subscriptions, run_watcher
 from pollwarden_providers.table import ProviderTable
 
 log = logging.getLogger("pollwarden")
@@ -345,6 +359,38 @@ class PollwardenServer(MCPServer[ServerContext]):
 
     _schemas: dict[str, dict[str, Any]] | None = None
 
+    def add_request_handler(self, method: str, params_type: type[Any], handler: Any) -> None:
+        """Serve one more protocol method (the resource subscriptions of the 2025-11-25 era)."""
+        self._lowlevel_server.add_request_handler(method, params_type, handler)
+
+    def streamable_http_app(
+        self,
+        *,
+        streamable_http_path: str = "/mcp",
+        json_response: bool = False,
+        stateless_http: bool = False,
+        event_store: EventStore | None = None,
+        retry_interval: int | None = None,
+        max_request_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
+        session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+        max_sessions: int | None = DEFAULT_MAX_SESSIONS,
+        transport_security: TransportSecuritySettings | None = None,
+        host: str = "127.0.0.1",
+    ) -> Starlette:
+        """The streamable HTTP app, resumable: SSE events carry ids kept in a bounded event store."""
+        return super().streamable_http_app(
+            streamable_http_path=streamable_http_path,
+            json_response=json_response,
+            stateless_http=stateless_http,
+            event_store=event_store if event_store is not None else BoundedEventStore(),
+            retry_interval=retry_interval,
+            max_request_body_size=max_request_body_size,
+            session_idle_timeout=session_idle_timeout,
+            max_sessions=max_sessions,
+            transport_security=transport_security,
+            host=host,
+        )
+
     async def _input_schemas(self) -> dict[str, dict[str, Any]]:
         if self._schemas is None:  # the tools are fixed once the server is built
             self._schemas = {tool.name: tool.input_schema for tool in await self.list_tools()}
@@ -379,8 +425,20 @@ class PollwardenServer(MCPServer[ServerContext]):
             raise
 
 
-def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCPServer[ServerContext]:
-    """The MCP server with its tools and resources."""
+def _reader_of(context: object) -> Reader | None:
+    """The store a lifespan context reads from, if the database opened."""
+    return context.store if isinstance(context, Controller) else None
+
+
+def build_server(
+    factory: ControllerFactory, *, name: str = "pollwarden", watch_interval: float = WATCH_INTERVAL_SECONDS
+) -> MCPServer[ServerContext]:
+    """The MCP server with its tools, resources and resource subscriptions."""
+    bus = InMemorySubscriptionBus()
+    subscriptions = Subscriptions()
+
+    async def publish(uri: str) -> None:
+        await bus.publish(ResourceUpdated(uri=uri))
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[ServerContext]) -> AsyncGenerator[ServerContext]:
@@ -392,9 +450,22 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
                 # Stay up and say why on every call: a server that dies at start-up tells the agent nothing.
                 log.error("database unusable: %s; every tool call answers with this until a restart", exc)
                 context = DatabaseUnavailable(str(exc))
-            yield context
+            async with anyio.create_task_group() as watchers:
+                if isinstance(context, Controller):
+                    watchers.start_soon(
+                        partial(run_watcher, subscriptions, context.store, publish, interval=watch_interval)
+                    )
+                yield context
+                watchers.cancel_scope.cancel()
 
-    mcp = PollwardenServer(name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0")
+    mcp = PollwardenServer(
+        name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0", subscriptions=bus
+    )
+    mcp.middleware.append(surface_middleware)
+    mcp.middleware.append(listen_middleware(subscriptions, _reader_of))
+    subscribe, unsubscribe = subscribe_handlers(subscriptions, _reader_of)
+    mcp.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
+    mcp.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
 
     @mcp.tool(
         description="Record a bounded wait on an external job (exactly one of provider_job_id or submit) "
