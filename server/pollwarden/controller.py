@@ -357,7 +357,12 @@ class Controller:
                 return self.view(record, "not_yet", retry_at=allowed_at)
             owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
             reservation = await self.store.reserve(
-                operation_id, owner=owner, now=now, lease_seconds=self.lease_seconds, fleet=table.fleet
+                operation_id,
+                owner=owner,
+                now=now,
+                lease_seconds=self.lease_seconds,
+                fleet=table.fleet,
+                clock=self.clock.now,  # the gate's time is when the write lock is held, not before
             )
             if reservation.paced:
                 # The provider's shared pace is used up: this operation now holds the next free slot.

@@ -504,6 +504,7 @@ class Store:
         now: float,
         lease_seconds: float,
         fleet: FleetSpec | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> Reservation:
         """Count one status request and take the lease, atomically.
 
@@ -511,9 +512,14 @@ class Store:
         too early, budget left, lease free) so a racing process cannot slip in.
         With `fleet`, the provider's shared pace is taken in the same
         transaction: a request over the pace is booked the next free slot
-        instead (nothing counted). The record returned is reloaded.
+        instead (nothing counted). The record returned is reloaded. With
+        `clock`, the time of every check is read once the write lock is held,
+        not `now` from before waiting for it: the pace is taken when the
+        request really leaves.
         """
         async with self.write() as conn:
+            if clock is not None:
+                now = clock()
             current = await self._must_fetch(operation_id)
             # A booked slot is used without pacing again, unless it was left unused past its grace.
             held = (
