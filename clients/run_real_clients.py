@@ -21,15 +21,19 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repository's benchmarks/ holds the fake-provider set-up
+
+from benchmarks.live import fake_provider_workdir, script_running, write_provider_table  # noqa: E402
+
 BIN = HERE / "node_modules" / ".bin"
 PYTHON = sys.executable
 CORE_TOOLS = {"start_operation", "check_status", "request_extension", "get_operation", "list_operations"}
@@ -46,35 +50,6 @@ SCENARIOS = (
     "server-sse-multiple-streams",
 )
 STEP_TIMEOUT_SECONDS = 90
-
-TABLE = """\
-name = "acme"
-base_url = "{base_url}"
-status_path = "/v1/jobs/{{job_id}}"
-
-[response]
-state_field = "state"
-
-[states]
-pending = ["queued", "running"]
-succeeded = ["succeeded"]
-failed = ["failed"]
-
-[success]
-required_fields = ["result_url"]
-
-[schedule]
-base_delay_seconds = 0.2
-max_delay_seconds = 0.5
-
-[limits]
-default_deadline_seconds = 600
-max_deadline_seconds = 3600
-default_max_status_requests = 5
-max_status_requests = 20
-max_transport_failures = 3
-max_rate_limited = 3
-"""
 
 
 class Checks:
@@ -134,20 +109,6 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def script_job(base_url: str, job_id: str) -> None:
-    """Tell the fake provider how `job_id` answers: running, then succeeded."""
-    steps = [
-        {"body": {"state": "running"}},
-        {"body": {"state": "succeeded", "result_url": "https://x/r.csv"}},
-    ]
-    body = json.dumps({"kind": "status", "job_id": job_id, "steps": steps}).encode()
-    request = urllib.request.Request(
-        f"{base_url}/_control/script", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        assert answer.status == 200
-
-
 def run(args: list[str]) -> tuple[int, str, str]:
     done = subprocess.run(
         args, capture_output=True, text=True, timeout=STEP_TIMEOUT_SECONDS, env=child_env(), check=False
@@ -200,7 +161,7 @@ def inspector_checks(checks: Checks, transport: str, target: list[str], base_url
     for era in ERAS:
         where = f"inspector {transport} {era}"
         op = f"rc-{transport}-{era}"
-        script_job(base_url, op)
+        anyio.run(script_running, base_url, op)  # the fake answers "running" for good
 
         code, listed, err = inspector(target, era, "tools/list")
         names = {tool["name"] for tool in ((listed or {}).get("result") or {}).get("tools", [])}
@@ -262,25 +223,19 @@ def conformance_checks(checks: Checks, url: str) -> None:
 def main() -> int:
     checks = Checks()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="pollwarden-real-clients-") as tmp_name:
-        tmp = Path(tmp_name)
-        fake_port = free_port()
-        fake_args = [PYTHON, "-m", "pollwarden.fake_provider", "--port", str(fake_port)]
-        with background(fake_args, tmp / "fake.log", fake_port):
-            base_url = f"http://127.0.0.1:{fake_port}"
-            tables = tmp / "tables"
-            tables.mkdir()
-            (tables / "acme.toml").write_text(TABLE.format(base_url=base_url))
-            db = tmp / "pollwarden.db"
-            serve = [PYTHON, "-m", "pollwarden", "serve", "--db", str(db), "--providers", str(tables)]
+    with fake_provider_workdir(prefix="pollwarden-real-clients-") as (tmp, base_url):
+        tables = tmp / "tables"
+        write_provider_table(tables, "acme", base_url, base_delay_seconds=0.2, max_delay_seconds=0.5)
+        db = tmp / "pollwarden.db"
+        serve = [PYTHON, "-m", "pollwarden", "serve", "--db", str(db), "--providers", str(tables)]
 
-            inspector_checks(checks, "stdio", ["--", *serve], base_url)
+        inspector_checks(checks, "stdio", ["--", *serve], base_url)
 
-            port = free_port()
-            url = f"http://127.0.0.1:{port}/mcp"
-            with background([*serve, "--transport", "http", "--port", str(port)], tmp / "http.log", port):
-                inspector_checks(checks, "http", ["--server-url", url, "--transport", "http"], base_url)
-                conformance_checks(checks, url)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/mcp"
+        with background([*serve, "--transport", "http", "--port", str(port)], tmp / "http.log", port):
+            inspector_checks(checks, "http", ["--server-url", url, "--transport", "http"], base_url)
+            conformance_checks(checks, url)
     print(f"real clients: {time.monotonic() - started:.0f} s")
     print(f"{checks.passed} passed, {len(checks.failed)} failed")
     return 1 if checks.failed else 0
