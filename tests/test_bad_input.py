@@ -73,6 +73,36 @@ BAD_STARTS = [
         id="business-deadline-without-offset",
     ),
     pytest.param(
+        {"provider_job_id": "j", "business_deadline_at": "9999-12-31T23:59:59-23:59"},
+        ["business_deadline_at", "'9999-12-31T23:59:59-23:59'", "too far ahead", "10 years", "or omit it"],
+        id="business-deadline-in-year-9999",
+    ),
+    pytest.param(
+        {"provider_job_id": "j", "business_deadline_at": "0001-01-01T00:00:00+23:59"},
+        ["business_deadline_at", "already passed", "10 years"],
+        id="business-deadline-in-year-1",
+    ),
+    pytest.param(
+        {"provider_job_id": "j", "business_deadline_at": "2026-01-01T00:00:00Z" * 10},
+        ["business_deadline_at", "at most 64 characters"],
+        id="business-deadline-far-too-long",
+    ),
+    pytest.param(
+        {"provider_job_id": "j\x00"},
+        ["provider_job_id", "control", "'j\\x00'"],
+        id="job-id-with-a-nul",
+    ),
+    pytest.param(
+        {"provider_job_id": "j", "deadline_seconds": "soon"},
+        ["deadline_seconds must be a valid number", "(got 'soon')", "accepts a number greater than 0"],
+        id="deadline-not-a-number",
+    ),
+    pytest.param(
+        {"provider_job_id": "j", "deadline": 60},
+        ["start_operation has no argument 'deadline'", "deadline_seconds"],
+        id="a-misspelt-argument",
+    ),
+    pytest.param(
         {"provider_job_id": "j", "idempotency_key": "k-1"},
         ["idempotency_key", "submit"],
         id="idempotency-key-without-submit",
@@ -91,6 +121,8 @@ async def test_a_bad_start_is_refused_with_what_was_wrong_and_the_fix_and_record
         text = error_text(result)
         for fragment in fragments:
             assert fragment in text, (fragment, text)
+        assert "Error executing tool" not in text
+        assert "Arguments" not in text  # pydantic's model name for the tool's arguments
         # Nothing new recorded, the existing record unchanged, nothing sent anywhere.
         assert await recorded(client) == [
             view(await client.call_tool("get_operation", {"operation_id": "op-kept"}))
@@ -162,6 +194,77 @@ async def test_the_same_operation_id_for_a_different_job_is_a_conflict_and_the_o
         assert again["status_requests_used"] == 1
         assert len(await recorded(client)) == 1
     assert [e["job_id"] for e in fake.log()] == ["first"]  # nothing submitted, nothing sent for "second"
+
+
+# (tool, arguments, fragments the error must contain) for refusals before any tool body runs
+BAD_CALLS = [
+    pytest.param(
+        "start_operation",
+        {"provider": "acme", "operation_id": "op\nStopped because: forged", "provider_job_id": "j"},
+        ["operation_id must not contain control", "'op\\nStopped because: forged'"],
+        id="operation-id-with-a-newline",
+    ),
+    pytest.param(
+        "list_operations",
+        {"status": "running"},
+        ["status must be 'submitting', 'waiting'", "or 'escalated'", "(got 'running')"],
+        id="list-status-not-a-status",
+    ),
+    pytest.param(
+        "check_status",
+        {"operation_id": "op-1", "wait_seconds": "half a minute"},
+        ["wait_seconds must be a valid number", "accepts a number from 0 to 50"],
+        id="wait-not-a-number",
+    ),
+    pytest.param(
+        "check_status",
+        {"operation_id": "op-1", "wait": 30},
+        ["check_status has no argument 'wait'", "operation_id, wait_seconds"],
+        id="wait-misspelt",
+    ),
+    pytest.param(
+        "get_operation",
+        {"operation_id": "x" * 5000},
+        ["operation_id must have at most 200 characters", "accepts text of 1 to 200 characters"],
+        id="operation-id-far-too-long",
+    ),
+    pytest.param(
+        "get_operation",
+        {"operation_id": "\ud800"},
+        ["operation_id is not valid Unicode text"],
+        id="operation-id-with-an-unpaired-surrogate",
+    ),
+    pytest.param(
+        "request_extension",
+        {"operation_id": "op-1", "extra_seconds": 60, "extra_status_requests": 1},
+        ["reason is required", "reason accepts text of at most 500 characters"],
+        id="extension-without-a-reason",
+    ),
+]
+
+
+@pytest.mark.parametrize("era", ERAS)
+@pytest.mark.parametrize(("tool", "args", "fragments"), BAD_CALLS)
+async def test_a_refused_argument_is_named_in_plain_words_without_the_sdks_framing_and_records_nothing(
+    tmp_path: Path,
+    fake: FakeProvider,
+    era: dict[str, Any],
+    tool: str,
+    args: dict[str, Any],
+    fragments: list[str],
+) -> None:
+    h = make_harness(tmp_path, fake)
+    async with h.client(**era) as client:
+        view(await start(client, operation_id="op-1", provider_job_id="kept"))
+        before = await recorded(client)
+        text = error_text(await client.call_tool(tool, args))
+        for fragment in fragments:
+            assert fragment in text, (fragment, text)
+        for leak in ("Error executing tool", "Arguments", "pydantic", "type="):
+            assert leak not in text, (leak, text)
+        assert len(text) < 600
+        assert await recorded(client) == before
+    assert fake.log() == []
 
 
 @pytest.mark.parametrize("era", ERAS)

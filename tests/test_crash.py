@@ -1,4 +1,4 @@
-"""Crash injection: a real `pollwarden serve` is SIGKILLed at each step of a check, then a fresh one recovers.
+"""Crash injection: a real `pollwarden serve` is SIGKILLed at each step of a check, then another one recovers.
 
 The test-only hook POLLWARDEN_FAULT_STEP kills the process at the named step;
 POLLWARDEN_LEASE_SECONDS shortens the lease so recovery is seen in seconds.
@@ -11,32 +11,37 @@ from pathlib import Path
 
 import pytest
 from benchmarks.crash_matrix import SENT_AT_CRASH, CrashRun, crash_once
-from benchmarks.live import FakeControl, write_provider_table
+from benchmarks.live import FakeControl, stdio_server, write_provider_table
 
 from pollwarden.fake_provider import FakeProvider
 from pollwarden.faults import FAULT_STEPS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-# Longer than a server's start-up, so the fresh server meets the dead owner's lease still running.
+# Long enough for the recovery server to meet the dead owner's lease still running, and to check a few times.
 LEASE_SECONDS = 6.0
 
 
 async def _crash(tmp_path: Path, fake: FakeProvider, step: str, *, budget: int) -> CrashRun:
     tables = tmp_path / "tables"
     write_provider_table(tables, "crash", fake.base_url)
+    db = tmp_path / "pollwarden.db"
     control = FakeControl(fake.base_url)
     try:
-        return await crash_once(
-            step,
-            run=0,
-            db=tmp_path / "pollwarden.db",
-            tables=tables,
-            fake=control,
-            workdir=tmp_path,
-            budget=budget,
-            lease_seconds=LEASE_SECONDS,
-        )
+        # The recovery server is another process that never held the lease. It is started before the
+        # crash: started after it, its start-up (over 6 s on a loaded 2-core machine) raced the lease.
+        async with stdio_server(db, tables, errlog=tmp_path / "recovery.log") as recovery:
+            return await crash_once(
+                step,
+                run=0,
+                db=db,
+                tables=tables,
+                fake=control,
+                workdir=tmp_path,
+                recovery=recovery,
+                budget=budget,
+                lease_seconds=LEASE_SECONDS,
+            )
     finally:
         await control.aclose()
 

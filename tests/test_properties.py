@@ -469,7 +469,11 @@ def test_no_answer_exceeds_a_budget(
     table: ProviderTable, drawn: tuple[OperationRecord, float], data: st.DataObject, seed: int
 ) -> None:
     record, now = drawn
-    t = _decide(table, record, data.draw(any_answers(now)), seed)
+    answer = data.draw(any_answers(now))
+    t = _decide(table, record, answer, seed)
+    if isinstance(answer, ProviderAnswer) and not 100 <= answer.status_code <= 599:
+        # No HTTP status at all: an integration failure, never a transport failure.
+        assert (t.transport_failure, t.stop_reason) == (False, "integration_failure")
     transport_failures = record.transport_failures_used + (1 if t.transport_failure else 0)
     rate_limited = record.rate_limited_used + (1 if t.rate_limited else 0)
     assert transport_failures <= record.max_transport_failures
@@ -586,7 +590,7 @@ def http_steps(draw: st.DrawFn) -> Step:
     status = draw(
         st.one_of(
             st.sampled_from([200, 200, 200, 202, 204, 302, 401, 404, 429, 500, 503]),
-            st.integers(min_value=200, max_value=599),
+            st.integers(min_value=200, max_value=999),
         )
     )
     headers: dict[str, str] = {}

@@ -325,3 +325,28 @@ def test_every_http_date_form_of_retry_after_gives_the_same_wait(date: str) -> N
 
     assert check.seconds == 120
     assert check.rejected is None
+
+
+@pytest.mark.parametrize("code", [600, 799, 999])
+async def test_a_status_code_above_599_is_an_integration_failure_not_a_transport_failure(
+    tmp_path: Path, fake: FakeProvider, code: int
+) -> None:
+    fake.script("odd", [http(code, body={"state": "running"}), pending()])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "odd")
+        answer = await check(client, "odd")
+    assert answer["status"] == "escalated"
+    assert answer["stop_reason"] == "integration_failure"
+    assert answer["transport_failures_used"] == 0
+    assert answer["last_http_status"] == code
+    assert len(fake.status_requests("odd")) == 1
+
+
+async def test_a_599_is_still_a_transport_failure(tmp_path: Path, fake: FakeProvider) -> None:
+    fake.script("edge", [http(599), pending()])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "edge")
+        answer = await check(client, "edge")
+    assert (answer["status"], answer["transport_failures_used"]) == ("waiting", 1)

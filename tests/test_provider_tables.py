@@ -9,6 +9,7 @@ import pytest
 from pollwarden_providers import (
     ProviderTable,
     TableError,
+    example_tables_dir,
     load_table,
     load_tables,
     shipped_tables_dir,
@@ -53,8 +54,8 @@ def acme(tmp_path: Path) -> ProviderTable:
     return load_table(write(tmp_path, "acme.toml", MINIMAL))
 
 
-def test_the_shipped_example_table_loads_with_the_documented_values() -> None:
-    path = shipped_tables_dir() / "example-export.toml"
+def test_the_example_table_loads_with_the_documented_values() -> None:
+    path = example_tables_dir() / "example-export.toml"
     table = load_table(path)
 
     assert table.name == "example-export"
@@ -84,7 +85,6 @@ def test_load_tables_includes_the_shipped_tables_unless_told_not_to(tmp_path: Pa
 
     assert list(with_shipped) == [
         "anthropic-message-batches",
-        "example-export",
         "gemini-batch",
         "github-actions-runs",
         "mistral-batch",
@@ -294,12 +294,22 @@ def test_two_files_declaring_the_same_name_are_refused_naming_both_files(tmp_pat
 
 
 def test_a_table_reusing_a_shipped_name_is_refused(tmp_path: Path) -> None:
-    write(tmp_path, "copy.toml", MINIMAL.replace("acme-export", "example-export"))
+    write(tmp_path, "copy.toml", MINIMAL.replace("acme-export", "openai-batch"))
 
     with pytest.raises(TableError) as caught:
         load_tables([tmp_path])
 
-    assert str(shipped_tables_dir() / "example-export.toml") in str(caught.value)
+    assert str(shipped_tables_dir() / "openai-batch.toml") in str(caught.value)
+
+
+def test_the_example_table_is_documentation_not_a_loaded_provider(tmp_path: Path) -> None:
+    assert "example-export" not in load_tables([])
+    assert not (shipped_tables_dir() / "example-export.toml").exists()
+    # Copied into an operator's directory, it loads like any table.
+    copy = tmp_path / "mine" / "example-export.toml"
+    copy.parent.mkdir()
+    copy.write_text((example_tables_dir() / "example-export.toml").read_text())
+    assert load_tables([copy.parent])["example-export"].origin == "http://127.0.0.1:8765"
 
 
 def test_a_missing_table_directory_is_refused_naming_it(tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ def test_providers_list_shows_each_shipped_table_with_origin_states_and_limits(
     assert "job id: owner/repo/run_id" in out
     assert "limits        deadline 90000 s (max 172800), 220 status requests (max 1000)" in out
     assert "headers       anthropic-version: 2023-06-01" in out
+    # The commented example table is documentation, not a provider pointing at 127.0.0.1.
+    assert "example-export" not in out
+    assert "127.0.0.1" not in out
 
 
 def test_providers_list_adds_the_operators_directory_and_refuses_a_broken_table_precisely(

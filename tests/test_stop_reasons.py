@@ -467,6 +467,7 @@ async def test_a_404_inside_the_grace_window_is_treated_as_pending(
             assert v["allowed_actions"] == ["check_status"]
             assert v["transport_failures_used"] == 0
         assert (await check(client, "new", wait=50))["state"] == "running"
+        h.clock.advance(10)  # the next check is 40 s away: more than one call waits (CALL_BUDGET_SECONDS)
         done = await check(client, "new", wait=50)
         assert_stop(done, reason="succeeded", status="succeeded", allowed=["fetch_result"])
     assert len(fake.status_requests("new")) == 4

@@ -312,8 +312,10 @@ async def test_a_submission_is_never_sent_after_the_deadline(tmp_path: Path, fak
         (http(401), "authorization_denied"),
         (http(400, body={"error": "bad payload"}), "integration_failure"),
         (http(302, headers={"Location": "/v1/jobs/job_0001"}), "integration_failure"),
+        (http(600), "integration_failure"),
+        (http(999, headers={"Retry-After": "30"}), "integration_failure"),
     ],
-    ids=["401", "400", "302"],
+    ids=["401", "400", "302", "600", "999"],
 )
 async def test_a_submission_answer_that_is_not_an_acceptance_stops_with_its_reason(
     tmp_path: Path, fake: FakeProvider, answer: Step, reason: str

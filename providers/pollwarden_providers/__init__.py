@@ -4,7 +4,14 @@ This package never imports ``pollwarden`` (the server depends on it, not the
 reverse), so tables can be loaded and checked without the server.
 """
 
-from .loader import TableError, load_table, load_tables, shipped_samples_dir, shipped_tables_dir
+from .loader import (
+    TableError,
+    example_tables_dir,
+    load_table,
+    load_tables,
+    shipped_samples_dir,
+    shipped_tables_dir,
+)
 from .table import (
     CATEGORIES,
     AuthSpec,
@@ -40,6 +47,7 @@ __all__ = [
     "SubmitSpec",
     "SuccessSpec",
     "TableError",
+    "example_tables_dir",
     "load_table",
     "load_tables",
     "shipped_samples_dir",

@@ -82,6 +82,11 @@ def shipped_tables_dir() -> Path:
     return Path(__file__).parent / "tables"
 
 
+def example_tables_dir() -> Path:
+    """Return the directory of commented example tables (documentation; never loaded as providers)."""
+    return Path(__file__).parent / "examples"
+
+
 def shipped_samples_dir() -> Path:
     """Return the directory of sample status answers for the shipped tables (one sub-directory each)."""
     return Path(__file__).parent / "samples"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Mapping
 from typing import Protocol
 
 from pollwarden import extensions
@@ -130,13 +131,53 @@ async def record_answer(controller: ApprovalParts, plan: ExtensionPlan, decision
         note=f"asked +{plan.extra_seconds:g} s, +{plan.extra_status_requests} checks",
         extra={},
     )
-    text = "denied" if decision == "denied" else "not answered (cancelled)"
-    return _extension_result(
-        controller,
-        record,
-        decision,
-        f"The person {text} the extension; nothing changed. " + _after_no(record),
+    text = (
+        "The person denied the extension"
+        if decision == "denied"
+        else "The question was dismissed without an answer (cancelled)"
     )
+    return _extension_result(controller, record, decision, f"{text}; nothing changed. " + _after_no(record))
+
+
+LATE_ANSWER_BY = "person (elicitation, answered after the client stopped waiting)"
+
+
+async def record_late_answer(
+    controller: ApprovalParts,
+    *,
+    operation_id: str,
+    kind: str,
+    request: Mapping[str, object],
+    approve: bool | None,
+    answer: str,
+) -> None:
+    """Record an answer that arrived after the client stopped waiting for the tool call.
+
+    An approve or deny becomes the person's decision on an approval, which the
+    agent's next call applies as it would an operator's (check_status for an
+    extension, cancel_operation for a cancel). No usable answer is audited and
+    changes nothing.
+    """
+    now = controller.clock.now()
+    if approve is None:
+        await controller.store.audit_event(
+            operation_id,
+            kind=f"{kind}_unanswered",
+            at=now,
+            note=f"the client stopped waiting for the answer; {answer}; nothing changed",
+            extra={},
+        )
+        return
+    record = await controller.load(operation_id)
+    approval = await controller.store.open_approval(
+        approval_id=f"ap-{uuid.uuid4().hex[:10]}",
+        record=record,
+        kind=kind,
+        request=request,
+        at=now,
+        ttl_seconds=controller.config.approval_ttl_seconds,
+    )
+    await controller.store.decide_approval(approval.approval_id, approve=approve, by=LATE_ANSWER_BY, at=now)
 
 
 async def request_operator_approval(controller: ApprovalParts, plan: ExtensionPlan) -> ExtensionResult:

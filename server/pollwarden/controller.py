@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import re
+import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,10 +36,11 @@ from pollwarden.faults import fault_point
 from pollwarden.gate import Step
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
-from pollwarden.schedule import first_check_at
+from pollwarden.schedule import first_check_at, wait_bound
 from pollwarden.store import Store
 from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
+from pollwarden.tool_errors import shown
 from pollwarden.views import OperationView, operation_view
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status
 from pollwarden_providers.request_building import (
@@ -57,6 +59,49 @@ ProgressCallback = Callable[[float, float | None, str], Awaitable[None]]
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # A submission payload is stored and sent as JSON; larger inputs belong behind a reference.
 MAX_SUBMIT_BYTES = 256 * 1024
+# Caller-chosen ids are stored, shown to people and put in resource URIs.
+MAX_OPERATION_ID_LENGTH = 200
+YEAR_SECONDS = 365.25 * 86_400
+# A business deadline further out than this is a typo (year 9999), not a plan.
+MAX_BUSINESS_HORIZON_SECONDS = 10 * YEAR_SECONDS
+
+
+def invisible_text_problem(value: str) -> str | None:
+    """Why an id cannot hold this text, or None: ids are stored, shown to people and sent in URLs."""
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value):
+        return f"must not contain control or invisible format characters (got {shown(value)})"
+    return None
+
+
+def operation_id_problem(value: str) -> str | None:
+    """Why a caller-chosen operation id cannot be used, or None."""
+    if not value.strip() or len(value) > MAX_OPERATION_ID_LENGTH:
+        return (
+            f"must be 1 to {MAX_OPERATION_ID_LENGTH} characters, not blank (got {shown(value)}), "
+            "e.g. 'report-2025-04-18-01'"
+        )
+    return invisible_text_problem(value)
+
+
+def business_deadline(value: str, *, now: float) -> float:
+    """`business_deadline_at` as epoch seconds, if it is a real time after now and within the horizon."""
+    latest = now + MAX_BUSINESS_HORIZON_SECONDS
+    accepted = (
+        f"give an RFC 3339 time with an offset between now ({iso(now)}) and "
+        f"{MAX_BUSINESS_HORIZON_SECONDS / YEAR_SECONDS:g} years ahead ({iso(latest)}), or omit it"
+    )
+    try:
+        at = parse_iso(value)
+    except (ValueError, OverflowError) as exc:
+        raise InvalidRequest(f"business_deadline_at: {exc}; {accepted}") from exc
+    if at <= now:
+        raise InvalidRequest(
+            f"business_deadline_at {shown(value)} has already passed (now is {iso(now)}); "
+            f"a future time is needed: {accepted}"
+        )
+    if at > latest:
+        raise InvalidRequest(f"business_deadline_at {shown(value)} is too far ahead; {accepted}")
+    return at
 
 
 def fingerprint(provider: str, account_context: str, payload: object) -> str:
@@ -96,7 +141,7 @@ class Controller:
         if table is None:
             known = ", ".join(sorted(self.tables)) or "(none loaded)"
             raise InvalidRequest(
-                f"unknown provider {provider!r}; known providers: {known}. "
+                f"unknown provider {shown(provider)}; known providers: {known}. "
                 "Add a table with --providers DIR (see README 'Writing a provider table')"
             )
         return table
@@ -111,8 +156,8 @@ class Controller:
     @staticmethod
     def _not_found(operation_id: str) -> OperationNotFound:
         return OperationNotFound(
-            f"no operation {operation_id!r}; call list_operations to see the ids, "
-            "or start_operation to create it"
+            f"no operation {shown(operation_id)}; check operation_id: call list_operations to see "
+            "the ids, or start_operation to create it"
         )
 
     @cached_property
@@ -156,6 +201,10 @@ class Controller:
         idempotency_key: str | None = None,
     ) -> OperationView:
         """Record a new operation before any status request (or return the existing one)."""
+        if operation_id is not None and (problem := operation_id_problem(operation_id)) is not None:
+            raise InvalidRequest(f"operation_id {problem}")
+        if provider_job_id is not None and (problem := invisible_text_problem(provider_job_id)) is not None:
+            raise InvalidRequest(f"provider_job_id {problem}")
         table = self.table_for(provider)
         if (provider_job_id is None) == (submit is None):
             raise InvalidRequest(
@@ -198,15 +247,7 @@ class Controller:
         now = self.clock.now()
         business_at: float | None = None
         if business_deadline_at is not None:
-            try:
-                business_at = parse_iso(business_deadline_at)
-            except ValueError as exc:
-                raise InvalidRequest(f"business_deadline_at: {exc}") from exc
-            if business_at <= now:
-                raise InvalidRequest(
-                    f"business_deadline_at {business_deadline_at} has already passed (now is {iso(now)}); "
-                    "give a future RFC 3339 time, or omit it"
-                )
+            business_at = business_deadline(business_deadline_at, now=now)
         if idempotency_key is not None and (
             submit is None or not table.submit or not table.submit.idempotency_header
         ):
@@ -230,8 +271,6 @@ class Controller:
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"submit must be a JSON object of plain values: {exc}") from exc
         operation_id = operation_id or f"{provider}-{uuid.uuid4().hex[:12]}"
-        if not operation_id.strip() or len(operation_id) > 200:
-            raise InvalidRequest("operation_id must be 1 to 200 characters")
 
         key = None
         if submit is not None and table.submit is not None and table.submit.idempotency_header:
@@ -290,7 +329,12 @@ class Controller:
         """One bounded status check (DESIGN §1.10). Never sends more than one request."""
         if not math.isfinite(wait_seconds) or wait_seconds < 0:
             raise InvalidRequest(f"wait_seconds must be between 0 and {self.config.max_wait_seconds:g}")
-        wait_seconds = min(wait_seconds, self.config.max_wait_seconds)
+        # Past this, a request could not finish inside the client's timeout: answer not_yet instead.
+        wait_seconds = wait_bound(
+            wait_seconds,
+            max_wait=self.config.max_wait_seconds,
+            request_timeout=self.http.limits.total_timeout_seconds,
+        )
         wait_started = self.clock.now()
         wait_until = wait_started + wait_seconds
         owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -306,6 +350,7 @@ class Controller:
                 lease_seconds=self.lease_seconds,
                 fleets=self._fleets,
                 apply_approvals=apply_approvals,
+                clock=self.clock.now,  # the gate's time is read once the write lock is held
             )
             if start is None:
                 raise self._not_found(operation_id)

@@ -344,7 +344,7 @@ def decide_after_response(
         rejected_hints=tuple(w.rejected for w in header_waits if w.rejected is not None),
     )
 
-    if code >= 500:
+    if 500 <= code <= 599:  # 600–999 are no HTTP status: integration_failure below
         base = replace(answered, transport_failure=True)
         if record.transport_failures_used + 1 >= record.max_transport_failures:
             return replace(

@@ -94,7 +94,8 @@ class Step(BaseModel):
     # JSON control endpoint.
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
 
-    status: int = Field(default=200, ge=200, le=599)
+    # Up to 999: h11 sends any three-digit final status, and real proxies do answer with odd ones.
+    status: int = Field(default=200, ge=200, le=999)
     body: Any = None
     raw_body: bytes | None = None
     raw_body_text: str | None = None
@@ -754,7 +755,19 @@ def _base_url_of(sock: socket.socket) -> str:
     return f"http://{HOST}:{port}"
 
 
+def _allow_odd_status_codes() -> None:
+    """Let uvicorn's h11 protocol send 600–999 (h11 allows any three digits; uvicorn knows phrases to 599).
+
+    Some proxies and broken providers answer with such codes; the fake must be able to as well.
+    """
+    from uvicorn.protocols.http import h11_impl
+
+    for code in range(600, 1000):
+        h11_impl.STATUS_PHRASES.setdefault(code, b"")
+
+
 def _uvicorn_server(provider: FakeProvider) -> uvicorn.Server:
+    _allow_odd_status_codes()
     config = uvicorn.Config(
         provider,
         host=HOST,

@@ -216,13 +216,12 @@ async def record_cancel_answer(controller: Controller, plan: CancelPlan, decisio
         plan.operation_id, kind=f"cancel_{decision}", at=controller.clock.now(), note="nothing sent", extra={}
     )
     word = "denied" if decision == "denied" else "cancelled"
-    return _result(
-        controller,
-        record,
-        "cancel_operation",
-        word,
-        f"The cancel was {word} by the person; nothing was sent.",
+    text = (
+        "The person denied the cancel"
+        if decision == "denied"
+        else "The question was dismissed without an answer (cancelled)"
     )
+    return _result(controller, record, "cancel_operation", word, f"{text}; nothing was sent.")
 
 
 async def send_cancel(

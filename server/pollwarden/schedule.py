@@ -78,6 +78,27 @@ def first_check_at(start: float, base: float, maximum: float, rng: RandomSource)
     return start + local_backoff(0, base, maximum, rng)
 
 
+# The TypeScript SDK's default request timeout is 60 s, and progress notifications
+# do not extend it by default. A whole check_status call (its wait, one provider
+# request and the database work around it) ends within CALL_BUDGET_SECONDS.
+CLIENT_REQUEST_TIMEOUT_SECONDS = 60.0
+CALL_BUDGET_SECONDS = 55.0
+# What a call spends besides waiting and the provider request: reserving and
+# recording in the database (each normally milliseconds), progress messages.
+CALL_MARGIN_SECONDS = 5.0
+
+
+def wait_bound(requested: float, *, max_wait: float, request_timeout: float) -> float:
+    """How long one check_status call may wait for its allowed time before it must send or answer not_yet.
+
+    `wait + request_timeout + CALL_MARGIN_SECONDS <= CALL_BUDGET_SECONDS`: a request
+    is only started while it can still finish inside the call's budget. With the
+    default 20 s request cap that is 30 s of waiting, whatever the caller asked.
+    """
+    room = CALL_BUDGET_SECONDS - request_timeout - CALL_MARGIN_SECONDS
+    return max(0.0, min(requested, max_wait, room))
+
+
 @dataclass(frozen=True)
 class PacingStep:
     """One fleet-pacing step (GCRA): admitted now, or a booked slot later."""
@@ -103,16 +124,24 @@ def pace(tat: float | None, *, now: float, rate: float, burst: int) -> PacingSte
     return PacingStep(False, earliest, current + interval)
 
 
-# A booked slot is held for one pacing interval after its time, and never less
-# than this (a caller waiting with wait_seconds arrives within milliseconds).
-FLEET_SLOT_GRACE_FLOOR_SECONDS = 0.25
+# A booked slot is used only on time: at most a quarter of the pacing interval after it, and
+# never more than this. A caller that comes later gives the slot up and paces again like any
+# other (it is booked the next free slot, or admitted if the bucket has room): used late, its
+# request would reach the provider bunched with the next slot's. A caller waiting with
+# wait_seconds wakes within milliseconds of its slot.
+FLEET_SLOT_ON_TIME_SECONDS = 0.05
+
+
+def slot_on_time_seconds(rate: float) -> float:
+    """How late after its time a booked slot may still be used."""
+    return min(0.25 / rate, FLEET_SLOT_ON_TIME_SECONDS)
 
 
 def slot_still_held(slot_at: float, *, now: float, rate: float) -> bool:
     """Whether a booked slot may still be used at `now` without pacing again.
 
-    A slot left unused past its grace is gone (the bucket already spent it): the
-    late request queues again like any other, so agents that all come back late
-    cannot reach the provider together.
+    Only on time (see `slot_on_time_seconds`): a slot missed by more is gone (the
+    bucket already spent it), so requests leave at most that much after their
+    slots and the provider never sees them bunched — also when agents come back late.
     """
-    return now <= slot_at + max(1.0 / rate, FLEET_SLOT_GRACE_FLOOR_SECONDS)
+    return now <= slot_at + slot_on_time_seconds(rate)

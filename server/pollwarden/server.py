@@ -12,10 +12,12 @@ import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import httpx2
 from mcp.server.mcpserver import (
     AcceptedElicitation,
@@ -26,21 +28,49 @@ from mcp.server.mcpserver import (
     MCPServer,
     Resolve,
 )
-from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
-from mcp_types import ToolAnnotations
-from pydantic import BaseModel, Field
+from mcp.server.mcpserver.exceptions import (
+    ResourceError,
+    ResourceNotFoundError,
+    ToolError,
+    UnexpectedToolError,
+)
+from mcp.server.streamable_http import EventStore
+from mcp.server.streamable_http_manager import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
+from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    CallToolResult,
+    InputRequiredResult,
+    SubscribeRequestParams,
+    ToolAnnotations,
+    UnsubscribeRequestParams,
+)
+from mcp_types.version import is_version_at_least
+from pydantic import BaseModel, Field, ValidationError
+from starlette.applications import Starlette
 
 from pollwarden import approvals, followups
 from pollwarden.audit import audit_key_from_env, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
-from pollwarden.controller import Controller
+from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
+from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
+from pollwarden.records import Status
+from pollwarden.schedule import (
+    CALL_BUDGET_SECONDS,
+    CALL_MARGIN_SECONDS,
+    CLIENT_REQUEST_TIMEOUT_SECONDS,
+    wait_bound,
+)
 from pollwarden.store import open_store
+from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
 from pollwarden.views import OperationView
+from pollwarden.watch import WATCH_INTERVAL_SECONDS, Reader, Subscriptions, run_watcher
 from pollwarden_providers.table import ProviderTable
 
 log = logging.getLogger("pollwarden")
@@ -63,6 +93,17 @@ class OperationList(BaseModel):
     operations: list[OperationView]
     count: int
 
+
+_DEFAULT_REQUEST_TIMEOUT = HttpLimits().total_timeout_seconds
+
+OperationIdArg = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_OPERATION_ID_LENGTH,
+        description="The operation's id, as start_operation returned it.",
+    ),
+]
 
 ControllerFactory = Callable[[], AbstractAsyncContextManager[Controller]]
 
@@ -169,16 +210,111 @@ def _client_can_elicit(ctx: Context[Any, Any]) -> bool:
     return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
 
 
+# The first protocol revision without a back channel: a question travels inside tools/call rounds.
+_INPUT_REQUIRED_VERSION = "2026-07-28"
+MISMATCHED_ANSWER = (
+    "the answer to the question did not match the choices offered, so it was not taken as a decision "
+    "and nothing changed; call {tool} again to ask again"
+)
+Schema = TypeVar("Schema", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class _Answered:
+    """A person's answer, asked here on the 2025-11-25 back channel (the SDK hands it on as accepted data)."""
+
+    outcome: ElicitationResult[Any]
+
+
+def _outcome(decision: ElicitationResult[Any]) -> ElicitationResult[Any] | None:
+    """What the person answered, or None when nobody was asked (the client cannot show a prompt)."""
+    if isinstance(decision, AcceptedElicitation):
+        data: object = decision.data
+        if isinstance(data, _Answered):
+            return data.outcome
+        if data is None:
+            return None
+    return decision
+
+
+def _yes(outcome: ElicitationResult[Any] | None, yes: str) -> bool | None:
+    """True for the approving choice, False for the other one or a decline, None for no answer."""
+    if isinstance(outcome, AcceptedElicitation):
+        return getattr(outcome.data, "decision", None) == yes
+    if isinstance(outcome, DeclinedElicitation):
+        return False
+    return None
+
+
+async def _ask_on_back_channel(
+    ctx: Context[Any, Any],
+    question: str,
+    schema: type[Schema],
+    *,
+    tool: str,
+    late: Callable[[ElicitationResult[Schema] | None, str], Awaitable[None]],
+) -> _Answered:
+    """Ask on the 2025-11-25 back channel, and keep listening if the client gives up meanwhile.
+
+    The wait is shielded from the call's cancellation (and bounded by the
+    approval TTL), so an answer that arrives after the client timed out or
+    cancelled is still received and handed to `late` to be recorded, instead of
+    being lost with the call.
+    """
+    outcome: ElicitationResult[Schema] | None = None
+    missing = "no answer came in time"
+    failure: Exception | None = None
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_controller(ctx).config.approval_ttl_seconds):
+        try:
+            outcome = await ctx.elicit(question, schema)
+        except ValueError:
+            missing = "the answer did not match the choices offered"
+        except (MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            missing, failure = "the client went away before an answer came", exc
+    try:
+        await anyio.lowlevel.checkpoint()
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            await late(outcome, missing)
+        raise
+    if failure is not None:
+        raise failure
+    if outcome is None:
+        raise ToolError(MISMATCHED_ANSWER.format(tool=tool))
+    return _Answered(outcome)
+
+
+def _has_back_channel(ctx: Context[Any, Any]) -> bool:
+    version = ctx.protocol_version
+    return version is None or not is_version_at_least(version, _INPUT_REQUIRED_VERSION)
+
+
 async def _ask_person(
     plan: Annotated[ExtensionPlan, Resolve(_plan)], ctx: Context[Any, Any]
-) -> Elicit[ExtensionDecision] | None:
+) -> Elicit[ExtensionDecision] | _Answered | None:
     """Ask only when the plan is allowed, the operator wants a prompt, and the client can show one."""
     controller = _controller(ctx)
     if not plan.allowed or controller.config.approval_mode == "tool-confirmation":
         return None
     if not _client_can_elicit(ctx):
         return None
-    return Elicit(plan.question, ExtensionDecision)
+    if not _has_back_channel(ctx):
+        return Elicit(plan.question, ExtensionDecision)
+
+    async def late(outcome: ElicitationResult[ExtensionDecision] | None, missing: str) -> None:
+        approve = _yes(outcome, "approve")
+        await approvals.record_late_answer(
+            controller,
+            operation_id=plan.operation_id,
+            kind="extension",
+            request=plan.model_dump(mode="json"),
+            approve=approve,
+            answer=missing if outcome is None else "the question was dismissed (cancelled)",
+        )
+
+    return await _ask_on_back_channel(
+        ctx, plan.question, ExtensionDecision, tool="request_extension", late=late
+    )
 
 
 async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
@@ -187,7 +323,7 @@ async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.C
 
 async def _ask_cancel(
     plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)], ctx: Context[Any, Any]
-) -> Elicit[followups.ConfirmCancel] | None:
+) -> Elicit[followups.ConfirmCancel] | _Answered | None:
     """Ask only when a cancel is allowed, not yet approved, and a prompt is possible."""
     controller = _controller(ctx)
     if (
@@ -198,11 +334,115 @@ async def _ask_cancel(
         return None
     if not _client_can_elicit(ctx):
         return None
-    return Elicit(plan.question, followups.ConfirmCancel)
+    if not _has_back_channel(ctx):
+        return Elicit(plan.question, followups.ConfirmCancel)
+
+    async def late(outcome: ElicitationResult[followups.ConfirmCancel] | None, missing: str) -> None:
+        await approvals.record_late_answer(
+            controller,
+            operation_id=plan.operation_id,
+            kind="cancel",
+            request={"question": plan.question, "operation_id": plan.operation_id},
+            approve=_yes(outcome, "cancel_at_provider"),
+            answer=missing if outcome is None else "the question was dismissed (cancelled)",
+        )
+
+    return await _ask_on_back_channel(
+        ctx, plan.question, followups.ConfirmCancel, tool="cancel_operation", late=late
+    )
 
 
-def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCPServer[ServerContext]:
-    """The MCP server with its tools and resources."""
+class PollwardenServer(MCPServer[ServerContext]):
+    """The SDK's server, with tool errors an agent can act on.
+
+    A refused call reads as plain sentences naming the argument and what it
+    accepts: no "Error executing tool" framing, no pydantic model names, no
+    internal module names. A defect is logged here with its traceback and told
+    to the agent as such.
+    """
+
+    _schemas: dict[str, dict[str, Any]] | None = None
+
+    def add_request_handler(self, method: str, params_type: type[Any], handler: Any) -> None:
+        """Serve one more protocol method (the resource subscriptions of the 2025-11-25 era)."""
+        self._lowlevel_server.add_request_handler(method, params_type, handler)
+
+    def streamable_http_app(
+        self,
+        *,
+        streamable_http_path: str = "/mcp",
+        json_response: bool = False,
+        stateless_http: bool = False,
+        event_store: EventStore | None = None,
+        retry_interval: int | None = None,
+        max_request_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
+        session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+        max_sessions: int | None = DEFAULT_MAX_SESSIONS,
+        transport_security: TransportSecuritySettings | None = None,
+        host: str = "127.0.0.1",
+    ) -> Starlette:
+        """The streamable HTTP app, resumable: SSE events carry ids kept in a bounded event store."""
+        return super().streamable_http_app(
+            streamable_http_path=streamable_http_path,
+            json_response=json_response,
+            stateless_http=stateless_http,
+            event_store=event_store if event_store is not None else BoundedEventStore(),
+            retry_interval=retry_interval,
+            max_request_body_size=max_request_body_size,
+            session_idle_timeout=session_idle_timeout,
+            max_sessions=max_sessions,
+            transport_security=transport_security,
+            host=host,
+        )
+
+    async def _input_schemas(self) -> dict[str, dict[str, Any]]:
+        if self._schemas is None:  # the tools are fixed once the server is built
+            self._schemas = {tool.name: tool.input_schema for tool in await self.list_tools()}
+        return self._schemas
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[ServerContext, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        """Run a tool; turn the SDK's framing of refusals and crashes into plain language."""
+        schema = (await self._input_schemas()).get(name)
+        problem = unusable_text(arguments) or (unknown_arguments(name, arguments, schema) if schema else None)
+        if problem is not None:
+            raise ToolError(problem)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except UnexpectedToolError as exc:
+            log.error("tool %s failed unexpectedly", name, exc_info=exc)
+            raise ToolError(
+                f"{name} stopped on an internal error in pollwarden (logged on the server's stderr). "
+                "Nothing about it was sent to a provider after the error; call get_operation to see "
+                "what is recorded before trying again"
+            ) from None
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):
+                raise ToolError(describe_invalid_arguments(cause, schema)) from cause
+            if isinstance(cause, ToolError | ResourceError):
+                text = str(cause)
+                if text.startswith("Resolver "):  # the SDK's words for an answer that fits no choice
+                    text = MISMATCHED_ANSWER.format(tool=name)
+                raise ToolError(text) from cause
+            raise
+
+
+def _reader_of(context: object) -> Reader | None:
+    """The store a lifespan context reads from, if the database opened."""
+    return context.store if isinstance(context, Controller) else None
+
+
+def build_server(
+    factory: ControllerFactory, *, name: str = "pollwarden", watch_interval: float = WATCH_INTERVAL_SECONDS
+) -> MCPServer[ServerContext]:
+    """The MCP server with its tools, resources and resource subscriptions."""
+    bus = InMemorySubscriptionBus()
+    subscriptions = Subscriptions()
+
+    async def publish(uri: str) -> None:
+        await bus.publish(ResourceUpdated(uri=uri))
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[ServerContext]) -> AsyncGenerator[ServerContext]:
@@ -214,11 +454,22 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
                 # Stay up and say why on every call: a server that dies at start-up tells the agent nothing.
                 log.error("database unusable: %s; every tool call answers with this until a restart", exc)
                 context = DatabaseUnavailable(str(exc))
-            yield context
+            async with anyio.create_task_group() as watchers:
+                if isinstance(context, Controller):
+                    watchers.start_soon(
+                        partial(run_watcher, subscriptions, context.store, publish, interval=watch_interval)
+                    )
+                yield context
+                watchers.cancel_scope.cancel()
 
-    mcp: MCPServer[ServerContext] = MCPServer(
-        name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0"
+    mcp = PollwardenServer(
+        name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0", subscriptions=bus
     )
+    mcp.middleware.append(surface_middleware)
+    mcp.middleware.append(listen_middleware(subscriptions, _reader_of))
+    subscribe, unsubscribe = subscribe_handlers(subscriptions, _reader_of)
+    mcp.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
+    mcp.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
 
     @mcp.tool(
         description="Record a bounded wait on an external job (exactly one of provider_job_id or submit) "
@@ -232,9 +483,10 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         provider: Annotated[
             str,
             Field(
+                max_length=200,
                 description="Provider table name, e.g. 'openai-batch', 'anthropic-message-batches', "
                 "'replicate-predictions', 'github-actions-runs', 'gemini-batch', 'mistral-batch'; "
-                "an unknown name's error lists the loaded ones."
+                "an unknown name's error lists the loaded ones.",
             ),
         ],
         ctx: Context[Any, Any],
@@ -255,7 +507,12 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
             float | None, Field(gt=0, description="Polling deadline from now.")
         ] = None,
         business_deadline_at: Annotated[
-            str | None, Field(description="RFC 3339 time after which the result is no longer useful.")
+            str | None,
+            Field(
+                max_length=64,
+                description="RFC 3339 time with an offset after which the result is no longer useful, "
+                "e.g. 2026-11-30T18:00:00Z; within 10 years from now.",
+            ),
         ] = None,
         max_status_requests: Annotated[int | None, Field(gt=0, description="Status request budget.")] = None,
         idempotency_key: Annotated[
@@ -279,13 +536,18 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         description="One bounded status check. Sends at most one status request, and only when the "
         "controller allows it. outcome: polled (one request sent), not_yet (too early, nothing sent: wait "
         "retry_after_seconds), stopped (finished or escalated: do not call again). wait_seconds (at most "
-        f"{MAX_WAIT_SECONDS:g}) lets the server wait for the allowed time instead of answering not_yet.",
+        f"{MAX_WAIT_SECONDS:g}) lets the server wait for the allowed time instead of answering not_yet, "
+        f"only as long as the whole call still ends within {CALL_BUDGET_SECONDS:g} s (under a client's "
+        f"{CLIENT_REQUEST_TIMEOUT_SECONDS:g} s default timeout): the wait, a provider request of up to "
+        f"{_DEFAULT_REQUEST_TIMEOUT:g} s and a {CALL_MARGIN_SECONDS:g} s margin: at most "
+        f"{wait_bound(MAX_WAIT_SECONDS, max_wait=MAX_WAIT_SECONDS, request_timeout=_DEFAULT_REQUEST_TIMEOUT):g} s "
+        "of waiting; a later allowed time is answered not_yet at once.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
         ),
     )
     async def check_status(
-        operation_id: str,
+        operation_id: OperationIdArg,
         ctx: Context[Any, Any],
         wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
     ) -> OperationView:
@@ -307,7 +569,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         ),
     )
     async def request_extension(
-        operation_id: str,
+        operation_id: OperationIdArg,
         extra_seconds: Annotated[float, Field(ge=0, description="More waiting time, in seconds.")],
         extra_status_requests: Annotated[int, Field(ge=0, description="More status requests.")],
         reason: Annotated[
@@ -325,18 +587,15 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
                 return approvals.refused(controller, plan, record)
             if controller.config.approval_mode == "tool-confirmation":
                 return await approvals.apply_extension(controller, plan, by="client tool confirmation")
-            # The resolver returns None (no question) when the client cannot show a prompt.
-            answer: object = decision.data if isinstance(decision, AcceptedElicitation) else None
-            if isinstance(answer, ExtensionDecision):
-                if answer.decision == "approve":
-                    return await approvals.apply_extension(controller, plan, by="person (elicitation)")
-                return await approvals.record_answer(controller, plan, "denied")
-            if isinstance(decision, DeclinedElicitation):
-                return await approvals.record_answer(controller, plan, "denied")
-            if isinstance(decision, AcceptedElicitation):
-                # The resolver did not ask: this client cannot show a prompt.
+            outcome = _outcome(decision)
+            if outcome is None:  # nobody was asked: this client cannot show a prompt
                 return await approvals.request_operator_approval(controller, plan)
-            return await approvals.record_answer(controller, plan, "cancelled")
+            approve = _yes(outcome, "approve")
+            if approve:
+                return await approvals.apply_extension(controller, plan, by="person (elicitation)")
+            return await approvals.record_answer(
+                controller, plan, "cancelled" if approve is None else "denied"
+            )
 
         return await _run(work())
 
@@ -347,7 +606,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         "allowed actions) otherwise.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
-    async def fetch_result(operation_id: str, ctx: Context[Any, Any]) -> FollowUpResult:
+    async def fetch_result(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> FollowUpResult:
         return await _run(followups.fetch_result(_controller(ctx), operation_id))
 
     @mcp.tool(
@@ -359,7 +618,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         ),
     )
     async def cancel_operation(
-        operation_id: str,
+        operation_id: OperationIdArg,
         plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)],
         decision: Annotated[ElicitationResult[followups.ConfirmCancel], Resolve(_ask_cancel)],
         ctx: Context[Any, Any],
@@ -378,18 +637,17 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
                 return await followups.send_cancel(
                     controller, plan, approval_id=None, by="client tool confirmation"
                 )
-            answer: object = decision.data if isinstance(decision, AcceptedElicitation) else None
-            if isinstance(answer, followups.ConfirmCancel):
-                if answer.decision == "cancel_at_provider":
-                    return await followups.send_cancel(
-                        controller, plan, approval_id=None, by="person (elicitation)"
-                    )
-                return await followups.record_cancel_answer(controller, plan, "denied")
-            if isinstance(decision, DeclinedElicitation):
-                return await followups.record_cancel_answer(controller, plan, "denied")
-            if isinstance(decision, AcceptedElicitation):
+            outcome = _outcome(decision)
+            if outcome is None:  # nobody was asked: this client cannot show a prompt
                 return await followups.request_cancel_approval(controller, plan)
-            return await followups.record_cancel_answer(controller, plan, "cancelled")
+            approve = _yes(outcome, "cancel_at_provider")
+            if approve:
+                return await followups.send_cancel(
+                    controller, plan, approval_id=None, by="person (elicitation)"
+                )
+            return await followups.record_cancel_answer(
+                controller, plan, "cancelled" if approve is None else "denied"
+            )
 
         return await _run(work())
 
@@ -397,7 +655,7 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
-    async def get_operation(operation_id: str, ctx: Context[Any, Any]) -> OperationView:
+    async def get_operation(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> OperationView:
         return await _run(_controller(ctx).get_operation(operation_id))
 
     @mcp.tool(
@@ -406,8 +664,10 @@ def build_server(factory: ControllerFactory, *, name: str = "pollwarden") -> MCP
     )
     async def list_operations(
         ctx: Context[Any, Any],
-        status: str | None = None,
-        provider: str | None = None,
+        status: Annotated[Status | None, Field(description="Only operations with this status.")] = None,
+        provider: Annotated[
+            str | None, Field(max_length=200, description="Only operations of this provider table.")
+        ] = None,
         limit: Annotated[int, Field(ge=1, le=500)] = 50,
     ) -> OperationList:
         views = await _run(_controller(ctx).list_operations(status=status, provider=provider, limit=limit))

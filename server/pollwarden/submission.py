@@ -201,7 +201,7 @@ async def _accept_submission(
             retry_after=retry_after.seconds,
             rejected=rejected,
         )
-    if code >= 500:
+    if 500 <= code <= 599:  # 600–999 are no HTTP status: integration_failure below
         return await _submission_failed(
             controller,
             record,

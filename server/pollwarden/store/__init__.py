@@ -12,7 +12,7 @@ from the database location. SQLite (`store/sqlite/`) is the one engine today.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Protocol
@@ -78,6 +78,7 @@ class Store(Protocol):
         lease_seconds: float,
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
 

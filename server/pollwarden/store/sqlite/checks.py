@@ -10,7 +10,7 @@ meant and releases the lease, only while this call still holds it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pollwarden.audit_entry import event, lease_recovered
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
@@ -46,8 +46,14 @@ def begin_check(
     fleets: Mapping[str, FleetSpec | None],
     apply_approvals: bool,
     key: bytes | None,
+    clock: Callable[[], float] | None = None,
 ) -> CheckStart | None:
-    """Decide one round of check_status and write what it decided; None when there is no such operation."""
+    """Decide one round of check_status and write what it decided; None when there is no such operation.
+
+    With `clock`, the time every write is guarded and paced by is read again
+    once the write lock is held: BEGIN may wait for another process, and a
+    fleet slot must be taken when the request really leaves, not before.
+    """
     conn = session.conn
     current = rows.fetch(conn, operation_id)  # a snapshot read, outside any transaction
     if current is None:
@@ -57,11 +63,13 @@ def begin_check(
         return CheckStart(current.record, decision)
     try:
         with session.transaction(durable=_durable(decision, current)):
+            now = clock() if clock is not None else now
             return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key)
     except _Stale:
         pass
     # Another process moved first: decide again with the write lock held, where nothing can change.
     with session.transaction(durable=True):
+        now = clock() if clock is not None else now
         current = rows.must_fetch(conn, operation_id)
         decision = _decide(session, current.record, now, wait_until, fleets, apply_approvals)
         if not decision.writes:

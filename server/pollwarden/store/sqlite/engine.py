@@ -8,7 +8,7 @@ readers see the last commit and never wait for a writer).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -126,6 +126,7 @@ class SQLiteStore:
         lease_seconds: float,
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> CheckStart | None:
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
@@ -139,6 +140,7 @@ class SQLiteStore:
                 fleets=fleets,
                 apply_approvals=apply_approvals,
                 key=self._key,
+                clock=clock,
             )
         )
 

@@ -1,0 +1,213 @@
+"""The MCP protocol surface beyond the tools: what is advertised is what is served.
+
+- No `prompts` capability (pollwarden has none): `prompts/*` answer "method not found".
+- Resource subscriptions in both eras: `subscriptions/listen` (2026-07-28) and
+  `resources/subscribe` / `resources/unsubscribe` (2025-11-25), fed by the
+  watcher in `watch`.
+- No JSON-RPC error with code 0: anything a handler raises that is not an
+  MCP error is answered as an internal error (-32603) and logged here.
+- Streamable HTTP keeps a bounded in-memory event store, so a client whose SSE
+  stream drops (a long `check_status` wait, say) resumes it with
+  `Last-Event-ID` and still receives the answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    EmptyResult,
+    JSONRPCMessage,
+    SubscribeRequestParams,
+    UnsubscribeRequestParams,
+)
+from pydantic import ValidationError
+
+from pollwarden.watch import Reader, Subscriptions, parse_uri
+
+log = logging.getLogger("pollwarden")
+
+# Methods of a capability pollwarden does not have (it has no prompts).
+UNSERVED_METHODS = frozenset({"prompts/list", "prompts/get"})
+# Results that carry the server's capabilities.
+CAPABILITY_RESULTS = frozenset({"initialize", "server/discover"})
+
+ReaderOf = Callable[[object], Reader | None]
+
+
+def honest_capabilities(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of an initialize / discover result without capabilities pollwarden does not serve."""
+    out = dict(result)
+    capabilities = out.get("capabilities")
+    if isinstance(capabilities, Mapping):
+        out["capabilities"] = {
+            k: v for k, v in cast(Mapping[str, Any], capabilities).items() if k != "prompts"
+        }
+    return out
+
+
+async def surface_middleware(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """Advertise only what is served; never answer an error with JSON-RPC code 0."""
+    if ctx.request_id is not None and ctx.method in UNSERVED_METHODS:
+        raise MCPError(code=METHOD_NOT_FOUND, message="Method not found", data=ctx.method)
+    try:
+        result = await call_next(ctx)
+    except (MCPError, ValidationError):
+        raise
+    except Exception as exc:
+        # The SDK would answer code 0 with the exception's own text on the 2025-11-25 wire.
+        log.error("%s failed unexpectedly", ctx.method, exc_info=exc)
+        raise MCPError(
+            code=INTERNAL_ERROR, message=f"{ctx.method} failed inside pollwarden; see the server's log"
+        ) from None
+    if ctx.method in CAPABILITY_RESULTS and isinstance(result, Mapping):
+        return honest_capabilities(cast(Mapping[str, Any], result))
+    return result
+
+
+def _listened_uris(params: Mapping[str, Any] | None) -> list[str]:
+    notifications = (params or {}).get("notifications")
+    if not isinstance(notifications, Mapping):
+        return []
+    uris = cast(Mapping[str, Any], notifications).get("resourceSubscriptions")
+    if not isinstance(uris, list):
+        return []
+    return [u for u in cast(list[object], uris) if isinstance(u, str) and parse_uri(u) is not None]
+
+
+def listen_middleware(subscriptions: Subscriptions, reader_of: ReaderOf) -> Any:
+    """Watch the pollwarden URIs of each `subscriptions/listen` stream for as long as it is open."""
+
+    async def middleware(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method != "subscriptions/listen" or ctx.request_id is None:
+            return await call_next(ctx)
+        uris = _listened_uris(ctx.params)
+        reader = reader_of(ctx.lifespan_context)
+        if not uris or reader is None:
+            return await call_next(ctx)
+        if not subscriptions.room_for(uris):
+            raise MCPError(
+                code=INTERNAL_ERROR,
+                message=f"this server watches at most {subscriptions.max_uris} resources; end another "
+                "subscription first",
+            )
+        subscriptions.listen(uris)
+        try:
+            await subscriptions.baseline(reader, uris)
+            return await call_next(ctx)
+        finally:
+            subscriptions.unlisten(uris)
+
+    return middleware
+
+
+def subscribe_handlers(subscriptions: Subscriptions, reader_of: ReaderOf) -> tuple[Any, Any]:
+    """The 2025-11-25 `resources/subscribe` and `resources/unsubscribe` handlers."""
+
+    def watched_uri(uri: str) -> str:
+        if parse_uri(uri) is None:
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=f"cannot subscribe to {uri!r}: pollwarden serves pollwarden://operations/{{operation_id}} "
+                "and pollwarden://operations/{operation_id}/audit",
+            )
+        return uri
+
+    async def subscribe(ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams) -> EmptyResult:
+        uri = watched_uri(str(params.uri))
+        reader = reader_of(ctx.lifespan_context)
+        if reader is None:
+            raise MCPError(code=INTERNAL_ERROR, message="the database is unavailable; see the server's log")
+        if not subscriptions.room_for([uri]):
+            raise MCPError(
+                code=INTERNAL_ERROR,
+                message=f"this server watches at most {subscriptions.max_uris} resources; unsubscribe first",
+            )
+        session = ctx.session
+        key = session_key(ctx)
+
+        async def notify(changed: str) -> bool:
+            try:
+                await session.send_resource_updated(changed)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, MCPError):
+                return False
+            return True
+
+        subscriptions.subscribe(uri, key, notify)
+        await subscriptions.baseline(reader, [uri])
+        return EmptyResult()
+
+    async def unsubscribe(
+        ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
+    ) -> EmptyResult:
+        subscriptions.unsubscribe(watched_uri(str(params.uri)), session_key(ctx))
+        return EmptyResult()
+
+    return subscribe, unsubscribe
+
+
+def session_key(ctx: ServerRequestContext[Any, Any]) -> object:
+    """One key per client connection: the SDK builds a session object per request, but the
+    connection's initialize parameters are one object for as long as the connection lives."""
+    params = ctx.session.client_params
+    return id(params) if params is not None else id(ctx.session)
+
+
+class BoundedEventStore(EventStore):
+    """Streamable HTTP resumption: the last events of each SSE stream, bounded, in memory.
+
+    Event ids are unguessable (one store serves every session of the HTTP
+    server), and each stream keeps at most `max_events` events, the store at
+    most `max_streams` streams (the least recently written go first).
+    """
+
+    def __init__(self, *, max_events: int = 256, max_streams: int = 1024) -> None:
+        self.max_events = max_events
+        self.max_streams = max_streams
+        self._streams: OrderedDict[StreamId, deque[tuple[EventId, JSONRPCMessage | None]]] = OrderedDict()
+        self._owner: dict[EventId, StreamId] = {}
+        self._seq = itertools.count(1)
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        """Keep one event (None is a priming event: it marks a position, nothing to replay)."""
+        event_id = f"{next(self._seq)}-{secrets.token_urlsafe(12)}"
+        events = self._streams.get(stream_id)
+        if events is None:
+            events = self._streams[stream_id] = deque()
+        self._streams.move_to_end(stream_id)
+        if len(events) >= self.max_events:
+            dropped, _ = events.popleft()
+            self._owner.pop(dropped, None)
+        events.append((event_id, message))
+        self._owner[event_id] = stream_id
+        while len(self._streams) > self.max_streams:
+            _, old = self._streams.popitem(last=False)
+            for dropped, _ in old:
+                self._owner.pop(dropped, None)
+        return event_id
+
+    async def replay_events_after(
+        self, last_event_id: EventId, send_callback: EventCallback
+    ) -> StreamId | None:
+        """Send every event of the same stream after `last_event_id`; None if that id is unknown."""
+        stream_id = self._owner.get(last_event_id)
+        if stream_id is None:
+            return None
+        after = False
+        for event_id, message in list(self._streams.get(stream_id, ())):
+            if after and message is not None:
+                await send_callback(EventMessage(message, event_id))
+            after = after or event_id == last_event_id
+        return stream_id
