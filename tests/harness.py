@@ -16,6 +16,7 @@ from mcp_types import CallToolResult
 from pollwarden.clock import FakeClock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.fake_provider import FakeProvider
+from pollwarden.operator_keys import PUBKEYS_ENV, OperatorPolicy, generate_key_file, load_public_keys
 from pollwarden.provider_http import HttpLimits
 from pollwarden.server import build_server, controller_factory
 from pollwarden.store import DatabaseLocation, Engine
@@ -122,6 +123,7 @@ class Harness:
     environ: dict[str, str] = field(default_factory=dict[str, str])
     http_limits: HttpLimits | None = None  # caps on provider requests (None: the defaults)
     approval_mode: str = "elicitation"
+    operator: OperatorPolicy = field(default_factory=OperatorPolicy)  # operator public keys, key required
 
     @property
     def database(self) -> DatabaseLocation:
@@ -141,6 +143,7 @@ class Harness:
             database=self.database,
             provider_dirs=(self.tables_dir,),
             approval_mode=self.approval_mode,  # type: ignore[arg-type]
+            operator=self.operator,
         )
 
     def server(self) -> Any:
@@ -202,3 +205,30 @@ async def check(client: Any, job_id: str, wait: float = 0) -> dict[str, Any]:
     """One check_status on `op-<job_id>`; `wait` lets the server wait (on the fake clock) for the allowed time."""
     args = {"operation_id": f"op-{job_id}", "wait_seconds": wait}
     return view(await client.call_tool("check_status", args))
+
+
+@dataclass(frozen=True)
+class Operator:
+    """An operator key pair, as `pollwarden operator-key init` makes it, and the public keys file."""
+
+    key_file: Path
+    pubkeys_file: Path
+
+    def policy(self, *, require_key: bool = False) -> OperatorPolicy:
+        """The server's view: these public keys, a signature required or not."""
+        return OperatorPolicy(keys=load_public_keys(self.pubkeys_file), require_key=require_key)
+
+    def env(self) -> dict[str, str]:
+        """The environment `pollwarden approve` needs to accept this key."""
+        return {PUBKEYS_ENV: str(self.pubkeys_file)}
+
+
+def make_operator(directory: Path, name: str = "operator") -> Operator:
+    """An operator key in `directory` (made on first use) and a public keys file listing it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key_file = directory / f"{name}.key"
+    pubkeys = directory / f"{name}.pubkeys"
+    if not key_file.exists():
+        public = generate_key_file(key_file, f"{name} (test)")
+        pubkeys.write_text(public.line() + "\n")
+    return Operator(key_file, pubkeys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pytest
 from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
-from harness import Harness, make_harness, view
+from harness import Harness, make_harness, make_operator, view
 from pollwarden.clock import FakeClock
 from pollwarden.fake_provider import FakeProvider, pending
 
@@ -62,12 +63,16 @@ def _extend(job: str, seconds: float = 900, requests: int = 4) -> dict[str, Any]
 
 
 def _cli(h: Harness, *args: str) -> subprocess.CompletedProcess[str]:
+    """The operator CLI on the harness's database; approve/deny sign with the operator's key."""
+    operator = make_operator(h.tmp / "operator")
+    extra = ["--operator-key", str(operator.key_file)] if args[0] in ("approve", "deny") else []
     return subprocess.run(
-        [sys.executable, "-m", "pollwarden", *args, "--db", str(h.db_path)],
+        [sys.executable, "-m", "pollwarden", *args, *extra, "--db", str(h.db_path)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env={**os.environ, **operator.env()},
     )
 
 
@@ -232,7 +237,8 @@ async def test_a_client_without_elicitation_gets_an_operator_approval_applied_on
         pending_result = view(await client.call_tool("request_extension", _extend("cli1")))
         assert pending_result["decision"] == "pending_approval"
         approval_id = pending_result["approval_id"]
-        assert f"pollwarden approve {approval_id}" in pending_result["message"]
+        assert approval_id in pending_result["message"]
+        assert "pollwarden approve" not in pending_result["message"]  # a person decides, not the agent
 
         listed = _cli(h, "approvals", "list")
         assert listed.returncode == 0, listed.stderr

@@ -18,10 +18,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 
 from pollwarden.audit import (
     GENESIS_HASH,
+    REKEY_KIND,
     Anchor,
     AuditError,
     AuditKeyError,
@@ -31,6 +33,7 @@ from pollwarden.audit import (
     export_jsonl,
     read_anchor,
     read_rows,
+    rekey_chain,
     render_story,
     row_hash,
     verify_chain,
@@ -228,12 +231,15 @@ def tamper(path: Path, sql: str, params: Sequence[object] = ()) -> None:
         conn.close()
 
 
-def rehash_from(path: Path, first_seq: int, *, key: bytes | None, keyed: int) -> None:
-    """Recompute hashes from ``first_seq`` to the head so the chain is self-consistent again."""
+def rehash_from(
+    path: Path, first_seq: int, *, key: bytes | None, keyed: int, last_seq: int | None = None
+) -> None:
+    """Recompute hashes from ``first_seq`` to the head (or ``last_seq``) so those rows are self-consistent."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         rows = conn.execute(
-            "SELECT seq, operation_id, at, kind, payload FROM audit WHERE seq >= ? ORDER BY seq", (first_seq,)
+            "SELECT seq, operation_id, at, kind, payload FROM audit WHERE seq >= ? AND seq <= ? ORDER BY seq",
+            (first_seq, last_seq if last_seq is not None else 2**62),
         ).fetchall()
         prev = conn.execute("SELECT hash FROM audit WHERE seq = ?", (first_seq - 1,)).fetchone()
         prev_hash = GENESIS_HASH if prev is None else str(prev[0])
@@ -523,24 +529,108 @@ async def test_a_whole_chain_rewritten_unkeyed_fails_when_a_key_is_given(tmp_pat
 
 
 @pytest.mark.anyio
-async def test_an_unkeyed_prefix_is_accepted_only_when_asked_and_only_before_the_key(tmp_path: Path) -> None:
+async def test_a_keyed_append_onto_an_unkeyed_head_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "pw.db"
     await build_chain(db, rows=2)
     conn = await open_db(db)
     try:
-        for minute in range(2):
+        with pytest.raises(AuditKeyError, match="audit rekey"):
+            await append(conn, "polled", payload("polled"), when=T0, key=KEY)
+    finally:
+        conn.close()
+    assert [row.keyed for row in read_rows(db)] == [False, False]
+
+
+@pytest.mark.anyio
+async def test_an_unkeyed_prefix_is_accepted_only_up_to_the_named_rekey_row(tmp_path: Path) -> None:
+    db = tmp_path / "pw.db"
+    await build_chain(db, rows=2)
+    seq = rekey_chain(db, KEY, by="ops-alice", at=T0 + timedelta(minutes=1))
+    assert seq == 3
+    conn = await open_db(db)
+    try:
+        for minute in range(2, 4):
             await append(conn, "polled", payload("polled"), when=T0 + timedelta(minutes=minute), key=KEY)
     finally:
         conn.close()
-    assert not verify_chain(db, KEY).ok
-    result = verify_chain(db, KEY, allow_unkeyed_prefix=True)
-    assert result.ok
-    assert result.unkeyed_prefix == 2
+    rekey_row = read_rows(db)[2]
+    assert (rekey_row.kind, rekey_row.keyed, rekey_row.operation_id) == (REKEY_KIND, True, "pollwarden-audit")
+    assert rekey_row.payload_obj["unkeyed_rows"] == 2
 
-    rehash_from(db, 4, key=None, keyed=0)  # downgrade after keyed rows
-    downgraded = verify_chain(db, KEY, allow_unkeyed_prefix=True)
+    unnamed = verify_chain(db, KEY)
+    assert not unnamed.ok
+    assert unnamed.first_broken_seq == 1
+    assert unnamed.problem is not None
+    assert "pass --rekeyed-at 3" in unnamed.problem
+
+    named = verify_chain(db, KEY, rekeyed_at=3)
+    assert named.ok
+    assert (named.mode, named.unkeyed_prefix, named.rows_checked) == ("rekeyed", 2, 5)
+
+    wrong = verify_chain(db, KEY, rekeyed_at=2)
+    assert not wrong.ok
+    assert wrong.problem is not None
+    assert "row 2 is not the keyed re-key row" in wrong.problem
+
+    # The unkeyed rows are linked to the re-key row: rewriting them afterwards breaks the link.
+    shutil.copy(db, tmp_path / "before-edit.db")
+    tamper(db, "UPDATE audit SET kind = 'forged' WHERE seq = 1")
+    rehash_from(db, 1, key=None, keyed=0, last_seq=2)
+    edited = verify_chain(db, KEY, rekeyed_at=3)
+    assert not edited.ok
+    assert edited.first_broken_seq == 3
+
+    shutil.copy(tmp_path / "before-edit.db", db)
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"pw.db{suffix}").unlink(missing_ok=True)
+    rehash_from(db, 4, key=None, keyed=0)  # a downgrade after the re-key
+    downgraded = verify_chain(db, KEY, rekeyed_at=3)
     assert not downgraded.ok
     assert downgraded.first_broken_seq == 4
+
+
+@pytest.mark.anyio
+async def test_rekey_refuses_an_empty_a_keyed_or_a_broken_chain(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    await build_chain(empty, rows=0)
+    with pytest.raises(AuditKeyError, match="empty"):
+        rekey_chain(empty, KEY, by="ops", at=T0)
+    keyed = tmp_path / "keyed.db"
+    await build_chain(keyed, rows=2, key=KEY)
+    with pytest.raises(AuditKeyError, match="already keyed"):
+        rekey_chain(keyed, KEY, by="ops", at=T0)
+    broken = tmp_path / "broken.db"
+    await build_chain(broken, rows=3)
+    tamper(broken, "DELETE FROM audit WHERE seq = 2")
+    with pytest.raises(AuditKeyError, match="broken chain"):
+        rekey_chain(broken, KEY, by="ops", at=T0)
+    assert len(read_rows(broken)) == 2
+
+
+def test_cli_verify_states_its_mode_and_what_it_cannot_detect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "pw.db"
+    anyio.run(build_chain, db, 3)
+    monkeypatch.delenv("POLLWARDEN_AUDIT_KEY", raising=False)
+    assert audit_main(["audit", "verify", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "mode: unkeyed (plain SHA-256; POLLWARDEN_AUDIT_KEY not given)" in out
+    assert "cannot detect: a chain rewritten consistently by anyone who can write the database file" in out
+
+    monkeypatch.setenv("POLLWARDEN_AUDIT_KEY", KEY.decode())
+    assert audit_main(["audit", "verify", "--db", str(db)]) == 1
+    assert "row 1 is not keyed" in capsys.readouterr().out
+    assert audit_main(["audit", "rekey", "--db", str(db), "--by", "ops-alice"]) == 0
+    assert "re-keyed the audit chain at seq 4" in capsys.readouterr().out
+    assert audit_main(["audit", "verify", "--db", str(db)]) == 1
+    assert "pass --rekeyed-at 4" in capsys.readouterr().out
+    assert audit_main(["audit", "verify", "--db", str(db), "--rekeyed-at", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("audit chain OK: 4 rows")
+    assert "mode: keyed from the re-key row at seq 4 on" in out
+    assert "cannot detect: a rewrite of the unkeyed rows before the re-key" in out
+    assert KEY.decode() not in out
 
 
 @pytest.mark.anyio

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmarks.live import pollwarden_cli
 
-from harness import make_harness, view
+from harness import error_text, make_harness, view
 from pollwarden.audit import read_rows, render_story, verify_chain
 from pollwarden.fake_provider import FakeProvider, http, pending, succeeded
 
@@ -168,3 +169,41 @@ async def test_the_chain_verifies_and_export_writes_one_json_line_per_decision(
     )
     assert verified.returncode == 0
     assert "audit chain OK: 3 rows" in verified.stdout
+
+
+async def test_a_keyed_server_never_extends_an_unkeyed_chain_until_an_operator_rekeys_it(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    key = "an-audit-key-the-agent-does-not-hold"
+    fake.script("k1", [pending("running")])
+    plain = make_harness(tmp_path, fake)
+    async with plain.client() as client:
+        await client.call_tool(
+            "start_operation", {"provider": "acme", "operation_id": "op-k1", "provider_job_id": "k1"}
+        )
+    keyed = make_harness(tmp_path, fake, environ={"POLLWARDEN_AUDIT_KEY": key}, clock=plain.clock)
+    async with keyed.client() as client:
+        refused = [
+            error_text(await client.call_tool(tool, args))
+            for tool, args in (
+                ("check_status", {"operation_id": "op-k1", "wait_seconds": 50}),
+                ("start_operation", {"provider": "acme", "operation_id": "op-k2", "provider_job_id": "k2"}),
+            )
+        ]
+    for text in refused:
+        assert "the audit chain is not keyed (head seq 1) but POLLWARDEN_AUDIT_KEY is set" in text
+        assert "pollwarden audit rekey" in text
+    assert fake.status_requests("k1") == []
+    h_db = plain.db_path
+    assert [row.keyed for row in read_rows(h_db)] == [False]
+
+    rekeyed = pollwarden_cli(
+        "audit", "rekey", "--db", str(h_db), "--by", "ops-alice", env={"POLLWARDEN_AUDIT_KEY": key}
+    )
+    assert rekeyed.code == 0, rekeyed.stderr
+    async with keyed.client() as client:
+        polled = view(await client.call_tool("check_status", {"operation_id": "op-k1", "wait_seconds": 50}))
+    assert polled["outcome"] == "polled"
+    assert [row.kind for row in read_rows(h_db)] == ["tracking", "audit_rekey", "polled"]
+    assert verify_chain(h_db, key.encode(), rekeyed_at=2).ok
+    assert not verify_chain(h_db, key.encode()).ok

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from benchmarks.live import audit_verify, call, pollwarden_cli, read_record, stdio_server
 
-from harness import base_table, error_text, merge, write_table
+from harness import base_table, error_text, make_operator, merge, write_table
 from pollwarden.clock import SystemClock
 from pollwarden.config import BUSY_TIMEOUT_ENV, ServerConfig
 from pollwarden.controller import Controller
@@ -179,7 +179,11 @@ async def test_a_read_only_database_file_is_a_clear_error_for_agent_and_operator
             started = await client.call_tool(
                 "start_operation", {"provider": "acme", "operation_id": "op-ro-2", "provider_job_id": "y"}
             )
-        operator = pollwarden_cli("approve", "ap-op-ro", "--db", str(db))
+        # A decision needs a person or an operator key; the key gets it as far as the write.
+        key = make_operator(tmp_path / "keys")
+        operator = pollwarden_cli(
+            "approve", "ap-op-ro", "--db", str(db), "--operator-key", str(key.key_file), env=key.env()
+        )
         verify_read_only = audit_verify(db)
 
         for text in (error_text(checked), error_text(started), operator.stderr):

@@ -329,14 +329,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def wait_until_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+async def wait_until_listening(
+    proc: subprocess.Popen[bytes], port: int, log: Path, host: str = "127.0.0.1"
+) -> None:
     """Bounded polling for the child's start-up (the only waiting on real time here)."""
     with anyio.fail_after(STARTUP_SECONDS):
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"pollwarden serve exited with {proc.returncode}: {log.read_text()}")
             try:
-                stream = await anyio.connect_tcp("127.0.0.1", port)
+                stream = await anyio.connect_tcp(host, port)
             except OSError:
                 await anyio.sleep(0.05)
                 continue

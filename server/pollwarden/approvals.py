@@ -18,9 +18,11 @@ from pollwarden.clock import Clock
 from pollwarden.config import ServerConfig
 from pollwarden.errors import InvalidRequest
 from pollwarden.extensions import ExtensionPlan, ExtensionResult, extension_changes
+from pollwarden.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
 from pollwarden.records import OperationRecord
-from pollwarden.store import Store
+from pollwarden.store import ApprovalRecord, Store
 from pollwarden.timefmt import iso
+from pollwarden.untrusted import quoted
 from pollwarden.views import OperationView, allowed_actions
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden_providers.table import ProviderTable
@@ -67,9 +69,17 @@ async def plan_extension(
 
 
 async def apply_extension(
-    controller: ApprovalParts, plan: ExtensionPlan, *, approval_id: str | None = None, by: str = "person"
+    controller: ApprovalParts,
+    plan: ExtensionPlan,
+    *,
+    method: str,
+    approval_id: str | None = None,
+    by: str = "person",
 ) -> ExtensionResult:
-    """Record an approved plan, only if the operation is still as it was when asked."""
+    """Record an approved plan, only if the operation is still as it was when asked.
+
+    `method` is how the decision was authenticated (see `operator_keys`); the audit keeps it.
+    """
     record = await controller.load(plan.operation_id)
     table = controller.table_for(record.provider)
     now = controller.clock.now()
@@ -97,6 +107,7 @@ async def apply_extension(
             "extra_seconds": plan.extra_seconds,
             "extra_status_requests": plan.extra_status_requests,
             "approved_by": by,
+            "authenticated_by": method,
             "delay_source": "manual_extension",
         },
     )
@@ -112,7 +123,8 @@ async def apply_extension(
         controller,
         updated,
         "approved",
-        f"Approved by {by}: deadline now {iso(updated.deadline_at)}, budget {updated.max_status_requests} "
+        f"Approved by {quoted(by)} ({method}): deadline now {iso(updated.deadline_at)}, "
+        f"budget {updated.max_status_requests} "
         f"status requests ({updated.status_requests_used} used). Call check_status; the next check's "
         "delay source is manual_extension.",
         approval_id=approval_id,
@@ -120,8 +132,10 @@ async def apply_extension(
     )
 
 
-async def record_answer(controller: ApprovalParts, plan: ExtensionPlan, decision: str) -> ExtensionResult:
-    """Audit a person's deny or cancel; nothing else changes."""
+async def record_answer(
+    controller: ApprovalParts, plan: ExtensionPlan, decision: str, *, method: str | None = None
+) -> ExtensionResult:
+    """Audit a person's deny or cancel (with how the answer was authenticated); nothing else changes."""
     record = await controller.load(plan.operation_id)
     kind = "extension_denied" if decision == "denied" else "extension_cancelled"
     await controller.store.audit_event(
@@ -129,7 +143,7 @@ async def record_answer(controller: ApprovalParts, plan: ExtensionPlan, decision
         kind=kind,
         at=controller.clock.now(),
         note=f"asked +{plan.extra_seconds:g} s, +{plan.extra_status_requests} checks",
-        extra={},
+        extra={"authenticated_by": method} if method else {},
     )
     text = (
         "The person denied the extension"
@@ -177,7 +191,9 @@ async def record_late_answer(
         at=now,
         ttl_seconds=controller.config.approval_ttl_seconds,
     )
-    await controller.store.decide_approval(approval.approval_id, approve=approve, by=LATE_ANSWER_BY, at=now)
+    await controller.store.decide_approval(
+        approval.approval_id, approve=approve, by=LATE_ANSWER_BY, at=now, method=METHOD_ELICITATION
+    )
 
 
 async def request_operator_approval(controller: ApprovalParts, plan: ExtensionPlan) -> ExtensionResult:
@@ -196,16 +212,66 @@ async def request_operator_approval(controller: ApprovalParts, plan: ExtensionPl
         controller,
         record,
         "pending_approval",
-        f"A person must decide; this client cannot ask them. An operator runs "
-        f"`pollwarden approve {approval.approval_id}` or `pollwarden deny {approval.approval_id}` "
-        f"(same database) before {iso(approval.expires_at)}. Then call check_status: it applies the "
-        "decision. Do not poll in between.",
+        operator_must_decide(approval.approval_id, approval.expires_at)
+        + " Then call check_status once: it applies the decision. Do not poll in between.",
         approval_id=approval.approval_id,
     )
 
 
+def operator_must_decide(approval_id: str, expires_at: float) -> str:
+    """What the agent is told when a person must decide outside the chat: who and where, never a command."""
+    return (
+        f"A person must decide, and this client cannot show them the question. It waits as approval "
+        f"{approval_id} for an operator, who reads it and decides at the operator's own terminal or console "
+        f"(not in this chat, and not by an agent) before {iso(expires_at)}."
+    )
+
+
+def decision_facts(approval: ApprovalRecord) -> DecisionFacts:
+    """What an operator's signature on this decision covers."""
+    return DecisionFacts(
+        approval_id=approval.approval_id,
+        operation_id=approval.operation_id,
+        kind=approval.kind,
+        bound_version=approval.bound_version,
+        request_json=approval.request_json,
+        decision=approval.status,
+        decided_at=approval.decided_at or 0.0,
+        decided_by=approval.decided_by or "",
+    )
+
+
+async def check_operator_decision(controller: ApprovalParts, approval: ApprovalRecord) -> Verdict:
+    """Authenticate a decision recorded outside the client before it is used; void and audit a refused one."""
+    verdict = authenticate(
+        decision_facts(approval),
+        approval.decided_method,
+        approval.decision_signature,
+        controller.config.operator,
+    )
+    if not verdict.ok:
+        now = controller.clock.now()
+        await controller.store.close_approval(
+            approval.approval_id, status=ApprovalStatus.VOID, at=now, note=f"refused: {verdict.reason}"
+        )
+        await controller.store.audit_event(
+            approval.operation_id,
+            kind="approval_refused",
+            at=now,
+            note=f"{approval.approval_id} ({approval.status} by {approval.decided_by}, {verdict.method}) "
+            f"refused: {verdict.reason}",
+            extra={"authenticated_by": verdict.method},
+        )
+    return verdict
+
+
 async def apply_decided_approvals(controller: ApprovalParts, record: OperationRecord) -> OperationRecord:
-    """Apply an operator's CLI decision on the agent's next check; expire or void stale ones."""
+    """Apply an operator's CLI decision on the agent's next check; expire or void stale ones.
+
+    A decision is applied only after `check_operator_decision` accepts how it was
+    authenticated (a signature that does not verify, or an unsigned decision when
+    the operator requires a key, voids the approval and is audited).
+    """
     approvals = await controller.store.list_approvals(operation_id=record.operation_id)
     now = controller.clock.now()
     for approval in approvals:
@@ -219,14 +285,22 @@ async def apply_decided_approvals(controller: ApprovalParts, record: OperationRe
                 note="nobody decided in time",
                 audit_kind="approval_expired",
             )
-        elif approval.status == ApprovalStatus.APPROVED:
+        elif approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
+            verdict = await check_operator_decision(controller, approval)
+            if not verdict.ok:
+                continue
+            if approval.status == ApprovalStatus.DENIED:
+                await controller.store.close_approval(
+                    approval.approval_id, status=ApprovalStatus.APPLIED, at=now, note="denied"
+                )
+                continue
             plan = ExtensionPlan.model_validate(approval.request)
             await apply_extension(
-                controller, plan, approval_id=approval.approval_id, by=approval.decided_by or "operator"
-            )
-        elif approval.status == ApprovalStatus.DENIED:
-            await controller.store.close_approval(
-                approval.approval_id, status=ApprovalStatus.APPLIED, at=now, note="denied"
+                controller,
+                plan,
+                method=verdict.method,
+                approval_id=approval.approval_id,
+                by=approval.decided_by or "operator",
             )
     return await controller.load(record.operation_id)
 
@@ -264,3 +338,34 @@ def _after_no(record: OperationRecord) -> str:
 def record_allowed(record: OperationRecord) -> list[str]:
     """Allowed actions without a table (for messages)."""
     return allowed_actions(record, None)
+
+
+# -- what an operator reads ------------------------------------------------------------------------
+
+
+def describe_request(approval: ApprovalRecord) -> str:
+    """What the approval asks for, in a few words (a cancel is described as a cancel)."""
+    if approval.kind == "cancel":
+        return "asks to cancel the job at the provider (one cancel call; the job's work is lost)"
+    request = approval.request
+    return (
+        f"asks +{float(request.get('extra_seconds', 0)):g} s, "
+        f"+{int(request.get('extra_status_requests', 0))} status requests"
+    )
+
+
+def what_happens_next(approval: ApprovalRecord) -> str:
+    """After a decision: what happens, and when, for this kind of approval."""
+    if approval.kind == "cancel":
+        if approval.status == "approved":
+            return (
+                "the agent's next cancel_operation call sends the provider's documented cancel call, once "
+                "(never retried, nothing resubmitted); nothing is sent before that call"
+            )
+        return "the job is kept; no cancel call is sent"
+    if approval.status == "approved":
+        return (
+            f"the agent's next check_status applies it ({describe_request(approval).removeprefix('asks ')}; "
+            "counters are kept); nothing changes before that call"
+        )
+    return "nothing changes; the agent's next check_status still answers stopped and sees the denial"

@@ -21,6 +21,14 @@ What the chain can and cannot prove:
 * a deleted tail, or a chain rewritten consistently by someone who holds the
   key (or when no key is used), is only caught against an :class:`Anchor`
   taken earlier and stored somewhere the database writer cannot reach.
+
+A keyed server never extends an unkeyed chain: :func:`append_audit` refuses.
+The only way from an unkeyed chain to a keyed one is an explicit, audited
+re-key row (:func:`rekey_chain`, ``pollwarden audit rekey``), written keyed on
+top of the unkeyed head after that head verified. Verifying with the key then
+accepts the unkeyed rows before it only when the re-key row's seq is named
+(``rekeyed_at``): they stay linked to it, so an edit made after the re-key is
+caught, but the key cannot prove they were not rewritten before it.
 """
 
 from __future__ import annotations
@@ -39,9 +47,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO, cast
 
+from pollwarden.errors import PollwardenError
+from pollwarden.files import write_private_file
+from pollwarden.untrusted import one_line, quoted
+
 __all__ = [
     "AUDIT_KEY_ENV",
     "GENESIS_HASH",
+    "REKEY_KIND",
     "Anchor",
     "AuditError",
     "AuditKeyError",
@@ -49,10 +62,13 @@ __all__ = [
     "VerifyResult",
     "audit_key_from_env",
     "canonical_json",
+    "describe_mode",
     "export_jsonl",
     "format_timestamp",
+    "key_problem",
     "read_anchor",
     "read_rows",
+    "rekey_chain",
     "render_story",
     "row_hash",
     "verify_chain",
@@ -65,16 +81,21 @@ AUDIT_KEY_ENV = "POLLWARDEN_AUDIT_KEY"
 GENESIS_HASH = "0" * 64
 """``prev_hash`` of the first row (seq 1)."""
 
+REKEY_KIND = "audit_rekey"
+"""``kind`` of the row that starts keying an unkeyed chain (written by :func:`rekey_chain`)."""
+REKEY_OPERATION = "pollwarden-audit"
+"""``operation_id`` of chain-level rows such as the re-key row."""
+
 _ANCHOR_FORMAT = "pollwarden-audit-anchor/1"
 _HEX = frozenset("0123456789abcdef")
 
 
-class AuditError(Exception):
+class AuditError(PollwardenError):
     """The audit database cannot be read (missing file, no audit table, bad anchor file)."""
 
 
 class AuditKeyError(AuditError):
-    """A keyed chain would be continued without the key (a silent downgrade)."""
+    """The chain and the key disagree: a keyed chain continued without the key, or an unkeyed one with it."""
 
 
 # ---------------------------------------------------------------------------
@@ -134,6 +155,38 @@ def format_timestamp(moment: datetime) -> str:
 
 
 # ---------------------------------------------------------------------------
+# writing
+
+
+def key_mismatch(head_seq: int, head_keyed: bool, key: bytes | None) -> str | None:
+    """Why a row with `key` (or without one) must not extend a head keyed `head_keyed`, or None."""
+    if head_keyed and key is None:
+        return f"the audit chain is keyed (head seq {head_seq}); set {AUDIT_KEY_ENV} to append to it"
+    if key is not None and not head_keyed:
+        return (
+            f"the audit chain is not keyed (head seq {head_seq}) but {AUDIT_KEY_ENV} is set: a keyed server "
+            "never extends an unkeyed chain silently. Run `pollwarden audit rekey` once with the key set "
+            f"(it verifies the chain, then writes an audited re-key row), or unset {AUDIT_KEY_ENV}; "
+            "nothing was recorded"
+        )
+    return None
+
+
+def key_problem(db_path: Path, key: bytes | None) -> str | None:
+    """Why a server with `key` (or without one) must not append to this chain, or None when it may.
+
+    Checked when a server starts, before any request is sent: a chain whose
+    head disagrees with the key would refuse the first audit row, and a status
+    request's answer must never be sent without being recorded.
+    """
+    if not Path(db_path).is_file():
+        return None
+    with _open_ro(Path(db_path)) as conn:
+        head = conn.execute("SELECT seq, keyed FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    return None if head is None else key_mismatch(int(head[0]), bool(head[1]), key)
+
+
+# ---------------------------------------------------------------------------
 # reading (sync, read-only, works on a copy of the file)
 
 
@@ -167,8 +220,11 @@ class VerifyResult:
 
     ``first_broken_seq`` is the first seq that fails (for a deleted row: the
     missing seq); ``problem`` says what is wrong. ``head_seq``/``head_hash``
-    describe the last row read. ``unkeyed_prefix`` counts unkeyed rows accepted
-    before the first keyed row (only with ``allow_unkeyed_prefix``).
+    describe the last row read. ``mode`` is how the chain was checked:
+    ``"keyed"`` (every row authenticated with the key), ``"rekeyed"`` (keyed
+    from the named re-key row on; ``unkeyed_prefix`` unkeyed rows before it) or
+    ``"unkeyed"`` (plain SHA-256, no key given). :func:`describe_mode` says what
+    each can and cannot detect.
     """
 
     ok: bool
@@ -178,6 +234,34 @@ class VerifyResult:
     head_seq: int = 0
     head_hash: str = GENESIS_HASH
     unkeyed_prefix: int = 0
+    mode: str = "unkeyed"
+
+
+def describe_mode(result: VerifyResult) -> list[str]:
+    """What a verification in ``result.mode`` detects and what it cannot, in plain words."""
+    if result.mode == "keyed":
+        return [
+            f"mode: keyed (HMAC-SHA256 with {AUDIT_KEY_ENV}); every row is authenticated by the key",
+            "detects: an edited, inserted, deleted or reordered row, and any rewrite by someone without the key",
+            "cannot detect: a deleted tail (verify against an anchor kept elsewhere: --anchor), or a rewrite "
+            "by someone who holds the key",
+        ]
+    if result.mode == "rekeyed":
+        return [
+            f"mode: keyed from the re-key row at seq {result.unkeyed_prefix + 1} on (HMAC-SHA256 with "
+            f"{AUDIT_KEY_ENV}); the {result.unkeyed_prefix} rows before it are unkeyed",
+            "detects: any change after the re-key, and any edit of the unkeyed rows made after the re-key "
+            "(they are linked to the re-key row)",
+            "cannot detect: a rewrite of the unkeyed rows before the re-key, a deleted tail (use --anchor), or a "
+            "rewrite by someone who holds the key",
+        ]
+    return [
+        f"mode: unkeyed (plain SHA-256; {AUDIT_KEY_ENV} not given)",
+        "detects: accidental edits and rows deleted from the middle",
+        "cannot detect: a chain rewritten consistently by anyone who can write the database file, or a deleted "
+        f"tail; if the server uses {AUDIT_KEY_ENV}, set it here too (then unkeyed rows fail), and keep anchors "
+        "elsewhere (--anchor)",
+    ]
 
 
 _SELECT_ROWS = "SELECT seq, operation_id, at, kind, payload, prev_hash, hash, keyed FROM audit"
@@ -269,12 +353,17 @@ def read_rows(db_path: Path, operation_id: str | None = None) -> list[AuditRow]:
         return list(_iter_rows(conn, operation_id))
 
 
+def _rekey_seq(conn: sqlite3.Connection) -> int | None:
+    row = conn.execute("SELECT seq FROM audit WHERE kind = ? ORDER BY seq LIMIT 1", (REKEY_KIND,)).fetchone()
+    return None if row is None else int(row[0])
+
+
 def verify_chain(
     db_path: Path,
     key: bytes | None,
     anchor: Anchor | None = None,
     *,
-    allow_unkeyed_prefix: bool = False,
+    rekeyed_at: int | None = None,
 ) -> VerifyResult:
     """Check the whole chain and return where it first breaks, if anywhere.
 
@@ -282,13 +371,14 @@ def verify_chain(
     deleted seq), ``prev_hash`` equals the previous row's hash, and the stored
     hash matches the recomputed one. With ``key`` every row must be keyed: an
     unkeyed row cannot be authenticated, so a chain rewritten with plain SHA-256
-    by someone without the key is caught (``allow_unkeyed_prefix`` accepts the
-    unkeyed rows written before the key was first configured, never after it).
-    Without ``key``, a keyed row cannot be checked and verification fails with
-    a request to set ``POLLWARDEN_AUDIT_KEY``. With ``anchor`` the head must have
-    reached the anchored seq and that row must still carry the anchored hash
-    (catches a truncated or rewritten tail). Raises :class:`AuditError` if the
-    database cannot be read.
+    by someone without the key is caught. The one exception is a chain re-keyed
+    by :func:`rekey_chain`: naming the re-key row's seq as ``rekeyed_at`` accepts
+    the unkeyed rows before it (never after it); the row at that seq must be the
+    keyed re-key row. Without ``key``, a keyed row cannot be checked and
+    verification fails with a request to set ``POLLWARDEN_AUDIT_KEY``. With
+    ``anchor`` the head must have reached the anchored seq and that row must
+    still carry the anchored hash (catches a truncated or rewritten tail).
+    Raises :class:`AuditError` if the database cannot be read.
     """
     expected_seq = 1
     prev_hash = GENESIS_HASH
@@ -296,6 +386,7 @@ def verify_chain(
     unkeyed_prefix = 0
     seen_keyed = False
     anchored_hash: str | None = None
+    mode = "unkeyed" if key is None else ("rekeyed" if rekeyed_at is not None else "keyed")
 
     def broken(seq: int, problem: str) -> VerifyResult:
         return VerifyResult(
@@ -306,9 +397,11 @@ def verify_chain(
             head_seq=expected_seq - 1,
             head_hash=prev_hash,
             unkeyed_prefix=unkeyed_prefix,
+            mode=mode,
         )
 
     with _open_ro(Path(db_path)) as conn:
+        rekey_seq = _rekey_seq(conn)
         for raw in conn.execute(_SELECT_ROWS + " ORDER BY seq"):
             seq, operation_id, at, kind, payload, stored_prev, stored_hash, keyed_flag = raw
             seq = int(seq)
@@ -322,6 +415,10 @@ def verify_chain(
                 )
                 return broken(expected_seq, f"seq gap: {missing} (deleted from the chain)")
             keyed = bool(keyed_flag)
+            if key is not None and seq == rekeyed_at and (not keyed or str(kind) != REKEY_KIND):
+                return broken(
+                    seq, f"row {seq} is not the keyed re-key row ({REKEY_KIND}) named by --rekeyed-at"
+                )
             if keyed:
                 seen_keyed = True
                 if key is None:
@@ -333,11 +430,17 @@ def verify_chain(
                         f"row {seq} is not keyed although earlier rows are: "
                         "rewritten without the key (downgrade to plain SHA-256)",
                     )
-                if not allow_unkeyed_prefix:
+                if rekeyed_at is None or seq >= rekeyed_at:
+                    hint = (
+                        f"; the chain was re-keyed at seq {rekey_seq}: pass --rekeyed-at {rekey_seq} to accept the "
+                        f"{rekey_seq - 1} unkeyed rows before it, which the key cannot authenticate"
+                        if rekey_seq is not None and rekeyed_at is None
+                        else ""
+                    )
                     return broken(
                         seq,
                         f"row {seq} is not keyed, so the key cannot authenticate it "
-                        "(rewritten without the key, or written before the key was set)",
+                        f"(rewritten without the key, or written before the key was set){hint}",
                     )
                 unkeyed_prefix += 1
             if not hmac.compare_digest(str(stored_prev), prev_hash):
@@ -361,6 +464,8 @@ def verify_chain(
                 anchored_hash = prev_hash
 
     head_seq = expected_seq - 1
+    if key is not None and rekeyed_at is not None and rekeyed_at > head_seq:
+        return broken(head_seq + 1, f"--rekeyed-at {rekeyed_at} is beyond the head (seq {head_seq})")
     if anchor is not None:
         if anchor.seq > head_seq:
             return broken(
@@ -379,7 +484,55 @@ def verify_chain(
         head_seq=head_seq,
         head_hash=prev_hash,
         unkeyed_prefix=unkeyed_prefix,
+        mode=mode,
     )
+
+
+def rekey_chain(db_path: Path, key: bytes, *, by: str, at: datetime) -> int:
+    """Start keying an unkeyed chain: verify it, then append the keyed re-key row; return its seq.
+
+    The only way a keyed server may continue an unkeyed chain. Under the write
+    lock (so nothing is appended in between) the whole unkeyed chain must
+    verify; the re-key row records who re-keyed it, how many unkeyed rows it
+    follows and the head hash it links to. Raises :class:`AuditKeyError` when
+    the chain is empty (a keyed server starts it keyed), already keyed, or broken.
+    """
+    from pollwarden.store.sqlite.rows import append_audit  # the engine's one append path
+
+    with closing(sqlite3.connect(str(db_path), isolation_level=None)) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = verify_chain(db_path, None)
+            if result.rows_checked == 0 and result.ok:
+                raise AuditKeyError(
+                    "the audit chain is empty: a server with the key starts it keyed; nothing to re-key"
+                )
+            if not result.ok:
+                keyed = result.problem is not None and "is keyed" in result.problem
+                raise AuditKeyError(
+                    "the audit chain is already keyed; nothing to re-key"
+                    if keyed
+                    else f"refusing to re-key a broken chain (seq {result.first_broken_seq}: {result.problem})"
+                )
+            seq = append_audit(
+                conn,
+                operation_id=REKEY_OPERATION,
+                at=at,
+                kind=REKEY_KIND,
+                payload={
+                    "decision": REKEY_KIND,
+                    "note": f"re-keyed by {by}: rows after this one are HMAC-keyed",
+                    "by": by,
+                    "unkeyed_rows": result.head_seq,
+                    "unkeyed_head_hash": result.head_hash,
+                },
+                key=key,
+            )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return seq
 
 
 def write_anchor(db_path: Path, out: Path) -> Anchor:
@@ -387,7 +540,9 @@ def write_anchor(db_path: Path, out: Path) -> Anchor:
 
     Keep the file where whoever can write the database cannot (another host, a
     ticket, a signed commit). An empty chain anchors seq 0 with the genesis hash.
-    The file is written atomically (temporary file, then rename).
+    The file is private (0600) and written whole: an exclusive temporary file
+    with a random name, then a rename that never writes through a symlink
+    (:func:`pollwarden.files.write_private_file`).
     """
     with _open_ro(Path(db_path)) as conn:
         head = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
@@ -395,9 +550,8 @@ def write_anchor(db_path: Path, out: Path) -> Anchor:
     anchor = Anchor(seq=seq, hash=digest, at=format_timestamp(datetime.now(UTC)))
     out = Path(out)
     document = {"format": _ANCHOR_FORMAT, "seq": anchor.seq, "hash": anchor.hash, "at": anchor.at}
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(out)
+    with write_private_file(out) as handle:
+        handle.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
     return anchor
 
 
@@ -458,10 +612,14 @@ _DELAY_SOURCE_WORDS = {
 }
 
 
-def _clean(value: object) -> str:
-    """Text safe for one terminal line: control characters (newlines, ESC) become spaces."""
-    text = value if isinstance(value, str) else str(value)
-    return "".join(ch if ch.isprintable() else " " for ch in text)
+def _value(value: object) -> str:
+    """An untrusted value (job id, state, hint): one line, escaped, capped, quoted unless a plain token."""
+    return quoted(value)
+
+
+def _note(value: object) -> str:
+    """pollwarden's own note, which may embed stored text: one line, escaped, capped."""
+    return one_line(value)
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -479,7 +637,7 @@ def _parse_time(value: object) -> datetime | None:
 def _hms(value: object) -> str:
     moment = _parse_time(value)
     if moment is None:
-        return _clean(value) if value is not None else "?"
+        return _value(value) if value is not None else "?"
     return moment.strftime("%H:%M:%S")
 
 
@@ -490,11 +648,12 @@ def _number(value: object) -> str:
         return str(value)
     if isinstance(value, float) and math.isfinite(value):
         return str(int(value)) if value.is_integer() else str(round(value, 3))
-    return _clean(value)
+    return _value(value)
 
 
 def _words(value: object) -> str:
-    return _clean(value).replace("_", " ")
+    text = _value(value)
+    return text.replace("_", " ") if text == value else text
 
 
 def _delay_source(value: object) -> str:
@@ -535,16 +694,14 @@ def _rejected_hints(p: Mapping[str, object]) -> str:
         h = _as_object_dict(hint)
         if h is not None:
             value = h.get("value")
-            value_text = _number(value) if isinstance(value, int | float) else _clean(value)
-            parts.append(
-                f" (ignored hint: {_clean(h.get('source'))} {value_text}: {_clean(h.get('reason'))})"
-            )
+            value_text = _number(value) if isinstance(value, int | float) else _value(value)
+            parts.append(f" (ignored hint: {_value(h.get('source'))} {value_text}: {_note(h.get('reason'))})")
     return "".join(parts)
 
 
 def _start_line(verb: str, p: Mapping[str, object]) -> str:
     job = p.get("provider_job_id")
-    text = f"{verb} job {_clean(job) if job is not None else '(no id yet)'}"
+    text = f"{verb} job {_value(job) if job is not None else '(no id yet)'}"
     if p.get("deadline_at") is not None:
         text += f", deadline {_hms(p.get('deadline_at'))}"
     if p.get("max_status_requests") is not None:
@@ -556,9 +713,9 @@ def _polled_line(p: Mapping[str, object]) -> str:
     http_status = p.get("http_status")
     if http_status is None:
         note = p.get("note")
-        text = f"no response ({_clean(note)})" if note else "no response"
+        text = f"no response ({_note(note)})" if note else "no response"
     elif isinstance(http_status, int) and 200 <= http_status < 300:
-        text = f"polled, state {_clean(p.get('state'))}"
+        text = f"polled, state {_value(p.get('state'))}"
     else:
         text = f"received {_number(http_status)}"
         if p.get("retry_after_seconds") is not None:
@@ -592,7 +749,7 @@ def _story_line(row: AuditRow) -> str:
         reason = p.get("stop_reason")
         if reason is None:
             note = p.get("note")
-            return f"{at} stopped" + (f": {_clean(note)}" if note else "")
+            return f"{at} stopped" + (f": {_note(note)}" if note else "")
         text = f"{at} {_words(reason)} before polling"
         return text + (", escalated" if p.get("status") == "escalated" else "")
     if kind == "not_yet_summary":
@@ -618,9 +775,11 @@ def _story_line(row: AuditRow) -> str:
         return f"{at} extension denied"
     if kind == "approval_pending":
         note = p.get("note")
-        return f"{at} extension awaiting operator approval" + (f" {_clean(note)}" if note else "")
+        request = _as_object_dict(p.get("request")) or {}
+        what = "extension" if "extra_seconds" in request or not request else "cancel"
+        return f"{at} {what} awaiting operator approval" + (f" {_note(note)}" if note else "")
     detail = p.get("note") or p.get("decision")
-    return f"{at} {_clean(kind)}" + (f": {_clean(detail)}" if detail else "")
+    return f"{at} {_value(kind)}" + (f": {_note(detail)}" if detail else "")
 
 
 def render_story(rows: Sequence[AuditRow]) -> list[str]:
@@ -633,7 +792,10 @@ def render_story(rows: Sequence[AuditRow]) -> list[str]:
         10:20:31 received 503, Retry-After 120, next poll 10:22:31 from provider guidance
         10:58:00 polled, state running, request budget exhausted, escalated
 
-    Provider-supplied text is reduced to printable characters so every row
-    stays on one line and cannot inject terminal escapes.
+    Values an agent or a provider supplied (job ids, states, hints) are rendered
+    with :func:`pollwarden.untrusted.quoted` and notes with
+    :func:`pollwarden.untrusted.one_line`: every row stays on one line, control
+    characters and terminal escapes are shown escaped, and long values are cut
+    visibly.
     """
     return [_story_line(row) for row in rows]

@@ -1,9 +1,11 @@
-"""``pollwarden audit …`` subcommands: show, export, verify, anchor.
+"""``pollwarden audit …`` subcommands: show, export, verify, anchor, rekey.
 
-These are offline commands: they read the database file read-only (a copy
-works too) and print to stdout. ``show`` and ``export`` first write the summary
-rows of refused calls counted since the last row, when the file is writable. The HMAC key is read from
-``POLLWARDEN_AUDIT_KEY`` and is never printed.
+show, export, verify and anchor are offline commands: they read the database
+file read-only (a copy works too) and print to stdout; ``show`` and ``export``
+first write the summary rows of refused calls counted since the last row, when
+the file is writable. rekey is the one that writes a decision: the audited
+re-key row that lets a keyed server continue a chain that was unkeyed. The HMAC
+key is read from ``POLLWARDEN_AUDIT_KEY`` and is never printed.
 
 Exit codes: 0 ok, 1 chain broken / operation not found / anchor refused,
 2 usage error (no database given, unreadable file or anchor).
@@ -12,24 +14,33 @@ Exit codes: 0 ok, 1 chain broken / operation not found / anchor refused,
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pollwarden.audit import (
+    AUDIT_KEY_ENV,
+    REKEY_KIND,
     AuditError,
+    AuditKeyError,
     VerifyResult,
     audit_key_from_env,
+    describe_mode,
     export_jsonl,
     read_anchor,
     read_rows,
+    rekey_chain,
     render_story,
     verify_chain,
     write_anchor,
 )
 from pollwarden.config import BUSY_TIMEOUT_SECONDS
+from pollwarden.files import prepare_database_file, write_private_file
 from pollwarden.store.sqlite.offline import flush_refusals_before_reading
+from pollwarden.untrusted import quoted
 
 __all__ = ["DB_ENV", "add_audit_commands", "main"]
 
@@ -77,14 +88,14 @@ def _guarded(handler: Callable[[argparse.Namespace, Path], int]) -> Handler:
 
 
 def _describe(result: VerifyResult) -> str:
+    """The verdict, then the mode and what it can and cannot detect (one per line)."""
     if result.ok:
-        text = (
+        verdict = (
             f"audit chain OK: {result.rows_checked} rows, head seq {result.head_seq} hash {result.head_hash}"
         )
-        if result.unkeyed_prefix:
-            text += f" ({result.unkeyed_prefix} unkeyed rows before the key was set)"
-        return text
-    return f"audit chain BROKEN at seq {result.first_broken_seq}: {result.problem}"
+    else:
+        verdict = f"audit chain BROKEN at seq {result.first_broken_seq}: {result.problem}"
+    return "\n".join([verdict, *describe_mode(result)])
 
 
 def _bring_story_up_to_date(db: Path) -> None:
@@ -104,7 +115,7 @@ def _show(args: argparse.Namespace, db: Path) -> int:
     _bring_story_up_to_date(db)
     rows = read_rows(db, operation_id)
     if not rows:
-        print(f"pollwarden audit: no audit rows for operation {operation_id!r}", file=sys.stderr)
+        print(f"pollwarden audit: no audit rows for operation {quoted(operation_id)}", file=sys.stderr)
         return EXIT_FAILED
     for line in render_story(rows):
         print(line)
@@ -121,7 +132,8 @@ def _export(args: argparse.Namespace, db: Path) -> int:
         return EXIT_OK
     target = Path(out)
     try:
-        with target.open("w", encoding="utf-8") as handle:
+        # Private (0600), written whole, never through a symlink at --out.
+        with write_private_file(target) as handle:
             count = export_jsonl(db, handle, operation_id)
     except OSError as exc:
         print(f"pollwarden audit: cannot write {target}: {exc}", file=sys.stderr)
@@ -133,9 +145,7 @@ def _export(args: argparse.Namespace, db: Path) -> int:
 def _verify(args: argparse.Namespace, db: Path) -> int:
     anchor_file: str | None = args.anchor
     anchor = read_anchor(Path(anchor_file)) if anchor_file is not None else None
-    result = verify_chain(
-        db, audit_key_from_env(), anchor, allow_unkeyed_prefix=bool(args.allow_unkeyed_prefix)
-    )
+    result = verify_chain(db, audit_key_from_env(), anchor, rekeyed_at=args.rekeyed_at)
     print(_describe(result))
     if result.ok and anchor is not None:
         print(f"anchor matched: seq {anchor.seq} taken at {anchor.at}")
@@ -144,7 +154,7 @@ def _verify(args: argparse.Namespace, db: Path) -> int:
 
 def _anchor(args: argparse.Namespace, db: Path) -> int:
     out = Path(str(args.out))
-    result = verify_chain(db, audit_key_from_env(), allow_unkeyed_prefix=bool(args.allow_unkeyed_prefix))
+    result = verify_chain(db, audit_key_from_env(), rekeyed_at=args.rekeyed_at)
     if not result.ok:
         # Anchoring a broken chain would launder it.
         print(_describe(result))
@@ -168,19 +178,46 @@ def _add_db_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_unkeyed_option(parser: argparse.ArgumentParser) -> None:
+def _add_rekeyed_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--allow-unkeyed-prefix",
-        action="store_true",
-        help="with POLLWARDEN_AUDIT_KEY set, accept unkeyed rows written before the key was first used",
+        "--rekeyed-at",
+        metavar="SEQ",
+        type=int,
+        default=None,
+        help="with POLLWARDEN_AUDIT_KEY set, the seq of the re-key row (from `audit rekey`): the unkeyed rows "
+        "before it are accepted, which the key cannot authenticate",
     )
+
+
+def _rekey(args: argparse.Namespace, db: Path) -> int:
+    key = audit_key_from_env()
+    if key is None:
+        print(
+            f"pollwarden audit: rekey needs {AUDIT_KEY_ENV} set to the key the server will use",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if not db.is_file():
+        raise AuditError(f"audit database not found: {db}")
+    prepare_database_file(db)
+    by: str = args.by
+    try:
+        seq = rekey_chain(db, key, by=by, at=datetime.now(UTC))
+    except AuditKeyError as exc:
+        print(f"pollwarden audit: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(
+        f"re-keyed the audit chain at seq {seq} (an audited {REKEY_KIND} row, by {quoted(by)}); rows from here on "
+        f"are HMAC-keyed. Verify with: pollwarden audit verify --rekeyed-at {seq}"
+    )
+    return EXIT_OK
 
 
 def _audit_usage(parser: argparse.ArgumentParser) -> Handler:
     def run(args: argparse.Namespace) -> int:
         del args
         parser.print_usage(sys.stderr)
-        print("pollwarden audit: choose a subcommand: show, export, verify, anchor", file=sys.stderr)
+        print("pollwarden audit: choose a subcommand: show, export, verify, anchor, rekey", file=sys.stderr)
         return EXIT_USAGE
 
     return run
@@ -198,7 +235,7 @@ def add_audit_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         description="Read the tamper-evident audit chain (read-only; works on a copy of the database).",
     )
     audit.set_defaults(func=_audit_usage(audit))
-    commands = audit.add_subparsers(dest="audit_command", metavar="{show,export,verify,anchor}")
+    commands = audit.add_subparsers(dest="audit_command", metavar="{show,export,verify,anchor,rekey}")
 
     show = commands.add_parser("show", help="print the decision story of one operation")
     show.add_argument("operation", metavar="OPERATION", help="operation id")
@@ -217,7 +254,7 @@ def add_audit_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         description="Exit 0 when the chain is intact, 1 when it is broken.",
     )
     verify.add_argument("--anchor", metavar="FILE", default=None, help="anchor file from 'audit anchor'")
-    _add_unkeyed_option(verify)
+    _add_rekeyed_option(verify)
     _add_db_option(verify)
     verify.set_defaults(func=_guarded(_verify))
 
@@ -226,9 +263,19 @@ def add_audit_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         help="verify, then record the chain head in a file kept outside the database's reach",
     )
     anchor.add_argument("--out", metavar="FILE", required=True, help="anchor file to write")
-    _add_unkeyed_option(anchor)
+    _add_rekeyed_option(anchor)
     _add_db_option(anchor)
     anchor.set_defaults(func=_guarded(_anchor))
+
+    rekey = commands.add_parser(
+        "rekey",
+        help="start keying an unkeyed chain: verify it, then write an audited re-key row",
+        description=f"With {AUDIT_KEY_ENV} set: verify the unkeyed chain, then append the keyed {REKEY_KIND} "
+        "row a keyed server may continue from. The only way from an unkeyed chain to a keyed one.",
+    )
+    rekey.add_argument("--by", default=getpass.getuser(), help="who re-keys (recorded)")
+    _add_db_option(rekey)
+    rekey.set_defaults(func=_guarded(_rekey))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pollwarden.audit import (
-    AUDIT_KEY_ENV,
     GENESIS_HASH,
+    REKEY_KIND,
     AuditKeyError,
     canonical_json,
     format_timestamp,
+    key_mismatch,
     row_hash,
 )
 from pollwarden.records import OperationRecord
@@ -186,17 +187,19 @@ def chain_row(
     """The row that appends one decision after `head`: its seq, the previous hash and its own hash.
 
     `at` must be timezone-aware (``ValueError`` otherwise). Raises `AuditKeyError`
-    when the head is keyed and `key` is None: continuing a keyed chain unkeyed
-    would make every later row unverifiable.
+    when the head is keyed and `key` is None (continuing a keyed chain unkeyed
+    would make every later row unverifiable), and when `key` is given but the
+    head is unkeyed and this is not the re-key row (a keyed server never extends
+    an unkeyed chain silently).
     """
     at_text = format_timestamp(at)
     if head is None:
         seq, prev_hash = 1, GENESIS_HASH
     else:
-        if head.keyed and key is None:
-            raise AuditKeyError(
-                f"the audit chain is keyed (head seq {head.seq}); set {AUDIT_KEY_ENV} to append to it"
-            )
+        problem = key_mismatch(head.seq, head.keyed, key)
+        # The explicit re-key row is the one keyed row allowed on an unkeyed head.
+        if problem is not None and not (kind == REKEY_KIND and key is not None):
+            raise AuditKeyError(problem)
         seq, prev_hash = head.seq + 1, head.hash
     payload_text = canonical_json(dict(payload))
     digest = row_hash(

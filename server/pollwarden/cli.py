@@ -11,34 +11,38 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TextIO
 
-import anyio
-
+from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
-from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError, PollwardenError
+from pollwarden.files import ensure_private_dir
+from pollwarden.http_serve import HttpOptions, run_http, transport_security
+from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
 from pollwarden.providers_cli import add_provider_commands
-from pollwarden.store import open_store
-from pollwarden.timefmt import iso
+from pollwarden.untrusted import OneLineFormatter
 from pollwarden_providers.loader import TableError
 
 log = logging.getLogger("pollwarden")
-
-# Only on these does the MCP SDK keep its DNS-rebinding protection on.
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="SQLite file shared by every pollwarden process (env POLLWARDEN_DB)")
 
 
-def _config(args: argparse.Namespace) -> ServerConfig:
-    providers: list[str] = getattr(args, "providers", None) or []
-    config = load_config(db=args.db, providers=providers, approval=getattr(args, "approval", None))
+def _serve_config(args: argparse.Namespace) -> ServerConfig:
+    providers: list[str] = args.providers or []
+    config = load_config(
+        db=args.db,
+        providers=providers,
+        approval=args.approval,
+        operator_pubkeys=args.operator_pubkeys,
+        require_operator_key=True if args.require_operator_key else None,
+    )
     if args.db is None and not os.environ.get("POLLWARDEN_DB"):
-        # The default lives in the user's data directory, which may not exist yet.
-        config.db_path.parent.mkdir(parents=True, exist_ok=True)
+        # The default lives in the user's data directory, which may not exist yet: create it private.
+        ensure_private_dir(config.db_path.parent)
     return config
 
 
@@ -46,21 +50,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the MCP server over stdio (default) or streamable HTTP on 127.0.0.1."""
     from pollwarden.server import build_server, controller_factory
 
-    if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.allow_non_loopback:
-        raise ConfigError(
-            f"--host {args.host} is not a loopback address: the MCP SDK then turns off its DNS-rebinding "
-            "protection and anyone who can reach the port may call the tools. Serve on 127.0.0.1 behind an "
-            "authenticating proxy, or pass --allow-non-loopback if you really mean it"
-        )
-    config = _config(args)
+    http = _http_options(args) if args.transport == "http" else None
+    if http is not None:
+        transport_security(
+            http
+        )  # refuse a host or name list that would serve unprotected, before anything else
+    config = _serve_config(args)
     factory = controller_factory(config)  # refuses a wrong provider table before serving
     server = build_server(factory)
     log.info("pollwarden serving (%s), database %s", args.transport, config.db_path)
-    if args.transport == "http":
-        server.run("streamable-http", host=args.host, port=args.port)
+    if http is not None:
+        run_http(server, http)
     else:
         server.run()
     return 0
+
+
+def _http_options(args: argparse.Namespace) -> HttpOptions:
+    if args.max_connections < 1:
+        raise ConfigError("--max-connections must be 1 or more")
+    if not args.request_timeout > 0:
+        raise ConfigError("--request-timeout must be a number of seconds greater than 0, e.g. 10")
+    return HttpOptions(
+        host=args.host,
+        port=args.port,
+        allow_non_loopback=bool(args.allow_non_loopback),
+        allowed_hosts=tuple(args.allowed_host or ()),
+        allowed_origins=tuple(args.allowed_origin or ()),
+        max_connections=args.max_connections,
+        request_timeout_seconds=args.request_timeout,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -68,69 +87,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pollwarden.demo import run_demo
 
     return run_demo(args.db)
-
-
-async def _approvals_list(config: ServerConfig, show_all: bool) -> int:
-    async with open_store(config.database, busy_timeout_seconds=config.busy_timeout_seconds) as store:
-        approvals = await store.list_approvals(status=None if show_all else "pending")
-    if not approvals:
-        print("no pending approvals" if not show_all else "no approvals")
-        return 0
-    for a in approvals:
-        request = a.request
-        print(
-            f"{a.approval_id}  {a.status:<8} {a.operation_id}  asks +{request.get('extra_seconds', 0):g} s, "
-            f"+{request.get('extra_status_requests', 0)} checks  (asked {iso(a.asked_at)}, expires {iso(a.expires_at)})"
-        )
-        question = str(request.get("question", ""))
-        for line in question.splitlines():
-            print(f"    {line}")
-    return 0
-
-
-async def _decide(config: ServerConfig, approval_id: str, approve: bool, by: str) -> int:
-    async with open_store(config.database, busy_timeout_seconds=config.busy_timeout_seconds) as store:
-        approval = await store.decide_approval(approval_id, approve=approve, by=by, at=SystemClock().now())
-    if approval is None:
-        print(
-            f"no approval {approval_id!r}; `pollwarden approvals list` shows the pending ones",
-            file=sys.stderr,
-        )
-        return 1
-    if approval.status == "expired":
-        print(
-            f"{approval_id} had expired at {iso(approval.expires_at)}; nothing was approved", file=sys.stderr
-        )
-        return 1
-    if approval.status == "void":
-        print(
-            f"{approval_id} is void: operation {approval.operation_id} changed (state, counters or deadline) "
-            "after the person was asked; nothing was approved — the agent must ask again",
-            file=sys.stderr,
-        )
-        return 1
-    if approval.status not in ("approved", "denied"):
-        print(f"{approval_id} is already {approval.status}; nothing changed", file=sys.stderr)
-        return 1
-    print(
-        f"{approval_id} {approval.status} for {approval.operation_id}; the agent's next check_status applies it"
-    )
-    return 0
-
-
-def cmd_approvals(args: argparse.Namespace) -> int:
-    """List approvals waiting for an operator."""
-    return anyio.run(_approvals_list, _config(args), args.all)
-
-
-def cmd_approve(args: argparse.Namespace) -> int:
-    """Approve a pending extension."""
-    return anyio.run(_decide, _config(args), args.approval_id, True, args.by)
-
-
-def cmd_deny(args: argparse.Namespace) -> int:
-    """Deny a pending extension."""
-    return anyio.run(_decide, _config(args), args.approval_id, False, args.by)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,12 +112,49 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-non-loopback",
         action="store_true",
-        help="HTTP only: allow a --host other than loopback (turns off DNS-rebinding protection)",
+        help="HTTP only: allow a --host other than loopback (127.0.0.0/8, ::1); needs --allowed-host",
+    )
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="HTTP only: a Host header value clients may use (repeatable), e.g. mcp.example.com; any other "
+        "Host is refused (DNS-rebinding protection)",
+    )
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="HTTP only: an Origin browser-based clients may send (repeatable), e.g. https://app.example.com",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=HttpOptions.max_connections,
+        help=f"HTTP only: requests beyond this many connections get 503 (default {HttpOptions.max_connections})",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=HttpOptions.request_timeout_seconds,
+        metavar="SECONDS",
+        help="HTTP only: a connection that has not sent a whole request (headers and body) within this long "
+        f"is closed (default {HttpOptions.request_timeout_seconds:g})",
     )
     serve.add_argument(
         "--approval",
         choices=["elicitation", "tool-confirmation"],
         help="how extensions are approved (env POLLWARDEN_APPROVAL); see README before using tool-confirmation",
+    )
+    serve.add_argument(
+        "--operator-pubkeys",
+        metavar="FILE",
+        help=f"operator public keys whose signed decisions the server verifies (env {PUBKEYS_ENV})",
+    )
+    serve.add_argument(
+        "--require-operator-key",
+        action="store_true",
+        help=f"apply an operator decision only when signed by one of those keys (env {REQUIRE_ENV}=1)",
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -169,34 +162,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--db", help="keep the demo's database here (default: a temporary file)")
     demo.set_defaults(func=cmd_demo)
 
-    approvals = sub.add_parser("approvals", help="list approvals waiting for an operator")
-    approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
-    approvals_list = approvals_sub.add_parser("list", help="pending approvals (--all for every one)")
-    _add_common(approvals_list)
-    approvals_list.add_argument("--all", action="store_true")
-    approvals_list.set_defaults(func=cmd_approvals)
-
-    for name, func, verb in (("approve", cmd_approve, "approve"), ("deny", cmd_deny, "deny")):
-        p = sub.add_parser(name, help=f"{verb} a pending extension by its id")
-        _add_common(p)
-        p.add_argument("approval_id")
-        p.add_argument("--by", default=os.environ.get("USER", "operator"), help="who decided (recorded)")
-        p.set_defaults(func=func)
-
+    add_approval_commands(sub)
     add_audit_commands(sub)
     add_provider_commands(sub)
     return parser
+
+
+def setup_logging(*, verbose: bool, stream: TextIO | None = None) -> None:
+    """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pollwarden` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(verbose=bool(args.verbose))
     # One line per provider request is noise at INFO; pollwarden logs its own decisions.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from pollwarden.errors import ConfigError
+from pollwarden.operator_keys import OperatorPolicy, load_policy
 from pollwarden.store.location import DatabaseLocation
 from pollwarden_providers.loader import TableError, load_tables
 from pollwarden_providers.table import ProviderTable
@@ -66,6 +67,9 @@ class ServerConfig:
         """The SQLite file (what the offline audit commands and the CLI's messages name)."""
         return self.database.path
 
+    # Operator public keys, and whether a decision made outside the client must be signed.
+    operator: OperatorPolicy = field(default_factory=OperatorPolicy)
+
 
 def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
     raw = environ.get(name)
@@ -98,6 +102,8 @@ def load_config(
     db: str | None = None,
     providers: list[str] | None = None,
     approval: str | None = None,
+    operator_pubkeys: str | None = None,
+    require_operator_key: bool | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> ServerConfig:
     """Combine flags (which win) with the environment and defaults."""
@@ -125,6 +131,7 @@ def load_config(
         caps=caps,
         lease_seconds=_float_env(environ, "POLLWARDEN_LEASE_SECONDS", 0.0) or None,
         busy_timeout_seconds=_float_env(environ, BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS),
+        operator=load_policy(environ, pubkeys=operator_pubkeys, require=require_operator_key),
     )
 
 

@@ -162,8 +162,25 @@ class Controller:
 
     @cached_property
     def _fleets(self) -> dict[str, FleetSpec | None]:
-        """Every loaded provider and its shared pace (None without [fleet]): what a check may need."""
-        return {name: table.fleet for name, table in self.tables.items()}
+        """Every provider a check may send to, and its shared pace (None without [fleet]).
+
+        A provider whose credential cannot be sent is left out, so the gate
+        answers before counting a request: a check that could not send costs no budget.
+        """
+        return {
+            name: table.fleet for name, table in self.tables.items() if name not in self._credential_problems
+        }
+
+    @cached_property
+    def _credential_problems(self) -> dict[str, str]:
+        """Why a loaded provider's credential cannot be sent (missing, not ASCII), by provider."""
+        problems: dict[str, str] = {}
+        for name, table in self.tables.items():
+            try:
+                self.http.credentials(table)
+            except MissingCredentialError as exc:
+                problems[name] = str(exc)
+        return problems
 
     def view(
         self, record: OperationRecord, outcome: Outcome | None = None, *, retry_at: float | None = None
@@ -357,6 +374,8 @@ class Controller:
             record, decision = start.record, start.decision
             match decision.step:
                 case Step.NO_TABLE:
+                    if (problem := self._credential_problems.get(record.provider)) is not None:
+                        raise InvalidRequest(problem)
                     self.table_for(record.provider)  # raises, naming the loaded providers
                 case Step.APPLY_APPROVALS:
                     await approvals.apply_decided_approvals(self, record)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from pollwarden.config import ExtensionCaps
 from pollwarden.records import OperationRecord
 from pollwarden.timefmt import iso, to_datetime
+from pollwarden.untrusted import quoted
 from pollwarden.views import OperationView, allowed_actions, elapsed_until_stop, human_duration
 from pollwarden_providers.table import ProviderTable
 
@@ -168,14 +169,16 @@ def extension_question(record: OperationRecord, plan: ExtensionPlan) -> str:
     if record.stop_reason == "unknown_state":
         addition = (
             f"a pause of {human_duration(plan.extra_seconds)}, then {plan.extra_status_requests} more check(s) "
-            f"of the unknown state {record.state!r}"
+            f"of the unknown state {quoted(record.state, bare_tokens=False)}"
         )
     else:
         addition = f"{human_duration(plan.extra_seconds)} more and {plan.extra_status_requests} more status request(s)"
+    # Every value an agent or a provider supplied is rendered on one line and quoted
+    # (untrusted.quoted), so none of them can add a line to the question.
     lines = [
-        f"Approve more waiting for {record.operation_id}?",
-        f"Provider job: {record.provider_job_id} ({record.provider})",
-        f"State: {record.state or '(none)'}; stopped because {record.stop_reason}",
+        f"Approve more waiting for {quoted(record.operation_id)}?",
+        f"Provider job: {quoted(record.provider_job_id)} ({quoted(record.provider)})",
+        f"State: {quoted(record.state) if record.state else '(none)'}; stopped because {record.stop_reason}",
         f"Elapsed: {human_duration(elapsed_until_stop(record, stopped))}",
         f"Status requests used: {record.status_requests_used} of {record.max_status_requests}",
         f"Would add: {addition}",
@@ -194,7 +197,7 @@ def extension_question(record: OperationRecord, plan: ExtensionPlan) -> str:
     if plan.clipped:
         lines.append("Clipped: " + "; ".join(plan.clipped))
     if plan.reason:
-        lines.append(f"Agent's reason (untrusted): {plan.reason}")
+        lines.append(f"Agent's reason (untrusted): {quoted(plan.reason, limit=300, bare_tokens=False)}")
     lines.append("Choices: approve or deny. Counters are kept; nothing is resubmitted.")
     return "\n".join(lines)
 

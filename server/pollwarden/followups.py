@@ -12,10 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from pollwarden.approvals import check_operator_decision, operator_must_decide
 from pollwarden.controller import Controller
 from pollwarden.decide import NoAnswer, UnusableAnswer
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
+from pollwarden.untrusted import quoted
 from pollwarden.views import OperationView, allowed_actions
 from pollwarden_providers.interpret import truncate_text
 
@@ -40,7 +42,9 @@ class CancelPlan(BaseModel):
     refusal: str | None = None
     bound_version: int = 0
     question: str = ""
-    approved_id: str | None = None  # an operator's CLI approval already recorded
+    approved_id: str | None = None  # an operator's CLI approval already recorded (and authenticated)
+    approved_by: str | None = None
+    approved_method: str | None = None  # how that approval was authenticated (operator_keys)
 
 
 class FollowUpResult(BaseModel):
@@ -161,11 +165,14 @@ async def plan_cancel(controller: Controller, operation_id: str) -> CancelPlan:
         )
     approvals = await controller.store.list_approvals(operation_id=operation_id, status="approved")
     approved = next((a for a in approvals if a.kind == "cancel" and a.bound_version == record.version), None)
+    verdict = await check_operator_decision(controller, approved) if approved is not None else None
+    if verdict is not None and not verdict.ok:
+        approved = None  # voided and audited; the person is asked again
     question = "\n".join(
         [
-            f"Cancel job {record.provider_job_id} at {record.provider}?",
-            f"Operation: {record.operation_id}",
-            f"Last state: {record.state or '(none)'}; stopped because {record.stop_reason}",
+            f"Cancel job {quoted(record.provider_job_id)} at {quoted(record.provider)}?",
+            f"Operation: {quoted(record.operation_id)}",
+            f"Last state: {quoted(record.state) if record.state else '(none)'}; stopped because {record.stop_reason}",
             f"Status requests used: {record.status_requests_used} of {record.max_status_requests}",
             "Effect: pollwarden sends the provider's documented cancel call once; the job's work is lost. "
             "Nothing is resubmitted.",
@@ -178,6 +185,8 @@ async def plan_cancel(controller: Controller, operation_id: str) -> CancelPlan:
         bound_version=record.version,
         question=question,
         approved_id=approved.approval_id if approved else None,
+        approved_by=approved.decided_by if approved else None,
+        approved_method=verdict.method if verdict is not None and approved else None,
     )
 
 
@@ -202,18 +211,24 @@ async def request_cancel_approval(controller: Controller, plan: CancelPlan) -> F
         record,
         "cancel_operation",
         "pending_approval",
-        f"A person must approve the cancel; this client cannot ask them. An operator runs "
-        f"`pollwarden approve {approval.approval_id}` or `pollwarden deny {approval.approval_id}`; then call "
-        "cancel_operation again.",
+        operator_must_decide(approval.approval_id, approval.expires_at)
+        + " Nothing is sent before that; then call cancel_operation once more: an approved cancel is sent "
+        "then, once.",
         approval_id=approval.approval_id,
     )
 
 
-async def record_cancel_answer(controller: Controller, plan: CancelPlan, decision: str) -> FollowUpResult:
-    """A person kept the job (or did not answer): audited, nothing sent."""
+async def record_cancel_answer(
+    controller: Controller, plan: CancelPlan, decision: str, *, method: str | None = None
+) -> FollowUpResult:
+    """A person kept the job (or did not answer): audited with how the answer came, nothing sent."""
     record = await controller.load(plan.operation_id)
     await controller.store.audit_event(
-        plan.operation_id, kind=f"cancel_{decision}", at=controller.clock.now(), note="nothing sent", extra={}
+        plan.operation_id,
+        kind=f"cancel_{decision}",
+        at=controller.clock.now(),
+        note="nothing sent",
+        extra={"authenticated_by": method} if method else {},
     )
     word = "denied" if decision == "denied" else "cancelled"
     text = (
@@ -225,9 +240,12 @@ async def record_cancel_answer(controller: Controller, plan: CancelPlan, decisio
 
 
 async def send_cancel(
-    controller: Controller, plan: CancelPlan, *, approval_id: str | None, by: str
+    controller: Controller, plan: CancelPlan, *, approval_id: str | None, by: str, method: str
 ) -> FollowUpResult:
-    """Send the provider's cancel call once and record its answer; never resubmit or retry."""
+    """Send the provider's cancel call once and record its answer; never resubmit or retry.
+
+    `method` is how the person's approval was authenticated; the audit note keeps it.
+    """
     record = await controller.load(plan.operation_id)
     table = controller.table_for(record.provider)
     if record.version != plan.bound_version or record.provider_job_id is None:
@@ -255,7 +273,7 @@ async def send_cancel(
             status=status,
             at=now,
             approval_id=approval_id,
-            note=f"{answer.detail}; approved by {by}; not retried",
+            note=f"{answer.detail}; approved by {by} (authenticated by {method}); not retried",
         )
         return _result(
             controller,
@@ -292,7 +310,7 @@ async def send_cancel(
         approval_id=approval_id,
         http_status=code,
         answer=text,
-        note=f"approved by {by}",
+        note=f"approved by {by} (authenticated by {method})",
         operation_changes=changes,
         expect_version=record.version,
     )

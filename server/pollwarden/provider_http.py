@@ -8,18 +8,31 @@ patching.
 
 A provider that echoes our credential back (in an error message, a header, a
 Location) gets it replaced by "[redacted]" before anything else reads the
-answer, so the secret cannot travel on into the database, the audit or a tool
-result. The HTTP libraries' own debug logs (which show response headers) pass
-through the same redaction.
+answer, so the secret cannot travel on into the database, the audit, a tool
+result or a log. The credential is found in every spelling a provider could
+use (`Redactor`): as it is, JSON-escaped character by character (``\\/``,
+``\u002b``), percent-encoded, or inside base64 at any alignment (a Basic
+``user:token``); then once more on the decoded values of a JSON body (where a
+JSON-escaped percent-encoding or a base64 text with ``\\/`` becomes plain). The
+HTTP libraries' own debug logs pass through the same redaction, and the
+database driver's debug log, which prints SQL parameters, is kept quiet.
+
+A credential that cannot be sent in a header (anything but printable ASCII)
+is refused before anything is counted or sent, with a message that names the
+variable and shows none of its characters.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import re
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import cast
+from urllib.parse import unquote_plus
 
 import anyio
 import httpx2
@@ -28,6 +41,7 @@ from pollwarden.decide import NoAnswer, ProviderAnswer, UnusableAnswer
 from pollwarden.faults import fault_point
 from pollwarden_providers.request_building import (
     REDACTED,
+    MissingCredentialError,
     auth_headers,
     job_url,
     secret_values,
@@ -48,19 +62,101 @@ _HTTP_LOGGERS = (
 )
 
 
+# aiosqlite logs every call at DEBUG with its SQL parameters (provider text, job ids):
+# never let `-v` print them.
+logging.getLogger("aiosqlite").setLevel(logging.INFO)
+
+
+def _char_forms(ch: str) -> list[str]:
+    """Every way one credential character may be spelled in an answer (regex fragments)."""
+    code = ord(ch)
+    forms = [re.escape(ch), rf"\\u(?i:{code:04x})", rf"%(?i:{code:02x})"]
+    if ch in '/"\\':
+        forms.append(re.escape("\\" + ch))
+    if ch == " ":
+        forms.append(re.escape("+"))
+    return forms
+
+
+def _base64_cores(secret: bytes) -> set[str]:
+    """The base64 characters that encode only `secret`, at each of the three alignments.
+
+    Found inside a longer base64 text (such as ``Basic base64(user:token)``)
+    whatever comes before the secret; standard and URL-safe alphabets.
+    """
+    cores: set[str] = set()
+    for pad in range(3):
+        encoded = base64.b64encode(b"\0" * pad + secret + b"\0\0").decode("ascii")
+        first = -(-pad * 8 // 6)  # the first character made only of the secret's bits
+        last = (pad + len(secret)) * 8 // 6  # one past the last such character
+        core = encoded[first:last]
+        if len(core) >= 4:
+            cores.add(core)
+            cores.add(core.translate(str.maketrans("+/", "-_")))
+    return cores
+
+
+class Redactor:
+    """Finds the credentials in any spelling a provider could echo them in, and replaces them."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        patterns: list[str] = []
+        for secret in sorted(set(secrets), key=len, reverse=True):
+            patterns.append("".join(f"(?:{'|'.join(_char_forms(ch))})" for ch in secret))
+            patterns.extend(re.escape(core) for core in _base64_cores(secret.encode("utf-8")))
+        self._text = re.compile("|".join(patterns)) if patterns else None
+        self._bytes = re.compile("|".join(patterns).encode("utf-8")) if patterns else None
+
+    def text(self, value: str) -> str:
+        """`value` with every spelling of a credential replaced, also where percent-decoding reveals one."""
+        if self._text is None:
+            return value
+        redacted = self._text.sub(REDACTED, value)
+        if "%" in redacted:
+            decoded = unquote_plus(redacted)
+            if self._text.search(decoded):
+                return self._text.sub(REDACTED, decoded)
+        return redacted
+
+    def body(self, data: bytes) -> bytes:
+        """A body with every credential spelling replaced, on the raw bytes and on its decoded JSON values."""
+        if self._bytes is None:
+            return data
+        data = self._bytes.sub(REDACTED.encode(), data)
+        try:
+            document: object = json.loads(data)
+        except (ValueError, RecursionError):
+            return data  # not JSON (or too deep for anyone to read): the raw pass is all there is
+        cleaned, changed = self._walk(document)
+        if not changed:
+            return data
+        return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    def _walk(self, value: object) -> tuple[object, bool]:
+        if isinstance(value, str):
+            cleaned = self.text(value)
+            return cleaned, cleaned != value
+        if isinstance(value, list):
+            items = [self._walk(v) for v in cast("list[object]", value)]
+            return [v for v, _ in items], any(c for _, c in items)
+        if isinstance(value, dict):
+            pairs = [(self._walk(k), self._walk(v)) for k, v in cast("dict[str, object]", value).items()]
+            return {str(k): v for (k, _), (v, _) in pairs}, any(ck or cv for (_, ck), (_, cv) in pairs)
+        return value, False
+
+
 class _RedactingFilter(logging.Filter):
     """Replaces the credentials this client has sent in anything the HTTP libraries log."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.secrets: set[str] = set()
+        self.redactor = Redactor(())
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            message = record.getMessage()
-            redacted = _redact_text(message, tuple(self.secrets))
-            if redacted != message:
-                record.msg, record.args = redacted, None
+        message = record.getMessage()
+        redacted = self.redactor.text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
         return True
 
 
@@ -150,6 +246,8 @@ class ProviderHTTP:
             event_hooks={"response": [_after_request_sent]},
         )
         self._log_filter = _RedactingFilter()
+        self._redactors: dict[tuple[str, ...], Redactor] = {}
+        self._logged_secrets: set[str] = set()
         for name in _HTTP_LOGGERS:
             logging.getLogger(name).addFilter(self._log_filter)
 
@@ -160,8 +258,31 @@ class ProviderHTTP:
         await self._client.aclose()
 
     def credentials(self, table: ProviderTable) -> dict[str, str]:
-        """The credential header for `table` (raises MissingCredentialError when unset)."""
-        return auth_headers(table, self.environ)
+        """The credential header for `table`.
+
+        Raises MissingCredentialError when it is unset, or when it holds a
+        character a header cannot carry (the message names the variable and
+        shows no character of the value).
+        """
+        headers = auth_headers(table, self.environ)
+        for value in headers.values():
+            if not all(" " <= ch <= "~" for ch in value):
+                assert table.auth is not None
+                raise MissingCredentialError(
+                    f"the environment variable {table.auth.env} (credentials for provider {table.name!r}) holds "
+                    "characters other than printable ASCII, which an HTTP header cannot carry; set it to the "
+                    "bare token exactly as the provider issued it"
+                )
+        return headers
+
+    def _redactor(self, table: ProviderTable) -> Redactor:
+        secrets = secret_values(table, self.environ)
+        redactor = self._redactors.get(secrets)
+        if redactor is None:
+            redactor = self._redactors[secrets] = Redactor(secrets)
+            self._log_filter.redactor = Redactor({*self._logged_secrets, *secrets})
+            self._logged_secrets.update(secrets)
+        return redactor
 
     async def get_status(
         self, table: ProviderTable, job_id: str
@@ -197,12 +318,11 @@ class ProviderHTTP:
         content: bytes | None = None,
     ) -> ProviderAnswer | NoAnswer | UnusableAnswer:
         all_headers = {**table.headers, **self.credentials(table), **headers}
-        secrets = secret_values(table, self.environ)
-        self._log_filter.secrets.update(secrets)
+        redactor = self._redactor(table)
         try:
             with anyio.fail_after(self.limits.total_timeout_seconds):
                 async with self._client.stream(method, url, headers=all_headers, content=content) as response:
-                    return await self._read(response, secrets)
+                    return await self._read(response, redactor)
         except TimeoutError:
             return NoAnswer(
                 "response_too_slow",
@@ -221,11 +341,9 @@ class ProviderHTTP:
                 "connection_error", f"connection lost ({type(exc).__name__})", self.now(), sent=True
             )
 
-    async def _read(
-        self, response: httpx2.Response, secrets: tuple[str, ...]
-    ) -> ProviderAnswer | UnusableAnswer:
+    async def _read(self, response: httpx2.Response, redactor: Redactor) -> ProviderAnswer | UnusableAnswer:
         received = self.now()
-        headers = {k.lower(): _redact_text(v, secrets) for k, v in response.headers.items()}
+        headers = {k.lower(): redactor.text(v) for k, v in response.headers.items()}
         if 300 <= response.status_code < 400:
             # Never read or follow a redirect: the Location is only noted.
             return ProviderAnswer(response.status_code, headers, b"", received)
@@ -245,18 +363,4 @@ class ProviderHTTP:
             )
         except zlib.error:
             return UnusableAnswer(response.status_code, "body is not valid compressed data", received)
-        return ProviderAnswer(response.status_code, headers, _redact_bytes(bytes(body), secrets), self.now())
-
-
-def _redact_text(text: str, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def _redact_bytes(body: bytes, secrets: tuple[str, ...]) -> bytes:
-    """Replace each secret in the body, raw and as it would appear escaped inside a JSON string."""
-    for secret in secrets:
-        for form in {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}:
-            body = body.replace(form.encode(), REDACTED.encode())
-    return body
+        return ProviderAnswer(response.status_code, headers, redactor.body(bytes(body)), self.now())

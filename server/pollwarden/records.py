@@ -151,6 +151,8 @@ class ApprovalRecord:
     decided_at: float | None
     decided_by: str | None
     note: str | None
+    decided_method: str | None = None  # how the decision was authenticated (operator_keys)
+    decision_signature: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ApprovalRecord:

@@ -51,13 +51,14 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
 from pollwarden import approvals, followups
-from pollwarden.audit import audit_key_from_env, read_rows, render_story
+from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
+from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
 from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
@@ -132,6 +133,8 @@ def controller_factory(
                 audit_key=audit_key_from_env(env),
                 busy_timeout_seconds=config.busy_timeout_seconds,
             ) as store:
+                if (problem := key_problem(config.db_path, audit_key_from_env(env))) is not None:
+                    raise StoreError(problem)  # refuse before any request could go out unrecorded
                 yield Controller(
                     store=store,
                     tables=loaded,
@@ -586,15 +589,19 @@ def build_server(
             if not plan.allowed:
                 return approvals.refused(controller, plan, record)
             if controller.config.approval_mode == "tool-confirmation":
-                return await approvals.apply_extension(controller, plan, by="client tool confirmation")
+                return await approvals.apply_extension(
+                    controller, plan, by="client tool confirmation", method=METHOD_TOOL_CONFIRMATION
+                )
             outcome = _outcome(decision)
             if outcome is None:  # nobody was asked: this client cannot show a prompt
                 return await approvals.request_operator_approval(controller, plan)
             approve = _yes(outcome, "approve")
             if approve:
-                return await approvals.apply_extension(controller, plan, by="person (elicitation)")
+                return await approvals.apply_extension(
+                    controller, plan, by="person (elicitation)", method=METHOD_ELICITATION
+                )
             return await approvals.record_answer(
-                controller, plan, "cancelled" if approve is None else "denied"
+                controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
             )
 
         return await _run(work())
@@ -631,11 +638,19 @@ def build_server(
                 return followups.refused_cancel(controller, record, plan)
             if plan.approved_id is not None:
                 return await followups.send_cancel(
-                    controller, plan, approval_id=plan.approved_id, by="operator (CLI)"
+                    controller,
+                    plan,
+                    approval_id=plan.approved_id,
+                    by=plan.approved_by or "operator",
+                    method=plan.approved_method or "cli",
                 )
             if controller.config.approval_mode == "tool-confirmation":
                 return await followups.send_cancel(
-                    controller, plan, approval_id=None, by="client tool confirmation"
+                    controller,
+                    plan,
+                    approval_id=None,
+                    by="client tool confirmation",
+                    method=METHOD_TOOL_CONFIRMATION,
                 )
             outcome = _outcome(decision)
             if outcome is None:  # nobody was asked: this client cannot show a prompt
@@ -643,10 +658,10 @@ def build_server(
             approve = _yes(outcome, "cancel_at_provider")
             if approve:
                 return await followups.send_cancel(
-                    controller, plan, approval_id=None, by="person (elicitation)"
+                    controller, plan, approval_id=None, by="person (elicitation)", method=METHOD_ELICITATION
                 )
             return await followups.record_cancel_answer(
-                controller, plan, "cancelled" if approve is None else "denied"
+                controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
             )
 
         return await _run(work())

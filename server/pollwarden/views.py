@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso, to_datetime
+from pollwarden.untrusted import one_line, quoted
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from pollwarden_providers.interpret import where_person_acts
 from pollwarden_providers.table import ProviderTable
@@ -230,14 +231,20 @@ def escalation_options(
     options.append(
         EscalationOption(
             action="inspect_provider_console",
-            label=f"a person inspects job {record.provider_job_id or '(none)'} in the provider's console",
+            label=f"a person inspects job {quoted(record.provider_job_id) if record.provider_job_id else '(none)'} "
+            "in the provider's console",
         )
     )
     return options
 
 
 def escalation_message(record: OperationRecord, options: list[EscalationOption], now: float) -> str:
-    """The source document's block, built only from recorded facts."""
+    """The source document's block, built only from recorded facts.
+
+    Values an agent or a provider supplied are rendered with `untrusted.quoted`
+    (one line, escaped, capped, quoted unless a plain token), so none of them can
+    add a line such as a second "Stopped because:".
+    """
     if record.last_http_status is not None and record.last_http_at is not None:
         last = f"{record.last_http_status} at {to_datetime(record.last_http_at).strftime('%H:%M')} UTC"
     elif record.last_http_at is not None:
@@ -247,16 +254,16 @@ def escalation_message(record: OperationRecord, options: list[EscalationOption],
     safe = ", ".join(_short_option(o) for o in options)
     lines = [
         "External job needs a decision",
-        f"Operation: {record.operation_id}",
-        f"Provider job: {record.provider_job_id or '(not known)'}",
-        f"Last state: {record.state or '(none yet)'}",
+        f"Operation: {quoted(record.operation_id)}",
+        f"Provider job: {quoted(record.provider_job_id) if record.provider_job_id else '(not known)'}",
+        f"Last state: {quoted(record.state) if record.state else '(none yet)'}",
         f"Elapsed time: {human_duration(elapsed_until_stop(record, now))}",
         f"Status requests: {record.status_requests_used} of {record.max_status_requests}",
         f"Last HTTP result: {last}",
         f"Stopped because: {record.stop_reason}",
     ]
     if record.stop_detail:
-        lines.append(f"Detail: {record.stop_detail}")
+        lines.append(f"Detail: {one_line(record.stop_detail)}")
     lines.append(f"Safe options: {safe}")
     return "\n".join(lines)
 

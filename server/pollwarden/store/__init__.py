@@ -162,7 +162,14 @@ class Store(Protocol):
         ...
 
     async def decide_approval(
-        self, approval_id: str, *, approve: bool, by: str, at: float
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str,
+        at: float,
+        method: str,
+        signature: str | None = None,
     ) -> ApprovalRecord | None:
         """A person's answer to a pending approval (pending → approved/denied; expired when late)."""
         ...

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 
 from pollwarden.errors import StoreError
+from pollwarden.files import prepare_database_file
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.sqlite import checks, queries, rows, writes
@@ -270,12 +271,26 @@ class SQLiteStore:
         )
 
     async def decide_approval(
-        self, approval_id: str, *, approve: bool, by: str, at: float
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str,
+        at: float,
+        method: str,
+        signature: str | None = None,
     ) -> ApprovalRecord | None:
         """A person's answer to a pending approval (pending → approved/denied; expired when late)."""
         return await self._db.run(
             partial(
-                writes.decide_approval, approval_id=approval_id, approve=approve, by=by, at=at, key=self._key
+                writes.decide_approval,
+                approval_id=approval_id,
+                approve=approve,
+                by=by,
+                at=at,
+                method=method,
+                signature=signature,
+                key=self._key,
             )
         )
 
@@ -363,6 +378,7 @@ async def open_sqlite(
             f"the directory {path.parent} for the database does not exist; create it, or point --db / "
             "POLLWARDEN_DB at a writable location"
         )
+    prepare_database_file(path)  # private (0600), never another user's or group-writable (files.py)
     db = await anyio.to_thread.run_sync(connect, path, busy_timeout)
     store = SQLiteStore(db, location, audit_key)
     try:

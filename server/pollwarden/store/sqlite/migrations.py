@@ -233,6 +233,16 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     CREATE INDEX approvals_by_status ON approvals(status, asked_at);
     """,
     ),
+    # How an operator's decision was authenticated (tty, operator-key:<id>) and its signature,
+    # so the controller can check it again before applying it.
+    Migration(
+        5,
+        "approval decision method and signature",
+        """
+    ALTER TABLE approvals ADD COLUMN decided_method TEXT;
+    ALTER TABLE approvals ADD COLUMN decision_signature TEXT;
+    """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].number

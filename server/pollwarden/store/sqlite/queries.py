@@ -213,7 +213,8 @@ INSERT_APPROVAL = (
     f"expires_at) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?) RETURNING {APPROVAL_ROW}"
 )
 DECIDE_APPROVAL = (
-    "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ? WHERE approval_id = ? AND status = 'pending' "
+    "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?, decided_method = ?, decision_signature = ? "
+    "WHERE approval_id = ? AND status = 'pending' "
     f"RETURNING {APPROVAL_ROW}"
 )
 CLOSE_APPROVAL = (

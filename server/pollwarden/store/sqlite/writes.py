@@ -170,9 +170,21 @@ _DECIDED_KIND = {
 
 
 def decide_approval(
-    session: Session, approval_id: str, *, approve: bool, by: str, at: float, key: bytes | None
+    session: Session,
+    approval_id: str,
+    *,
+    approve: bool,
+    by: str,
+    at: float,
+    method: str,
+    signature: str | None,
+    key: bytes | None,
 ) -> ApprovalRecord | None:
-    """A person's answer to a pending approval (pending → approved/denied; expired when late, void when stale)."""
+    """A person's answer to a pending approval (pending → approved/denied; expired when late, void when stale).
+
+    `method` says how the decision was authenticated; it is kept with its
+    `signature` so the controller can check it again before applying it.
+    """
     with session.transaction() as conn:
         row = conn.execute(queries.SELECT_APPROVAL, (approval_id,)).fetchone()
         approval = None if row is None else ApprovalRecord.from_row(row)
@@ -186,11 +198,12 @@ def decide_approval(
         else:
             status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
         decided = ApprovalRecord.from_row(
-            conn.execute(queries.DECIDE_APPROVAL, (status, at, by, approval_id)).fetchone()
+            conn.execute(queries.DECIDE_APPROVAL, (status, at, by, method, signature, approval_id)).fetchone()
         )
         kind = _DECIDED_KIND.get(status, f"{approval.kind}_denied")
         rows.flush_refusals(conn, approval.operation_id, key)
-        rows.append(conn, event(current, kind, at, note=f"{approval_id} by {by}"), key)
+        authenticated = {"authenticated_by": method}
+        rows.append(conn, event(current, kind, at, note=f"{approval_id} by {by}", extra=authenticated), key)
         return decided
 
 

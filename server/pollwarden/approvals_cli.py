@@ -1,0 +1,288 @@
+"""``pollwarden approvals list``, ``approve``, ``deny`` and ``operator-key``: a person decides.
+
+An agent with a shell can run any command its user can, so ``approve`` and
+``deny`` ask for proof that a person decided:
+
+* at an interactive terminal (stdin and stdout are terminals), the question is
+  shown with every untrusted value on one quoted line, and the person types the
+  approval id; a non-interactive call (an agent's shell tool) is refused;
+* or ``--operator-key FILE``: the decision is signed with an operator key the
+  agent cannot read, whose public key the operator configured
+  (``POLLWARDEN_OPERATOR_PUBKEYS``).
+
+How the decision was authenticated is recorded with it and in the audit; the
+controller checks it again before applying it (see ``operator_keys``).
+``approvals list`` reads an existing database and never creates one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
+
+from pollwarden.approvals import decision_facts, describe_request, what_happens_next
+from pollwarden.audit import audit_key_from_env
+from pollwarden.clock import SystemClock
+from pollwarden.config import ServerConfig, load_config
+from pollwarden.errors import ConfigError, StoreError
+from pollwarden.files import prepare_database_file
+from pollwarden.operator_keys import (
+    METHOD_TTY,
+    PUBKEYS_ENV,
+    REQUIRE_ENV,
+    OperatorKey,
+    describe_keys,
+    generate_key_file,
+    load_operator_key,
+)
+from pollwarden.store import ApprovalRecord, open_store
+from pollwarden.timefmt import iso
+from pollwarden.untrusted import one_line, quoted
+
+__all__ = ["add_approval_commands"]
+
+NOT_A_PERSON = (
+    "pollwarden {verb} needs a person: run it at an interactive terminal (stdin and stdout must be a terminal; "
+    "the question is shown and you type the approval id), or pass --operator-key FILE with an operator key "
+    "the agent cannot read. Nothing was decided"
+)
+
+
+def _config(args: argparse.Namespace) -> ServerConfig:
+    return load_config(
+        db=args.db,
+        operator_pubkeys=getattr(args, "operator_pubkeys", None),
+    )
+
+
+def _existing_database(path: Path) -> None:
+    """Refuse a missing (never create one) or unsafe database file."""
+    if path.parent.is_dir() and not path.exists():
+        raise StoreError(
+            f"no database at {path}: no approval was ever asked for there, and nothing was created; "
+            "pass the server's --db or set POLLWARDEN_DB"
+        )
+    prepare_database_file(path)
+
+
+def _header(approval: ApprovalRecord) -> str:
+    return (
+        f"{quoted(approval.approval_id)}  {approval.status:<8} {quoted(approval.operation_id)}  "
+        f"{describe_request(approval)}  (asked {iso(approval.asked_at)}, expires {iso(approval.expires_at)})"
+    )
+
+
+def _question_lines(approval: ApprovalRecord) -> list[str]:
+    # The stored question was built with every untrusted value quoted; escaping each line
+    # again guards against a row written into the database by hand.
+    question = str(approval.request.get("question", ""))
+    return [f"    {one_line(line)}" for line in question.splitlines()]
+
+
+async def _list(config: ServerConfig, show_all: bool) -> int:
+    _existing_database(config.db_path)
+    async with open_store(
+        config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
+    ) as store:
+        approvals = await store.list_approvals(status=None if show_all else "pending")
+    if not approvals:
+        print("no pending approvals" if not show_all else "no approvals")
+        return 0
+    for approval in approvals:
+        print(_header(approval))
+        for line in _question_lines(approval):
+            print(line)
+    return 0
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _operator_key(config: ServerConfig, path: str) -> OperatorKey:
+    key = load_operator_key(Path(path).expanduser())
+    if config.operator.find(key.public.key_id) is None:
+        raise ConfigError(
+            f"the operator key {path} (id {key.public.key_id}) is not among the operator public keys "
+            f"({PUBKEYS_ENV}: {describe_keys(config.operator.keys)}); add its public line "
+            "(`pollwarden operator-key show FILE`) to that file, where the agent cannot change it. Nothing was "
+            "decided"
+        )
+    return key
+
+
+def _require_person(config: ServerConfig, verb: str) -> None:
+    """Without an operator key: a person at an interactive terminal, unless the operator requires a key."""
+    if not _interactive():
+        raise ConfigError(NOT_A_PERSON.format(verb=verb))
+    if config.operator.require_key:
+        raise ConfigError(
+            f"the operator requires an operator key for every decision ({REQUIRE_ENV}): pass "
+            "--operator-key FILE. Nothing was decided"
+        )
+
+
+def _confirmed(approval: ApprovalRecord, verb: str) -> bool:
+    try:
+        typed = input(
+            f"Type {quoted(approval.approval_id)} to {verb} it (anything else leaves it undecided): "
+        )
+    except EOFError:
+        return False
+    return typed.strip() == approval.approval_id
+
+
+def _refusal(approval: ApprovalRecord) -> str:
+    approval_id = quoted(approval.approval_id)
+    if approval.status == "expired":
+        return f"{approval_id} had expired at {iso(approval.expires_at)}; nothing was approved"
+    if approval.status == "void":
+        return (
+            f"{approval_id} is void: operation {quoted(approval.operation_id)} changed (state, counters "
+            "or deadline) after the person was asked; nothing was approved — the agent must ask again"
+        )
+    return f"{approval_id} is already {quoted(approval.status)}; nothing changed"
+
+
+async def _decide(
+    config: ServerConfig, approval_id: str, approve: bool, by: str, key_path: str | None
+) -> int:
+    verb = "approve" if approve else "deny"
+    key = _operator_key(config, key_path) if key_path else None
+    _existing_database(config.db_path)
+    async with open_store(
+        config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
+    ) as store:
+        approval = await store.get_approval(approval_id)
+        if approval is None:
+            print(
+                f"no approval {quoted(approval_id)}; `pollwarden approvals list` shows the pending ones",
+                file=sys.stderr,
+            )
+            return 1
+        if approval.status != "pending":
+            print(_refusal(approval), file=sys.stderr)
+            return 1
+        if key is None:
+            _require_person(config, verb)
+        print(_header(approval))
+        for line in _question_lines(approval):
+            print(line)
+        if key is None and not _confirmed(approval, verb):
+            print(f"{quoted(approval_id)}: nothing decided", file=sys.stderr)
+            return 1
+        at = SystemClock().now()
+        status = "approved" if approve else "denied"
+        facts = replace(decision_facts(approval), decision=status, decided_at=at, decided_by=by)
+        decided = await store.decide_approval(
+            approval_id,
+            approve=approve,
+            by=by,
+            at=at,
+            method=key.method if key is not None else METHOD_TTY,
+            signature=facts.sign(key) if key is not None else None,
+        )
+    if decided is None or decided.status not in ("approved", "denied"):
+        print(_refusal(decided or approval), file=sys.stderr)
+        return 1
+    print(
+        f"{quoted(approval_id)} {decided.status} for {quoted(decided.operation_id)} by {quoted(by)} "
+        f"({decided.decided_method}): {what_happens_next(decided)}"
+    )
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """List approvals waiting for an operator (reads an existing database; never creates one)."""
+    return anyio.run(_list, _config(args), bool(args.all))
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    """Approve or deny a pending approval, as a person at a terminal or with an operator key."""
+    return anyio.run(
+        _decide, _config(args), args.approval_id, args.command == "approve", args.by, args.operator_key
+    )
+
+
+def cmd_key_init(args: argparse.Namespace) -> int:
+    """Create an operator key file (0600) and print its public line."""
+    out = Path(args.out).expanduser()
+    try:
+        public = generate_key_file(out, args.comment)
+    except FileExistsError:
+        raise ConfigError(
+            f"{out} already exists; choose another --out (an operator key is never overwritten)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out}: {exc.strerror}") from exc
+    print(public.line())
+    print(
+        f"wrote the private key to {out} (mode 600). Keep it where the agent cannot read it (another user, "
+        f"outside its sandbox). Add the line above to the file named by {PUBKEYS_ENV} for the server and for "
+        "`pollwarden approve`, somewhere the agent cannot write.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_key_show(args: argparse.Namespace) -> int:
+    """Print the public line of an operator key file."""
+    key = load_operator_key(Path(args.key).expanduser())
+    print(key.public.line())
+    return 0
+
+
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", help="the server's SQLite file (env POLLWARDEN_DB)")
+
+
+def add_approval_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:  # pyright: ignore[reportPrivateUsage]
+    """Add ``approvals list``, ``approve``, ``deny`` and ``operator-key init|show``."""
+    approvals = sub.add_parser("approvals", help="list approvals waiting for an operator")
+    approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
+    approvals_list = approvals_sub.add_parser("list", help="pending approvals (--all for every one)")
+    _add_db(approvals_list)
+    approvals_list.add_argument("--all", action="store_true")
+    approvals_list.set_defaults(func=cmd_list)
+
+    for name in ("approve", "deny"):
+        p = sub.add_parser(
+            name,
+            help=f"{name} a pending approval: a person at a terminal, or --operator-key",
+            description=f"{name.capitalize()} a pending approval. Needs a person at an interactive terminal "
+            "(the question is shown; type the approval id) or --operator-key FILE.",
+        )
+        _add_db(p)
+        p.add_argument("approval_id")
+        p.add_argument(
+            "--by", default=getpass.getuser(), help="who decided (recorded; default: your user name)"
+        )
+        p.add_argument(
+            "--operator-key",
+            metavar="FILE",
+            help="sign the decision with this operator key (from `pollwarden operator-key init`) instead of "
+            "confirming at a terminal",
+        )
+        p.add_argument(
+            "--operator-pubkeys",
+            metavar="FILE",
+            help=f"the operator public keys the server trusts (env {PUBKEYS_ENV})",
+        )
+        p.set_defaults(func=cmd_decide)
+
+    key = sub.add_parser("operator-key", help="create or show an operator key that signs decisions")
+    key_sub = key.add_subparsers(dest="key_command", required=True)
+    init = key_sub.add_parser("init", help="create a private key file (0600) and print its public line")
+    init.add_argument(
+        "--out", required=True, metavar="FILE", help="where to write the private key (never overwritten)"
+    )
+    init.add_argument("--comment", default=getpass.getuser(), help="a label kept with the public key")
+    init.set_defaults(func=cmd_key_init)
+    show = key_sub.add_parser("show", help="print the public line of a private key file")
+    show.add_argument("key", metavar="FILE")
+    show.set_defaults(func=cmd_key_show)
