@@ -383,6 +383,40 @@ async def test_wakes_for_many_jobs_at_once_still_go_out_at_the_fleet_pace(
     assert all(b - a >= 0.5 - 1e-6 for a, b in itertools.pairwise(times)), times
 
 
+async def test_a_webhook_never_moves_a_check_before_a_retry_after_still_in_force(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("ra", [pending("running").replace(headers={"Retry-After": "300"}), succeeded()])
+    h = make_harness(tmp_path, fake, table=STANDARD)
+    async with h.client() as client, receiving(h) as (hooks, _):
+        await track(client, "ra")
+        first = await check(client, "ra", wait=20)
+        assert first["delay_source"] == "provider_retry_after"
+        before = version_of(h, "op-ra")
+        answer = await post(hooks, *standard_post("ra", event_id="evt_ra", at=h.clock.now()))
+        assert answer.json()["outcome"] == "not_woken"
+        assert version_of(h, "op-ra") == before
+        assert (await check(client, "ra"))["outcome"] == "not_yet"
+    assert len(fake.status_requests("ra")) == 1
+
+
+async def test_a_webhook_after_the_deadline_wakes_nothing_and_the_check_stops_as_before(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("late", [pending("running"), succeeded()])
+    h = make_harness(tmp_path, fake, table=STANDARD)
+    async with h.client() as client, receiving(h) as (hooks, _):
+        await track(client, "late", deadline_seconds=8)
+        first = await check(client, "late", wait=7)
+        assert first["outcome"] == "polled"
+        h.clock.advance(5)  # past the deadline (8 s), before the next planned check (15 s)
+        answer = await post(hooks, *standard_post("late", event_id="evt_late", at=h.clock.now()))
+        assert answer.json()["outcome"] == "not_woken"
+        stopped = await check(client, "late")
+    assert (stopped["outcome"], stopped["stop_reason"]) == ("stopped", "deadline_exceeded")
+    assert len(fake.status_requests("late")) == 1
+
+
 async def test_a_forged_completed_event_for_a_running_job_costs_one_request_and_the_job_keeps_waiting(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
