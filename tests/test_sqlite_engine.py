@@ -60,7 +60,8 @@ async def test_the_schema_allows_exactly_the_words_of_the_vocabulary(
     if column == "refused_outcome":
         expected -= {Outcome.POLLED.value}  # a polled call is never a refusal
     if column == "delay_source":
-        expected -= {DelaySource.PROVIDER_WEBHOOK.value}  # a wake-up is the woken_at column, never stored here
+        # A webhook's wake-up is the woken_at column: shown as a delay source, never stored as one.
+        expected -= {DelaySource.PROVIDER_WEBHOOK.value}
     assert allowed == expected
 
 
