@@ -22,12 +22,10 @@ import anyio
 import httpx2
 import pytest
 import uvicorn
-from benchmarks.live import call, stdio_server, write_table
 
 from harness import Harness, check, make_harness, merge, track, view
 from pollwarden.audit import read_rows, render_story
 from pollwarden.clock import Clock, SystemClock
-from pollwarden.fake_provider import FakeProvider, pending, succeeded
 from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.store import open_store
 from pollwarden.timefmt import parse_iso
@@ -41,6 +39,8 @@ from pollwarden.webhooks import (
 )
 from pollwarden_providers import load_table, load_tables, shipped_samples_dir, shipped_tables_dir
 from pollwarden_providers.webhook import read_event
+from tests.support.fake_provider import FakeProvider, pending, succeeded
+from tests.support.live import call, stdio_server, write_table
 
 pytestmark = pytest.mark.anyio
 

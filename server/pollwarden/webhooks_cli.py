@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from pollwarden.audit import audit_key_from_env
+from pollwarden.cli_options import add_database_options
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config, load_provider_tables
 from pollwarden.http_serve import serve_app, transport_security
@@ -63,7 +64,7 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
 
     options = http_options(args)
     security = transport_security(options)  # refuses a non-loopback host without names, first
-    config = load_config(db=args.db, providers=args.providers or [])
+    config = load_config(db=args.db, providers=args.providers or [], busy_timeout=args.busy_timeout)
     tables = load_provider_tables(config)
     receiver = WebhookReceiver(tables=tables, clock=SystemClock())
     app = receiver_app(receiver, security, store_opener(config))
@@ -88,7 +89,7 @@ def add_webhook_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         description="Serve only POST /webhooks/PROVIDER on the shared database, for deployments whose "
         "MCP servers run over stdio. A webhook only brings the next status check forward.",
     )
-    parser.add_argument("--db", help="SQLite file shared by every pollwarden process (env POLLWARDEN_DB)")
+    add_database_options(parser)
     parser.add_argument(
         "--providers",
         action="append",
