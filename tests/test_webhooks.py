@@ -441,8 +441,9 @@ async def test_an_agent_waiting_in_another_process_is_woken_within_2_s_at_one_co
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("far", [succeeded()])
-    # The first check is allowed 20-40 s after the start: only a webhook can make it sooner.
-    h = make_harness(tmp_path, fake, table=merge(STANDARD, {"schedule": {"base_delay_seconds": 40}}))
+    # The first check is allowed 12-24 s after the start (inside the 30 s a call may wait): only a
+    # webhook can make it sooner.
+    h = make_harness(tmp_path, fake, table=merge(STANDARD, {"schedule": {"base_delay_seconds": 24}}))
     write_table(h.tables_dir, h.table)
     async with stdio_server(h.db_path, h.tables_dir, errlog=tmp_path / "server.log") as agent:
         await call(agent, "start_operation", provider="acme", operation_id="op-far", provider_job_id="far")
@@ -451,7 +452,7 @@ async def test_an_agent_waiting_in_another_process_is_woken_within_2_s_at_one_co
             answered = anyio.Event()
 
             async def wait_for_it() -> None:
-                answers.append(await call(agent, "check_status", operation_id="op-far", wait_seconds=45))
+                answers.append(await call(agent, "check_status", operation_id="op-far", wait_seconds=30))
                 answered.set()
 
             tg.start_soon(wait_for_it)
