@@ -206,7 +206,7 @@ class Controller:
             return shown.model_copy(
                 update={
                     "requested_operation_id": requested_operation_id,
-                    "message": already_tracked_message(record, requested_operation_id),
+                    "message": f"{already_tracked_message(record, requested_operation_id)} {shown.message}",
                 }
             )
         return shown

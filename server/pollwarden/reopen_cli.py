@@ -87,7 +87,7 @@ def _require_person(config: ServerConfig) -> None:
 
 def _confirmed(operation_id: str) -> bool:
     try:
-        typed = input(f"Type {quoted(operation_id)} to reopen it (anything else leaves it stopped): ")
+        typed = input(f"Type {quoted(operation_id)} to reopen it (anything else leaves it undecided): ")
     except EOFError:
         return False
     return typed.strip() == operation_id
@@ -148,6 +148,7 @@ async def _reopen(config: ServerConfig, operation_id: str, reason: str, by: str,
                 "signed_request": request_json,
                 "stop_reason_before": record.stop_reason,
                 "bound_version": record.version,
+                "decided_at": at,
             },
         )
     if reopened is None:
