@@ -20,9 +20,9 @@ import pytest
 from harness import check, make_harness, make_operator, track, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.timefmt import parse_iso
 from test_operator_decisions import cli
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import anyio
 import pytest
-from benchmarks.live import stdio_server, write_table
 
 from harness import check, error_text, make_harness, track, view
 from pollwarden.audit import read_rows
-from pollwarden.fake_provider import FakeProvider, failed, http, pending, succeeded
 from pollwarden.store import open_store
 from pollwarden.store.sqlite.migrations import MIGRATIONS, split_sql
+from tests.support.fake_provider import FakeProvider, failed, http, pending, succeeded
+from tests.support.live import stdio_server, write_table
 
 pytestmark = pytest.mark.anyio
 

@@ -21,11 +21,11 @@ import pytest
 from harness import Harness, error_text, make_harness, make_operator, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, Step, http, pending
 from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import DecisionFacts, load_operator_key
 from test_allowed_actions import _record  # pyright: ignore[reportPrivateUsage]
 from test_operator_decisions import at_terminal, cli
+from tests.support.fake_provider import FakeProvider, Step, http, pending
 
 pytestmark = pytest.mark.anyio
 

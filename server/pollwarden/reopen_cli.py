@@ -24,6 +24,7 @@ from pathlib import Path
 import anyio
 
 from pollwarden.audit import audit_key_from_env
+from pollwarden.cli_options import add_database_options
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError, StoreError
@@ -167,7 +168,7 @@ async def _reopen(config: ServerConfig, operation_id: str, reason: str, by: str,
 
 def cmd_reopen(args: argparse.Namespace) -> int:
     """Reopen an operation stopped by a refusal, as a person at a terminal or with an operator key."""
-    config = load_config(db=args.db, operator_pubkeys=args.operator_pubkeys)
+    config = load_config(db=args.db, busy_timeout=args.busy_timeout, operator_pubkeys=args.operator_pubkeys)
     return anyio.run(_reopen, config, args.operation_id, args.reason, args.by, args.operator_key)
 
 
@@ -180,7 +181,7 @@ def add_reopen_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "account_context_changed, once a person fixed the cause. It waits again inside the same budget and "
         "deadline. Needs a person at an interactive terminal (type the operation id) or --operator-key FILE.",
     )
-    p.add_argument("--db", help="the server's SQLite file (env POLLWARDEN_DB)")
+    add_database_options(p)
     p.add_argument("operation_id")
     p.add_argument("--reason", required=True, help="what was fixed (recorded in the audit)")
     p.add_argument("--by", default=getpass.getuser(), help="who decided (recorded; default: your user name)")
