@@ -98,6 +98,10 @@ class OperationRecord:
     updated_at: float
     version: int
     fleet_slot_at: float | None
+    # The operation that holds this job's budget, when this one may not poll it (pollwarden.job_identity).
+    duplicate_of: str | None = None
+    # When the last status request was sent (`last_http_at`: when its answer came).
+    request_sent_at: float | None = None
     # When a verified provider webhook last brought next_check_at forward (to this time); see webhooks.py.
     woken_at: float | None = None
 
