@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO, cast
 
-from pollwarden.errors import PollwardenError
+from pollwarden.errors import AuditError, AuditKeyError
 from pollwarden.files import write_private_file
 from pollwarden.untrusted import one_line, quoted
 
@@ -88,14 +88,6 @@ REKEY_OPERATION = "pollwarden-audit"
 
 _ANCHOR_FORMAT = "pollwarden-audit-anchor/1"
 _HEX = frozenset("0123456789abcdef")
-
-
-class AuditError(PollwardenError):
-    """The audit database cannot be read (missing file, no audit table, bad anchor file)."""
-
-
-class AuditKeyError(AuditError):
-    """The chain and the key disagree: a keyed chain continued without the key, or an unkeyed one with it."""
 
 
 # ---------------------------------------------------------------------------
