@@ -37,6 +37,7 @@ DATABASE_COMMANDS = [
     ["audit", "verify"],
     ["audit", "anchor", "--out", "anchor.json"],
     ["audit", "rekey"],
+    ["reopen", "op-1", "--reason", "fixed"],
 ]
 
 

@@ -27,11 +27,10 @@ import anyio
 
 from pollwarden.approvals import decision_facts, describe_request, what_happens_next
 from pollwarden.audit import audit_key_from_env
-from pollwarden.cli_options import add_database_options, require_existing_database, with_examples
+from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError
-from pollwarden.files import prepare_database_file
 from pollwarden.operator_keys import (
     METHOD_TTY,
     PUBKEYS_ENV,
@@ -62,12 +61,6 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def _existing_database(path: Path) -> None:
-    """Refuse a missing (never create one) or unsafe database file."""
-    require_existing_database(path)
-    prepare_database_file(path)
-
-
 def _header(approval: ApprovalRecord) -> str:
     return (
         f"{quoted(approval.approval_id)}  {approval.status:<8} {quoted(approval.operation_id)}  "
@@ -83,7 +76,7 @@ def _question_lines(approval: ApprovalRecord) -> list[str]:
 
 
 async def _list(config: ServerConfig, show_all: bool) -> int:
-    _existing_database(config.db_path)
+    writable_existing_database(config.db_path)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:
@@ -152,7 +145,7 @@ async def _decide(
 ) -> int:
     verb = "approve" if approve else "deny"
     key = _operator_key(config, key_path) if key_path else None
-    _existing_database(config.db_path)
+    writable_existing_database(config.db_path)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:

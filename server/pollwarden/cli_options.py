@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pollwarden.config import BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS, DB_ENV, DatabaseChoice, database_choice
 from pollwarden.errors import StoreError
-from pollwarden.files import missing_directory
+from pollwarden.files import missing_directory, prepare_database_file
 
 
 def add_database_options(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,12 @@ def add_database_options(parser: argparse.ArgumentParser) -> None:
 def database_from(args: argparse.Namespace) -> DatabaseChoice:
     """The database named by the options `add_database_options` added (or the environment, or the default)."""
     return database_choice(args.db, args.busy_timeout)
+
+
+def writable_existing_database(path: Path) -> None:
+    """An operator command that writes a decision: the file must exist (never created) and be safe to open."""
+    require_existing_database(path)
+    prepare_database_file(path)
 
 
 def require_existing_database(path: Path) -> None:
