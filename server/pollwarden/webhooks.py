@@ -48,6 +48,7 @@ from starlette.types import ASGIApp
 
 from pollwarden.clock import Clock
 from pollwarden.errors import StoreError
+from pollwarden.errors import WebhookRefused as Refused
 from pollwarden.records import WakeOutcome
 from pollwarden.store import Store
 from pollwarden_providers.interpret import BodyError, parse_json_object
@@ -57,7 +58,6 @@ from pollwarden_providers.webhook import MAX_EVENT_TEXT, read_event
 __all__ = [
     "GITHUB_REMEMBER_SECONDS",
     "TOLERANCE_SECONDS",
-    "Refused",
     "WebhookReceiver",
     "combined_app",
     "github_signature",
@@ -74,15 +74,6 @@ TOLERANCE_SECONDS = 300.0
 # GitHub signs no timestamp: its delivery ids are remembered this long instead (a replay within it is
 # ignored; a later one can at most bring one check forward, which the status request then decides).
 GITHUB_REMEMBER_SECONDS = 86_400.0
-
-
-class Refused(Exception):
-    """A webhook request refused before it changed anything: the HTTP status and why."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 @dataclass(frozen=True)

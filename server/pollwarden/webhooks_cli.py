@@ -13,9 +13,10 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from pollwarden.audit import audit_key_from_env
-from pollwarden.cli_options import add_database_options
+from pollwarden.cli_options import add_database_options, database_from, with_examples
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config, load_provider_tables
+from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import serve_app, transport_security
 from pollwarden.store import Store, open_store
 from pollwarden.webhooks import StoreOpener, WebhookReceiver, combined_app, receiver_app
@@ -65,6 +66,8 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
     options = http_options(args)
     security = transport_security(options)  # refuses a non-loopback host without names, first
     config = load_config(db=args.db, providers=args.providers or [], busy_timeout=args.busy_timeout)
+    if database_from(args).is_default:
+        ensure_private_dir(config.db_path.parent)  # as `serve` does: the receiver may be the first to open it
     tables = load_provider_tables(config)
     receiver = WebhookReceiver(tables=tables, clock=SystemClock())
     app = receiver_app(receiver, security, store_opener(config))
@@ -97,4 +100,9 @@ def add_webhook_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="a directory of provider *.toml tables, added to the shipped ones; repeatable",
     )
     add_http_arguments(parser, default_port=DEFAULT_WEBHOOK_PORT)
+    with_examples(
+        parser,
+        "OPENAI_WEBHOOK_SECRET=whsec_... pollwarden webhooks --port 8001 --db ~/pollwarden/pollwarden.db",
+        "pollwarden webhooks --host 0.0.0.0 --allow-non-loopback --allowed-host hooks.example.com",
+    )
     parser.set_defaults(func=cmd_webhooks)
