@@ -16,6 +16,7 @@ from typing import TextIO
 from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
 from pollwarden.config import ServerConfig, load_config
+from pollwarden.console.cli import add_console_command
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, run_http, transport_security
@@ -164,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_approval_commands(sub)
     add_audit_commands(sub)
+    add_console_command(sub)
     add_provider_commands(sub)
     return parser
 
