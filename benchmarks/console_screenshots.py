@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import anyio
+from tests.support.browser import chromium
 
-from benchmarks.browser import chromium
 from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console

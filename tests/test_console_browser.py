@@ -24,8 +24,6 @@ from typing import Any
 
 import httpx2
 import pytest
-from benchmarks.browser import NO_CHROMIUM, chromium, chromium_path
-from benchmarks.live import write_table
 from playwright.async_api import BrowserContext, Page
 
 from harness import Harness, make_harness, make_operator, view
@@ -33,9 +31,11 @@ from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
 from pollwarden.console.app import SESSION_COOKIE, ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
-from pollwarden.fake_provider import FakeProvider, failed, http, pending, succeeded
 from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from tests.support.browser import NO_CHROMIUM, chromium, chromium_path
+from tests.support.fake_provider import FakeProvider, failed, http, pending, succeeded
+from tests.support.live import write_table
 
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(chromium_path() is None, reason=NO_CHROMIUM)]
 

@@ -123,6 +123,8 @@ def _epoch(text: object) -> float | None:
 
 def _clock(at: float, span: float) -> str:
     moment = to_datetime(at)
+    if span < 20:  # a few seconds across: tenths, or neighbouring ticks read alike
+        return moment.strftime("%H:%M:%S.") + str(moment.microsecond // 100_000)
     return moment.strftime("%H:%M:%S" if span < 86400 else "%m-%d %H:%M")
 
 

@@ -23,6 +23,7 @@ import uvicorn
 
 from pollwarden.approvals_cli import existing_database, operator_key_for
 from pollwarden.audit import audit_key_from_env
+from pollwarden.cli_options import add_database_options
 from pollwarden.config import load_config, load_provider_tables
 from pollwarden.errors import ConfigError
 from pollwarden.http_serve import GuardedH11Protocol, HttpOptions, transport_security
@@ -116,7 +117,12 @@ def cmd_console(args: argparse.Namespace) -> int:
         allowed_hosts=tuple(args.allowed_host or ()),
     )
     security = transport_security(options)  # the same host rule as `serve`
-    config = load_config(db=args.db, providers=args.providers or [], operator_pubkeys=args.operator_pubkeys)
+    config = load_config(
+        db=args.db,
+        providers=args.providers or [],
+        operator_pubkeys=args.operator_pubkeys,
+        busy_timeout=args.busy_timeout,
+    )
     key = operator_key_for(config, args.operator_key) if args.operator_key else None
     if key is None:
         if not _interactive():
@@ -164,7 +170,7 @@ def add_console_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         description="Serve the operator console and print a one-time login URL. Needs a person at an "
         "interactive terminal, or --operator-key FILE (decisions are then signed with it).",
     )
-    p.add_argument("--db", help="the server's SQLite file (env POLLWARDEN_DB)")
+    add_database_options(p)
     p.add_argument(
         "--providers",
         action="append",
