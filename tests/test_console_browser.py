@@ -9,13 +9,8 @@ starting it. Skipped, with the reason, where Chromium is not installed.
 from __future__ import annotations
 
 import asyncio
-import os
-import pty
 import re
 import secrets
-import select
-import subprocess
-import sys
 import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
@@ -26,18 +21,21 @@ import httpx2
 import pytest
 from playwright.async_api import BrowserContext, Page
 
-from harness import Harness, make_harness, make_operator, view
+from harness import Harness, make_harness, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
 from pollwarden.console.app import SESSION_COOKIE, ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
 from pollwarden.http_serve import HttpOptions, transport_security
-from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
 from tests.support.browser import NO_CHROMIUM, chromium, chromium_path
+from tests.support.console import console_at_terminal
 from tests.support.fake_provider import FakeProvider, failed, http, pending, succeeded
 from tests.support.live import write_table
 
-pytestmark = [pytest.mark.anyio, pytest.mark.skipif(chromium_path() is None, reason=NO_CHROMIUM)]
+if chromium_path() is None:  # one skip, with the reason, for the whole module
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
+
+pytestmark = pytest.mark.anyio
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
 
@@ -138,68 +136,6 @@ def audit_of(h: Harness, job: str, kind: str) -> list[dict[str, Any]]:
 # -- starting and logging in ----------------------------------------------------------------
 
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("POLLWARDEN_")}
-    return {**base, **(extra or {})}
-
-
-def test_an_agents_shell_cannot_start_a_console_no_terminal_and_no_key(tmp_path: Path) -> None:
-    db = tmp_path / "p.db"
-    db.touch(mode=0o600)
-    started = subprocess.run(
-        [sys.executable, "-m", "pollwarden", "console", "--db", str(db), "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        env=_env(),
-    )
-    assert started.returncode == 2
-    assert "pollwarden console needs a person" in started.stderr
-    assert "Nothing was started" in started.stderr
-    assert "token=" not in started.stdout + started.stderr
-
-
-@asynccontextmanager
-async def console_at_terminal(
-    db: Path, *args: str, env: dict[str, str] | None = None
-) -> AsyncGenerator[tuple[subprocess.Popen[bytes], str]]:
-    """`pollwarden console` on a pseudo-terminal: the process and everything it showed up to its URL (or exit)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(  # noqa: ASYNC220 - a pty child, read with select below
-        [sys.executable, "-m", "pollwarden", "console", "--db", str(db), "--port", "0", *args],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=_env(env),
-        close_fds=True,
-    )
-    os.close(slave)
-    shown = b""
-    deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline and not re.search(rb"token=\S+\s", shown):
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            shown += chunk
-        yield proc, shown.decode("utf-8", "replace")
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=10)
-
-
 async def test_a_console_started_at_a_terminal_logs_in_once_with_its_printed_url_and_not_without_it(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -234,20 +170,6 @@ async def test_a_console_started_at_a_terminal_logs_in_once_with_its_printed_url
         assert again is not None
         assert again.status == 401
         assert "has been used" in await page.content()
-
-
-async def test_a_console_needs_the_operator_key_when_the_operator_requires_one(tmp_path: Path) -> None:
-    operator = make_operator(tmp_path / "keys")
-    db = tmp_path / "p.db"
-    db.touch(mode=0o600)
-    env = {PUBKEYS_ENV: str(operator.pubkeys_file), REQUIRE_ENV: "1"}
-    async with console_at_terminal(db, env=env) as (proc, shown):
-        assert proc.wait(timeout=30) == 2
-        assert "requires an operator key" in shown
-        assert "token=" not in shown
-    async with console_at_terminal(db, "--operator-key", str(operator.key_file), env=env) as (_, shown):
-        assert "token=" in shown
-        assert "authenticated by operator-key:" in shown
 
 
 # -- deciding --------------------------------------------------------------------------------

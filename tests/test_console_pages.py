@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import secrets
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
@@ -18,13 +20,15 @@ from typing import Any
 import httpx2
 import pytest
 
-from harness import Harness, make_harness, merge, view
+from harness import Harness, make_harness, make_operator, merge, view
 from pollwarden.audit import read_rows, write_anchor
 from pollwarden.clock import FakeClock
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.charts import pace_chart
 from pollwarden.console.cli import running_console
 from pollwarden.http_serve import HttpOptions, transport_security
+from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from tests.support.console import clean_env, console_at_terminal
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import write_table
 
@@ -86,6 +90,38 @@ async def waiting(h: Harness, job: str) -> None:
                 "start_operation", {"provider": "acme", "operation_id": f"op-{job}", "provider_job_id": job}
             )
         )
+
+
+def test_an_agents_shell_cannot_start_a_console_no_terminal_and_no_key(tmp_path: Path) -> None:
+    db = tmp_path / "p.db"
+    db.touch(mode=0o600)
+    started = subprocess.run(
+        [sys.executable, "-m", "pollwarden", "console", "--db", str(db), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+    )
+    assert started.returncode == 2
+    assert "pollwarden console needs a person" in started.stderr
+    assert "Nothing was started" in started.stderr
+    assert "token=" not in started.stdout + started.stderr
+
+
+async def test_a_console_needs_the_operator_key_when_the_operator_requires_one(tmp_path: Path) -> None:
+    operator = make_operator(tmp_path / "keys")
+    db = tmp_path / "p.db"
+    db.touch(mode=0o600)
+    env = {PUBKEYS_ENV: str(operator.pubkeys_file), REQUIRE_ENV: "1"}
+    async with console_at_terminal(db, env=env) as (proc, shown):
+        assert proc.wait(timeout=30) == 2
+        assert "requires an operator key" in shown
+        assert "token=" not in shown
+    async with console_at_terminal(db, "--operator-key", str(operator.key_file), env=env) as (_, shown):
+        assert "token=" in shown
+        assert "authenticated by operator-key:" in shown
 
 
 def listed(html: str) -> list[str]:
