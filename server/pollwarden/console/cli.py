@@ -21,9 +21,9 @@ from contextlib import asynccontextmanager
 import anyio
 import uvicorn
 
-from pollwarden.approvals_cli import existing_database, operator_key_for
+from pollwarden.approvals_cli import operator_key_for
 from pollwarden.audit import audit_key_from_env
-from pollwarden.cli_options import add_database_options
+from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.config import load_config, load_provider_tables
 from pollwarden.errors import ConfigError
 from pollwarden.http_serve import GuardedH11Protocol, HttpOptions, transport_security
@@ -132,7 +132,7 @@ def cmd_console(args: argparse.Namespace) -> int:
                 f"the operator requires an operator key for every decision ({REQUIRE_ENV}): start the console "
                 "with --operator-key FILE. Nothing was started"
             )
-    existing_database(config.db_path)
+    writable_existing_database(config.db_path)
     settings = ConsoleSettings(
         config=config,
         login_token=secrets.token_urlsafe(32),
@@ -164,11 +164,15 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 def add_console_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:  # pyright: ignore[reportPrivateUsage]
     """Add ``pollwarden console``."""
-    p = sub.add_parser(
-        "console",
-        help="serve the operator console (every wait, every approval) on 127.0.0.1",
-        description="Serve the operator console and print a one-time login URL. Needs a person at an "
-        "interactive terminal, or --operator-key FILE (decisions are then signed with it).",
+    p = with_examples(
+        sub.add_parser(
+            "console",
+            help="serve the operator console (every wait, every approval) on 127.0.0.1",
+            description="Serve the operator console and print a one-time login URL. Needs a person at an "
+            "interactive terminal, or --operator-key FILE (decisions are then signed with it).",
+        ),
+        "pollwarden console --db ~/.local/share/pollwarden/pollwarden.db",
+        "pollwarden console --port 0 --operator-key ~/operator.key",
     )
     add_database_options(p)
     p.add_argument(
