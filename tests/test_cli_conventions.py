@@ -39,6 +39,7 @@ DATABASE_COMMANDS = [
     ["audit", "rekey"],
     ["reopen", "op-1", "--reason", "fixed"],
     ["webhooks"],
+    ["console"],
 ]
 
 
