@@ -232,6 +232,7 @@ async def test_a_client_without_elicitation_gets_an_operator_approval_applied_on
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     h = make_harness(tmp_path, fake, clock=FakeClock(time.time()))
+    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
     async with h.client() as client:
         await _exhaust(h, client, "cli1")
         pending_result = view(await client.call_tool("request_extension", _extend("cli1")))
@@ -262,6 +263,7 @@ async def test_a_client_without_elicitation_sees_an_operator_denial(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     h = make_harness(tmp_path, fake, clock=FakeClock(time.time()))
+    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
     async with h.client() as client:
         await _exhaust(h, client, "cli2")
         approval_id = view(await client.call_tool("request_extension", _extend("cli2")))["approval_id"]
@@ -277,6 +279,7 @@ async def test_an_approval_decided_after_it_expired_approves_nothing(
 ) -> None:
     # The server's clock is 20 minutes behind the operator's: the approval (15 minutes) has expired.
     h = make_harness(tmp_path, fake, clock=FakeClock(time.time() - 1200))
+    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
     async with h.client() as client:
         await _exhaust(h, client, "exp1")
         approval_id = view(await client.call_tool("request_extension", _extend("exp1")))["approval_id"]
@@ -303,6 +306,7 @@ async def test_an_approval_is_void_when_the_operation_changed_after_the_question
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     h = make_harness(tmp_path, fake, clock=FakeClock(time.time()))
+    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
     async with h.client() as plain:
         await _exhaust(h, plain, "void1", budget=1)
         stale_id = view(await plain.call_tool("request_extension", _extend("void1", requests=1)))[
@@ -401,6 +405,7 @@ async def test_a_cancel_approved_by_an_operator_is_sent_on_the_next_call(
         clock=FakeClock(time.time()),
         table={"cancel": {"path": "/v1/jobs/{job_id}/cancel", "method": "POST"}},
     )
+    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
     async with h.client() as client:
         await _exhaust(h, client, "c2")
         asked = view(await client.call_tool("cancel_operation", {"operation_id": "op-c2"}))

@@ -50,6 +50,12 @@ NOT_A_PERSON = (
     "the agent cannot read. Nothing was decided"
 )
 
+SERVER_VERIFIES = (
+    "note: the server applies a key-signed decision only if the key is among the operator public keys the "
+    f"server itself was started with ({PUBKEYS_ENV} in its own environment); a file named here proves nothing "
+    "to it"
+)
+
 
 def _config(args: argparse.Namespace) -> ServerConfig:
     return load_config(
@@ -152,6 +158,8 @@ async def _decide(
         print(decision.message, file=sys.stderr)
         return 1
     print(decision.message)
+    if key is not None:
+        print(SERVER_VERIFIES, file=sys.stderr)
     return 0
 
 

@@ -183,14 +183,25 @@ def authenticate(
 
     * A claimed operator-key signature must verify against the configured key
       with that id; a signature that does not is refused whatever the policy
-      (it is a forgery or an edit after signing). When no keys are configured it
-      cannot be checked and counts as unsigned.
+      (it is a forgery or an edit after signing). When this server has no keys
+      configured it cannot be checked and is refused: the keys file a CLI caller
+      named proves nothing, since the caller may be the agent.
     * With `policy.require_key`, anything without a verified signature is refused.
     * Otherwise a ``tty`` or ``console`` decision (or one recorded before methods were recorded)
       is applied as what it claims to be.
     """
     claimed = method or "unrecorded"
-    if claimed.startswith(_KEY_METHOD) and policy.keys:
+    if claimed.startswith(_KEY_METHOD) and not policy.keys:
+        # Whoever ran the CLI chose the key and the public keys file it was checked against; only
+        # keys this server was configured with prove anything, and it has none.
+        return Verdict(
+            False,
+            claimed,
+            f"it is signed with an operator key, but this server has no operator public keys configured "
+            f"({PUBKEYS_ENV}) to verify it against; a person must decide at an interactive terminal, or "
+            f"the operator must configure {PUBKEYS_ENV} for the server",
+        )
+    if claimed.startswith(_KEY_METHOD):
         key = policy.find(claimed.removeprefix(_KEY_METHOD))
         if key is None:
             return Verdict(False, claimed, "signed with a key that is not among the operator's public keys")
@@ -205,8 +216,6 @@ def authenticate(
             claimed,
             f"it is not signed with an operator key, and the operator requires one ({REQUIRE_ENV})",
         )
-    if claimed.startswith(_KEY_METHOD):
-        return Verdict(True, f"{claimed} (unverified: no operator public keys are configured)")
     if claimed == METHOD_ELICITATION:
         # A person's answer that reached this server after the client stopped waiting.
         return Verdict(True, f"{METHOD_ELICITATION} (answered after the client stopped waiting)")
