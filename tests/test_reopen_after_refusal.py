@@ -22,7 +22,7 @@ from harness import Harness, error_text, make_harness, make_operator, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
 from pollwarden.job_identity import reopen_next_check_at
-from pollwarden.operator_keys import DecisionFacts, load_operator_key
+from pollwarden.operator_keys import REQUIRE_ENV, DecisionFacts, load_operator_key
 from test_allowed_actions import _record  # pyright: ignore[reportPrivateUsage]
 from test_operator_decisions import at_terminal, cli
 from tests.support.fake_provider import FakeProvider, Step, http, pending
@@ -119,8 +119,17 @@ async def test_reopen_needs_a_person_and_an_operator_key_reopens_it_audited_insi
     assert done.returncode == 0, done.stderr
     assert "Reopen operation op-k?" in done.stdout
     assert "Stopped because: authorization_denied" in done.stdout
-    assert "op-k reopened by alice" in done.stdout
-    assert "same budget (1 of 12 used)" in done.stdout
+    assert "op-k: reopen recorded by alice" in done.stdout
+    assert "same budget and deadline (1 of 12 used" in done.stdout
+    # Recorded, not applied: the server verifies who decided first, on the agent's next check.
+    assert [r for r in read_rows(h.db_path, "op-k") if r.kind == "reopened"] == []
+
+    async with h.client() as client:
+        resumed = await call(client, "check_status", operation_id="op-k", wait_seconds=50)
+    assert (resumed["outcome"], resumed["status"]) == ("polled", "waiting")
+    assert (resumed["status_requests_used"], resumed["max_status_requests"]) == (2, 12)
+    assert resumed["deadline_at"] == before["deadline_at"]
+    assert len(fake.status_requests("k")) == 2
 
     [row] = [r for r in read_rows(h.db_path, "op-k") if r.kind == "reopened"]
     audit = row.payload_obj
@@ -134,7 +143,7 @@ async def test_reopen_needs_a_person_and_an_operator_key_reopens_it_audited_insi
     assert audit["delay_source"] == "manual_extension"
     # The signature covers the operation as shown, the reason and who decided: anyone can check it later.
     facts = DecisionFacts(
-        approval_id=f"reopen:op-k:{audit['bound_version']}",
+        approval_id=str(audit["approval_id"]),
         operation_id="op-k",
         kind="reopen",
         bound_version=int(str(audit["bound_version"])),
@@ -145,13 +154,6 @@ async def test_reopen_needs_a_person_and_an_operator_key_reopens_it_audited_insi
     )
     assert json.loads(str(audit["signed_request"]))["reason"] == "rotated the token"
     key.public.key.verify(base64.b64decode(str(audit["signature"])), facts.message())
-
-    async with h.client() as client:
-        resumed = await call(client, "check_status", operation_id="op-k", wait_seconds=50)
-    assert (resumed["outcome"], resumed["status"]) == ("polled", "waiting")
-    assert (resumed["status_requests_used"], resumed["max_status_requests"]) == (2, 12)
-    assert resumed["deadline_at"] == before["deadline_at"]
-    assert len(fake.status_requests("k")) == 2
 
     twice = cli(
         h, "reopen", "op-k", "--reason", "again", "--operator-key", str(operator.key_file), env=operator.env()
@@ -171,10 +173,10 @@ async def test_an_operator_at_a_terminal_reopens_by_typing_the_operation_id(
     code, shown = at_terminal(h, "reopen", "op-t", "--reason", "fixed the table", typed="op-t")
     assert code == 0, shown
     assert "Stopped because: integration_failure" in shown
-    [row] = [r for r in read_rows(h.db_path, "op-t") if r.kind == "reopened"]
-    assert row.payload_obj["authenticated_by"] == "tty"
     async with h.client() as client:
         resumed = await call(client, "check_status", operation_id="op-t", wait_seconds=50)
+    [row] = [r for r in read_rows(h.db_path, "op-t") if r.kind == "reopened"]
+    assert row.payload_obj["authenticated_by"] == "tty"
     assert resumed["outcome"] == "polled"
     assert len(fake.status_requests("t")) == 2
 
@@ -211,3 +213,36 @@ def test_a_reopened_operation_never_sends_before_a_retry_after_still_in_force() 
     assert reopen_next_check_at(record, 1010.0) == 1120.0
     assert reopen_next_check_at(record, 1200.0) == 1200.0
     assert reopen_next_check_at(_record(last_http_at=1000.0, retry_after_seconds=None), 1010.0) == 1010.0
+
+
+async def test_an_agent_reopening_with_its_own_key_and_keys_file_sends_nothing(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    trusted = make_operator(tmp_path / "opkeys", "operator")
+    agent = make_operator(tmp_path / "agentkeys", "agent")  # the agent ran `operator-key init`
+    for require_key in (True, False):
+        h = harness(tmp_path / f"require-{require_key}", fake)
+        h.operator = trusted.policy(require_key=require_key)  # the server trusts only the operator's key
+        job = f"self-{require_key}"
+        await refused_once(h, job, http(403, body={"error": "token revoked"}), "authorization_denied")
+        cli(
+            h,
+            "reopen",
+            f"op-{job}",
+            "--reason",
+            "fixed",
+            "--operator-key",
+            str(agent.key_file),
+            "--operator-pubkeys",
+            str(agent.pubkeys_file),
+            "--by",
+            "alice",
+            env={REQUIRE_ENV: "1"} if require_key else None,
+        )
+        async with h.client() as client:
+            again = await call(client, "check_status", operation_id=f"op-{job}", wait_seconds=50)
+        assert (again["status"], again["stop_reason"]) == ("escalated", "authorization_denied")
+        assert len(fake.status_requests(job)) == 1
+        kinds = [r.kind for r in read_rows(h.db_path, f"op-{job}")]
+        assert "reopened" not in kinds
+        assert "approval_refused" in kinds

@@ -18,6 +18,7 @@ from pollwarden.clock import Clock
 from pollwarden.config import ServerConfig
 from pollwarden.errors import InvalidRequest
 from pollwarden.extensions import ExtensionPlan, ExtensionResult, extension_changes
+from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
 from pollwarden.records import OperationRecord
 from pollwarden.store import ApprovalRecord, Store
@@ -275,6 +276,10 @@ async def apply_decided_approvals(controller: ApprovalParts, record: OperationRe
     approvals = await controller.store.list_approvals(operation_id=record.operation_id)
     now = controller.clock.now()
     for approval in approvals:
+        if approval.kind == ApprovalKind.REOPEN:
+            if approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
+                await _apply_reopen(controller, approval)
+            continue
         if approval.kind != ApprovalKind.EXTENSION:
             continue  # a cancel approval is used by the next cancel_operation call
         if approval.status == ApprovalStatus.PENDING and now >= approval.expires_at:
@@ -303,6 +308,41 @@ async def apply_decided_approvals(controller: ApprovalParts, record: OperationRe
                 by=approval.decided_by or "operator",
             )
     return await controller.load(record.operation_id)
+
+
+async def _apply_reopen(controller: ApprovalParts, approval: ApprovalRecord) -> None:
+    """An operator's recorded reopen takes effect only once this server verified who decided it."""
+    verdict = await check_operator_decision(controller, approval)
+    if not verdict.ok:
+        return  # voided and audited as approval_refused
+    now = controller.clock.now()
+    record = await controller.load(approval.operation_id)
+    request = approval.request
+    reopened = None
+    if approval.status == ApprovalStatus.APPROVED:
+        reopened = await controller.store.reopen(
+            approval.operation_id,
+            bound_version=approval.bound_version,
+            next_check_at=reopen_next_check_at(record, now),
+            at=now,
+            extra={
+                "reason": request.get("reason"),
+                "reopened_by": approval.decided_by,
+                "authenticated_by": verdict.method,
+                "approval_id": approval.approval_id,
+                "signature": approval.decision_signature,
+                "signed_request": approval.request_json,
+                "stop_reason_before": request.get("stop_reason"),
+                "bound_version": approval.bound_version,
+                "decided_at": approval.decided_at,
+            },
+        )
+    await controller.store.close_approval(
+        approval.approval_id,
+        status=ApprovalStatus.APPLIED if reopened is not None else ApprovalStatus.VOID,
+        at=now,
+        note="reopened" if reopened is not None else "the operation changed after the reopen was decided",
+    )
 
 
 def _extension_result(
@@ -348,6 +388,8 @@ def describe_request(approval: ApprovalRecord) -> str:
     if approval.kind == "cancel":
         return "asks to cancel the job at the provider (one cancel call; the job's work is lost)"
     request = approval.request
+    if approval.kind == ApprovalKind.REOPEN:
+        return f"asks to reopen it after {request.get('stop_reason')} (reason: {quoted(str(request.get('reason')))})"
     return (
         f"asks +{float(request.get('extra_seconds', 0)):g} s, "
         f"+{int(request.get('extra_status_requests', 0))} status requests"
@@ -356,6 +398,11 @@ def describe_request(approval: ApprovalRecord) -> str:
 
 def what_happens_next(approval: ApprovalRecord) -> str:
     """After a decision: what happens, and when, for this kind of approval."""
+    if approval.kind == ApprovalKind.REOPEN:
+        return (
+            "the agent's next check_status reopens it once the server verified who decided (inside the same "
+            "budget and deadline); nothing is sent before that call"
+        )
     if approval.kind == "cancel":
         if approval.status == "approved":
             return (

@@ -753,6 +753,8 @@ def _story_line(row: AuditRow) -> str:
         note = p.get("note")
         request = _as_object_dict(p.get("request")) or {}
         what = "extension" if "extra_seconds" in request or not request else "cancel"
+        if "stop_reason" in request:
+            what = "reopen"
         return f"{at} {what} awaiting operator approval" + (f" {_note(note)}" if note else "")
     detail = p.get("note") or p.get("decision")
     return f"{at} {_value(kind)}" + (f": {_note(detail)}" if detail else "")

@@ -17,23 +17,24 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import json
 import sys
+import uuid
 from pathlib import Path
 
 import anyio
 
+from pollwarden.approvals_cli import SERVER_VERIFIES
 from pollwarden.audit import audit_key_from_env
 from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError
-from pollwarden.job_identity import reopen_next_check_at, reopen_refusal, reopen_summary
+from pollwarden.job_identity import reopen_refusal, reopen_summary
+from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import (
     METHOD_TTY,
     PUBKEYS_ENV,
     REQUIRE_ENV,
-    DecisionFacts,
     OperatorKey,
     describe_keys,
     load_operator_key,
@@ -41,11 +42,12 @@ from pollwarden.operator_keys import (
 from pollwarden.store import open_store
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
+from pollwarden.vocabulary import ApprovalKind
 
 __all__ = ["add_reopen_command"]
 
-# The kind a reopen's signature covers (DecisionFacts.kind); never an approval row's kind.
-REOPEN_KIND = "reopen"
+# How long a recorded reopen waits for the agent's next check before it expires.
+REOPEN_TTL_SECONDS = 7 * 24 * 3600.0
 MAX_REASON = 500
 
 NOT_A_PERSON = (
@@ -111,48 +113,30 @@ async def _reopen(config: ServerConfig, operation_id: str, reason: str, by: str,
             print(f"{quoted(operation_id)}: nothing reopened", file=sys.stderr)
             return 1
         at = SystemClock().now()
-        request_json = json.dumps(
-            {"reason": reason, "stop_reason": record.stop_reason, "stop_detail": record.stop_detail},
-            sort_keys=True,
-        )
-        facts = DecisionFacts(
-            approval_id=f"reopen:{record.operation_id}:{record.version}",
-            operation_id=record.operation_id,
-            kind=REOPEN_KIND,
-            bound_version=record.version,
-            request_json=request_json,
-            decision="approved",
-            decided_at=at,
-            decided_by=by,
-        )
-        next_at = reopen_next_check_at(record, at)
-        reopened = await store.reopen(
-            operation_id,
-            bound_version=record.version,
-            next_check_at=next_at,
+        # Recorded as a decided approval, never applied here: whoever runs this command may be the
+        # agent, so the server verifies who decided against its own keys before anything changes.
+        asked = await store.open_approval(
+            approval_id=f"ap-{uuid.uuid4().hex[:10]}",
+            record=record,
+            kind=ApprovalKind.REOPEN,
+            request={"reason": reason, "stop_reason": record.stop_reason, "stop_detail": record.stop_detail},
             at=at,
-            extra={
-                "reason": reason,
-                "reopened_by": by,
-                "authenticated_by": key.method if key is not None else METHOD_TTY,
-                "signature": facts.sign(key) if key is not None else None,
-                "signed_request": request_json,
-                "stop_reason_before": record.stop_reason,
-                "bound_version": record.version,
-                "decided_at": at,
-            },
+            ttl_seconds=REOPEN_TTL_SECONDS,
         )
-    if reopened is None:
-        print(
-            f"{quoted(operation_id)} changed while you were deciding; nothing was reopened — run it again",
-            file=sys.stderr,
+        decision = await decide(
+            store, asked.approval_id, approve=True, by=by, at=at, method=METHOD_TTY, key=key
         )
+    if not decision.ok:
+        print(decision.message, file=sys.stderr)
         return 1
     print(
-        f"{quoted(operation_id)} reopened by {quoted(by)}: the agent's next check_status may send a status request "
-        f"from {iso(next_at)}, inside the same budget ({reopened.status_requests_used} of "
-        f"{reopened.max_status_requests} used) and deadline ({iso(reopened.effective_deadline)})"
+        f"{quoted(operation_id)}: reopen recorded by {quoted(by)} ({asked.approval_id}); the server verifies who "
+        "decided and reopens it on the agent's next check_status, inside the same budget and deadline "
+        f"({record.status_requests_used} of {record.max_status_requests} used, until "
+        f"{iso(record.effective_deadline)}); nothing is sent before that call"
     )
+    if key is not None:
+        print(SERVER_VERIFIES, file=sys.stderr)
     return 0
 
 

@@ -87,6 +87,7 @@ class ApprovalKind(StrEnum):
 
     EXTENSION = "extension"
     CANCEL = "cancel"
+    REOPEN = "reopen"  # an operator's reopen, applied by the server only once it verified who decided
 
 
 class ApprovalStatus(StrEnum):

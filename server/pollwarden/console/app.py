@@ -506,6 +506,8 @@ def _impact(approval: ApprovalRecord) -> str:
     request = approval.request
     if approval.kind == "cancel":
         return "one cancel call to the provider; the job's work is lost"
+    if approval.kind == "reopen":
+        return "it waits again inside the same budget and deadline once the server verified who decided"
     seconds = float(request.get("extra_seconds", 0) or 0)
     checks = int(request.get("extra_status_requests", 0) or 0)
     return (

@@ -218,7 +218,7 @@ LIST_APPROVALS_OF_BY_STATUS = _LIST_APPROVALS.format(
 )
 # An extension decision an operator took (or a question nobody answered in time) waits to be applied.
 HAS_DUE_EXTENSION_APPROVALS = (
-    "SELECT 1 FROM approvals WHERE operation_id = ? AND kind = 'extension' "
+    "SELECT 1 FROM approvals WHERE operation_id = ? AND kind IN ('extension', 'reopen') "
     "AND (status IN ('approved', 'denied') OR (status = 'pending' AND expires_at <= ?)) LIMIT 1"
 )
 FIND_PENDING_APPROVAL = (
