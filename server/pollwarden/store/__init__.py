@@ -199,8 +199,12 @@ class Store(Protocol):
 
     async def close_approval(
         self, approval_id: str, *, status: str, at: float, note: str, audit_kind: str | None = None
-    ) -> None:
-        """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story."""
+    ) -> ApprovalRecord | None:
+        """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story.
+
+        Guarded: None (and nothing written) when it is no longer in a status it may be closed from —
+        an applied one is never voided, a decided one never expired.
+        """
         ...
 
     # -- follow-ups and the audit ---------------------------------------------------------------

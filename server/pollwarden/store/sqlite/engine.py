@@ -298,9 +298,12 @@ class SQLiteStore:
 
     async def close_approval(
         self, approval_id: str, *, status: str, at: float, note: str, audit_kind: str | None = None
-    ) -> None:
-        """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story."""
-        await self._db.run(
+    ) -> ApprovalRecord | None:
+        """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story.
+
+        None when it was no longer in a status it may be closed from (another call got there first).
+        """
+        return await self._db.run(
             partial(
                 writes.close_approval,
                 approval_id=approval_id,

@@ -264,9 +264,13 @@ def close_approval(
     audit_kind: str | None,
     key: bytes | None,
 ) -> ApprovalRecord | None:
-    """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story."""
+    """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story.
+
+    None when it was no longer in a status it may be closed from (another call closed or decided it first).
+    """
     with session.transaction() as conn:
-        row = conn.execute(queries.CLOSE_APPROVAL, (status, note, at, approval_id)).fetchone()
+        allowed = json.dumps(queries.CLOSABLE_FROM.get(status, ()))
+        row = conn.execute(queries.CLOSE_APPROVAL, (status, note, at, approval_id, allowed)).fetchone()
         if row is None:
             return None
         approval = ApprovalRecord.from_row(row)
