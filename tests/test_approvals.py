@@ -446,3 +446,19 @@ async def test_the_person_sees_when_the_new_deadline_would_fall_after_the_busine
     question = person.questions[0]
     assert "Impact: the new deadline falls after the business deadline" in question
     assert "waiting stops at the business deadline" in question
+
+
+async def test_no_cancel_is_sent_when_the_tables_account_changed_since_the_operation_was_recorded(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = make_harness(tmp_path, fake, table={"cancel": {"path": "/v1/jobs/{job_id}/cancel", "method": "POST"}})
+    async with h.client() as client:
+        await _exhaust(h, client, "acct")
+    # The table now points at another origin (another account): the same host by another name.
+    h.table = {**h.table, "base_url": fake.base_url.replace("127.0.0.1", "localhost")}
+    person = Person("accept", {"decision": "cancel_at_provider"})
+    async with h.client(elicitation_callback=person) as client:
+        result = view(await client.call_tool("cancel_operation", {"operation_id": "op-acct"}))
+    assert result["decision"] == "refused"
+    assert "account_context_changed" in result["message"]
+    assert [e for e in fake.log() if e["route"] == "cancel"] == []

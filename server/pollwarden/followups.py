@@ -13,8 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pollwarden.approvals import check_operator_decision, operator_must_decide
-from pollwarden.controller import Controller
+from pollwarden.controller import Controller, account_context_of
 from pollwarden.decide import NoAnswer, UnusableAnswer
+from pollwarden.job_identity import account_changed_detail
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
 from pollwarden.untrusted import quoted
@@ -259,6 +260,30 @@ async def send_cancel(
             "cancel_operation",
             "void",
             "The approval is void: the operation changed after the person was asked. Ask again if still needed.",
+            approval_id=approval_id,
+        )
+    current = account_context_of(table)
+    if current != record.account_context:
+        # As the gate does for a status request: nothing is sent under another account (issue 12.7).
+        detail = account_changed_detail(record.account_context, current)
+        now = controller.clock.now()
+        if approval_id is not None:
+            await controller.store.close_approval(
+                approval_id, status="void", at=now, note="account context changed; no cancel sent"
+            )
+        await controller.store.audit_event(
+            record.operation_id,
+            kind="cancel_refused",
+            at=now,
+            note=f"account_context_changed: {detail}",
+            extra={"stop_reason": "account_context_changed"},
+        )
+        return _result(
+            controller,
+            record,
+            "cancel_operation",
+            "refused",
+            f"No cancel call was sent: account_context_changed — {detail}.",
             approval_id=approval_id,
         )
     answer = await controller.http.cancel(table, record.provider_job_id)
