@@ -23,8 +23,7 @@ from pollwarden.cli_options import database_from
 from pollwarden.config import default_db_path
 from pollwarden.errors import PollwardenError
 from pollwarden.store import DatabaseLocation, open_store
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.live import REPO_ROOT
 
 # Every command that opens the database, with its other required arguments.
 DATABASE_COMMANDS = [
@@ -128,7 +127,7 @@ def _closed_pipe(*args: str) -> tuple[int, str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=REPO,
+        cwd=REPO_ROOT,
         # Buffered as an operator's shell runs it: the last write then fails at the final flush.
         env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
     ) as proc:

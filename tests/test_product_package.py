@@ -6,8 +6,9 @@ import ast
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PRODUCT = (REPO / "server" / "pollwarden", REPO / "providers" / "pollwarden_providers")
+from tests.support.live import REPO_ROOT
+
+PRODUCT = (REPO_ROOT / "server" / "pollwarden", REPO_ROOT / "providers" / "pollwarden_providers")
 
 
 def _modules() -> list[Path]:
@@ -15,7 +16,7 @@ def _modules() -> list[Path]:
 
 
 def test_the_wheel_ships_only_the_server_and_provider_packages() -> None:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     packages = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
     assert packages == ["server/pollwarden", "providers/pollwarden_providers"]
 
@@ -32,7 +33,7 @@ def test_no_product_module_imports_the_tests_or_the_benchmarks() -> None:
                 else []
             )
             offenders += [
-                f"{path.relative_to(REPO)}: {name}"
+                f"{path.relative_to(REPO_ROOT)}: {name}"
                 for name in names
                 if name.split(".")[0] in {"tests", "benchmarks"}
             ]

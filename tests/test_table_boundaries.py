@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness import base_table, merge, to_toml
+from harness import base_table, merge, table_toml
 from pollwarden_providers import AuthSpec, ProviderTable, TableError, load_table, load_tables
 from pollwarden_providers.request_building import (
     MissingCredentialError,
@@ -22,7 +22,7 @@ def write(
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.toml"
-    path.write_text(to_toml(merge(base_table(base_url, name=name), overrides)))
+    path.write_text(table_toml(merge(base_table(base_url, name=name), overrides)))
     return path
 
 
