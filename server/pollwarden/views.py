@@ -192,6 +192,10 @@ class OperationView(BaseModel):
         default=None,
         description="When the last status request was sent (last_http_at: when its answer came).",
     )
+    expected_terminal_state: list[str] = Field(
+        default_factory=list[str],
+        description="The provider states that meant success for this job when it was recorded.",
+    )
     untrusted_fields: list[str] = Field(
         default_factory=lambda: [
             "state",
@@ -443,4 +447,5 @@ def operation_view(
         account_origin=origin,
         account_credential_env=credential_env,
         request_sent_at=iso(record.request_sent_at),
+        expected_terminal_state=[s for s in record.expected_terminal_state.split(",") if s],
     )
