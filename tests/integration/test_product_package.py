@@ -1,4 +1,4 @@
-"""The product package carries no test machinery: what the wheel ships is what runs in production."""
+"""What ships and where things sit: the wheel carries no test machinery, and each test file sits in its folder."""
 
 from __future__ import annotations
 
@@ -49,3 +49,9 @@ def test_no_product_module_kills_its_own_process_or_reads_a_test_switch() -> Non
         assert "SIGKILL" not in text, path
         assert "POLLWARDEN_FAULT" not in text, path
         assert "POLLWARDEN_LEASE" not in text, path
+
+
+def test_every_test_file_sits_in_unit_properties_or_integration() -> None:
+    # tests/unit is what runs in seconds; a test file at the top of tests/ would fall outside every folder's rule.
+    loose = sorted(path.name for path in (REPO_ROOT / "tests").glob("test_*.py"))
+    assert loose == [], f"move {loose} into tests/unit (pure), tests/properties or tests/integration"
