@@ -31,6 +31,7 @@ DATABASE_COMMANDS = [
     ["audit", "anchor", "--out", "anchor.json"],
     ["audit", "rekey"],
     ["reopen", "op-1", "--reason", "fixed"],
+    ["webhooks"],
     ["console"],
 ]
 
