@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness import make_operator
+from tests.integration.test_operator_decisions import audit_of, cli, escalate_and_ask, harness, next_check
 from tests.support.fake_provider import FakeProvider
-from tests.test_operator_decisions import audit_of, cli, escalate_and_ask, harness, next_check
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,8 @@ import pytest
 
 from pollwarden.store import open_store
 from pollwarden.vocabulary import ApprovalStatus
+from tests.integration.test_operator_decisions import escalate_and_ask, harness
 from tests.support.fake_provider import FakeProvider
-from tests.test_operator_decisions import escalate_and_ask, harness
 
 pytestmark = pytest.mark.anyio
 
