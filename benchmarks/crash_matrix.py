@@ -40,6 +40,7 @@ if not __package__:  # run as `python benchmarks/crash_matrix.py`: make the `ben
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.live import (
+    Database,
     FakeControl,
     audit_kinds,
     audit_verify,
@@ -110,7 +111,7 @@ async def crash_once(
     step: str,
     *,
     run: int,
-    db: Path,
+    db: Database,
     tables: Path,
     fake: FakeControl,
     workdir: Path,
@@ -240,7 +241,7 @@ async def crash_once(
 
 
 def _recovery_server(
-    running: Client | None, db: Path, tables: Path, errlog: Path
+    running: Client | None, db: Database, tables: Path, errlog: Path
 ) -> AbstractAsyncContextManager[Client]:
     if running is not None:
         return _Borrowed(running)

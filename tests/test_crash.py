@@ -13,6 +13,7 @@ import pytest
 from benchmarks.crash_matrix import SENT_AT_CRASH, CrashRun, crash_once
 from benchmarks.live import FakeControl, stdio_server, write_provider_table
 
+from harness import database_in
 from pollwarden.fake_provider import FakeProvider
 from pollwarden.faults import FAULT_STEPS
 
@@ -25,7 +26,7 @@ LEASE_SECONDS = 6.0
 async def _crash(tmp_path: Path, fake: FakeProvider, step: str, *, budget: int) -> CrashRun:
     tables = tmp_path / "tables"
     write_provider_table(tables, "crash", fake.base_url)
-    db = tmp_path / "pollwarden.db"
+    db = database_in(tmp_path)
     control = FakeControl(fake.base_url)
     try:
         # The recovery server is another process that never held the lease. It is started before the

@@ -29,7 +29,8 @@ from pollwarden.provider_http import ProviderHTTP
 from pollwarden.store import DatabaseLocation, open_store
 from pollwarden_providers.table import ProviderTable
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+# SQLite file faults; PostgreSQL faults are in test_postgres_faults.py.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.sqlite_only]
 
 BUSY = {BUSY_TIMEOUT_ENV: "0.3"}
 # Holds the write lock from another process until its stdin closes.

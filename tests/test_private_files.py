@@ -22,7 +22,7 @@ from pollwarden.errors import StoreError
 from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.files import prepare_database_file, private_file_problem, write_private_file
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # about the SQLite file
 
 ROOT = os.geteuid() == 0
 

@@ -41,6 +41,7 @@ from pollwarden.operator_keys import (
     load_operator_key,
 )
 from pollwarden.store import ApprovalRecord, open_store
+from pollwarden.store.location import DatabaseLocation
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
 
@@ -60,8 +61,11 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def _existing_database(path: Path) -> None:
-    """Refuse a missing (never create one) or unsafe database file."""
+def _existing_database(where: DatabaseLocation) -> None:
+    """Refuse a missing (never create one) or unsafe database file (a PostgreSQL URL is checked on connect)."""
+    if not where.is_sqlite:
+        return
+    path = where.path
     if path.parent.is_dir() and not path.exists():
         raise StoreError(
             f"no database at {path}: no approval was ever asked for there, and nothing was created; "
@@ -85,7 +89,7 @@ def _question_lines(approval: ApprovalRecord) -> list[str]:
 
 
 async def _list(config: ServerConfig, show_all: bool) -> int:
-    _existing_database(config.db_path)
+    _existing_database(config.database)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:
@@ -154,7 +158,7 @@ async def _decide(
 ) -> int:
     verb = "approve" if approve else "deny"
     key = _operator_key(config, key_path) if key_path else None
-    _existing_database(config.db_path)
+    _existing_database(config.database)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:

@@ -38,7 +38,9 @@ from pollwarden.audit import (
     write_anchor,
 )
 from pollwarden.config import BUSY_TIMEOUT_SECONDS
+from pollwarden.errors import ConfigError
 from pollwarden.files import prepare_database_file, write_private_file
+from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.sqlite.offline import flush_refusals_before_reading
 from pollwarden.untrusted import quoted
 
@@ -53,15 +55,19 @@ EXIT_USAGE = 2
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _db_path(args: argparse.Namespace) -> Path | None:
+def _db_path(args: argparse.Namespace) -> DatabaseLocation | None:
     db: str | None = args.db or os.environ.get(DB_ENV) or None
     if db is None:
         print(f"pollwarden audit: no database: pass --db PATH or set {DB_ENV}", file=sys.stderr)
         return None
-    return Path(db)
+    try:
+        return DatabaseLocation.parse(db)
+    except ConfigError as exc:
+        print(f"pollwarden audit: {exc}", file=sys.stderr)
+        return None
 
 
-def _guarded(handler: Callable[[argparse.Namespace, Path], int]) -> Handler:
+def _guarded(handler: Callable[[argparse.Namespace, DatabaseLocation], int]) -> Handler:
     """Resolve ``--db`` and turn unreadable files into exit code 2 with a clear message."""
 
     def run(args: argparse.Namespace) -> int:
@@ -98,11 +104,16 @@ def _describe(result: VerifyResult) -> str:
     return "\n".join([verdict, *describe_mode(result)])
 
 
-def _bring_story_up_to_date(db: Path) -> None:
+def _bring_story_up_to_date(db: DatabaseLocation) -> None:
     """Refused calls counted since the last row are written first (their summary rows), if the file allows."""
-    why_not = flush_refusals_before_reading(
-        db, audit_key=audit_key_from_env(), busy_timeout=BUSY_TIMEOUT_SECONDS
-    )
+    if db.is_sqlite:
+        why_not = flush_refusals_before_reading(
+            db.path, audit_key=audit_key_from_env(), busy_timeout=BUSY_TIMEOUT_SECONDS
+        )
+    else:
+        from pollwarden.store.postgres.offline import flush_refusals_before_reading as flush_pg
+
+        why_not = flush_pg(db, audit_key=audit_key_from_env(), busy_timeout=BUSY_TIMEOUT_SECONDS)
     if why_not is not None:
         print(
             f"pollwarden audit: refused calls counted since the last row are not shown ({why_not})",
@@ -110,7 +121,7 @@ def _bring_story_up_to_date(db: Path) -> None:
         )
 
 
-def _show(args: argparse.Namespace, db: Path) -> int:
+def _show(args: argparse.Namespace, db: DatabaseLocation) -> int:
     operation_id: str = args.operation
     _bring_story_up_to_date(db)
     rows = read_rows(db, operation_id)
@@ -122,7 +133,7 @@ def _show(args: argparse.Namespace, db: Path) -> int:
     return EXIT_OK
 
 
-def _export(args: argparse.Namespace, db: Path) -> int:
+def _export(args: argparse.Namespace, db: DatabaseLocation) -> int:
     operation_id: str | None = args.operation
     out: str | None = args.out
     _bring_story_up_to_date(db)
@@ -142,7 +153,7 @@ def _export(args: argparse.Namespace, db: Path) -> int:
     return EXIT_OK
 
 
-def _verify(args: argparse.Namespace, db: Path) -> int:
+def _verify(args: argparse.Namespace, db: DatabaseLocation) -> int:
     anchor_file: str | None = args.anchor
     anchor = read_anchor(Path(anchor_file)) if anchor_file is not None else None
     result = verify_chain(db, audit_key_from_env(), anchor, rekeyed_at=args.rekeyed_at)
@@ -152,7 +163,7 @@ def _verify(args: argparse.Namespace, db: Path) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
-def _anchor(args: argparse.Namespace, db: Path) -> int:
+def _anchor(args: argparse.Namespace, db: DatabaseLocation) -> int:
     out = Path(str(args.out))
     result = verify_chain(db, audit_key_from_env(), rekeyed_at=args.rekeyed_at)
     if not result.ok:
@@ -172,9 +183,9 @@ def _anchor(args: argparse.Namespace, db: Path) -> int:
 def _add_db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
-        metavar="PATH",
+        metavar="PATH_OR_URL",
         default=None,
-        help=f"SQLite database file (default: ${DB_ENV}); opened read-only",
+        help=f"SQLite database file or postgresql:// URL (default: ${DB_ENV}); opened read-only",
     )
 
 
@@ -189,7 +200,7 @@ def _add_rekeyed_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _rekey(args: argparse.Namespace, db: Path) -> int:
+def _rekey(args: argparse.Namespace, db: DatabaseLocation) -> int:
     key = audit_key_from_env()
     if key is None:
         print(
@@ -197,9 +208,10 @@ def _rekey(args: argparse.Namespace, db: Path) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if not db.is_file():
-        raise AuditError(f"audit database not found: {db}")
-    prepare_database_file(db)
+    if db.is_sqlite:
+        if not db.path.is_file():
+            raise AuditError(f"audit database not found: {db}")
+        prepare_database_file(db.path)
     by: str = args.by
     try:
         seq = rekey_chain(db, key, by=by, at=datetime.now(UTC))

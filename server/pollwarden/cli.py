@@ -15,7 +15,7 @@ from typing import TextIO
 
 from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
-from pollwarden.config import ServerConfig, load_config
+from pollwarden.config import STATE_KEY_ENV, ServerConfig, load_config, state_keys_from_env
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, run_http, transport_security
@@ -57,8 +57,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )  # refuse a host or name list that would serve unprotected, before anything else
     config = _serve_config(args)
     factory = controller_factory(config)  # refuses a wrong provider table before serving
-    server = build_server(factory)
-    log.info("pollwarden serving (%s), database %s", args.transport, config.db_path)
+    state_keys = state_keys_from_env()
+    if http is not None and not state_keys and not config.database.is_sqlite:
+        log.warning(
+            "serving HTTP on a shared PostgreSQL database without %s: an approval asked through this "
+            "instance can be answered only through this instance and before it restarts; set the same "
+            "key on every instance",
+            STATE_KEY_ENV,
+        )
+    server = build_server(factory, state_keys=state_keys)
+    log.info("pollwarden serving (%s), database %s", args.transport, config.database)
     if http is not None:
         run_http(server, http)
     else:
