@@ -53,7 +53,9 @@ def with_schema(url: str, schema: str) -> str:
     query = urllib.parse.parse_qsl(parts.query)
     query = [(k, v) for k, v in query if k != "options"]
     query.append(("options", f"-csearch_path={schema}"))
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+    return urllib.parse.urlunsplit(
+        parts._replace(query=urllib.parse.urlencode(query, quote_via=urllib.parse.quote))
+    )
 
 
 def schema_for(tmp: Path) -> str:
@@ -88,7 +90,9 @@ def with_options(url: str, *settings: str) -> str:
     query = urllib.parse.parse_qsl(parts.query)
     options = " ".join([v for k, v in query if k == "options"] + [f"-c{s}" for s in settings])
     query = [(k, v) for k, v in query if k != "options"] + [("options", options)]
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+    return urllib.parse.urlunsplit(
+        parts._replace(query=urllib.parse.urlencode(query, quote_via=urllib.parse.quote))
+    )
 
 
 def cluster_command(action: str) -> None:
