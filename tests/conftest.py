@@ -6,8 +6,8 @@ import pytest
 
 import harness
 import pg_support
-from pollwarden.fake_provider import FakeProvider, running_fake_provider
 from pollwarden.store import Engine
+from tests.support.fake_provider import FakeProvider, running_fake_provider
 
 # Every store-touching test runs once per engine (PostgreSQL: a schema of its own, see pg_support).
 DATABASE_ENGINES: tuple[Engine, ...] = (Engine.SQLITE, Engine.POSTGRES)

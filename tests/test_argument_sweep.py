@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mcp.client import Client
 
 from harness import db_snapshot, make_harness, track, view
-from pollwarden.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from benchmarks.stress_race import run_stress
 
 from harness import database_in
+from tests.support.race import run_stress
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.both_engines]
 

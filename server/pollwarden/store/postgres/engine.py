@@ -24,6 +24,7 @@ import anyio
 from pollwarden.audit_entry import NO_REFUSALS, REFUSALS_PER_SUMMARY, PendingRefusals, event, lease_recovered
 from pollwarden.errors import StoreError
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
+from pollwarden.job_identity import REOPENABLE, account_parts, duplicate_changes
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord
 from pollwarden.schedule import pace, slot_still_held
 from pollwarden.store.location import DatabaseLocation
@@ -45,6 +46,9 @@ from pollwarden_providers.table import FleetSpec
 
 # Connections per process: concurrent tool calls of one HTTP instance each borrow one.
 POOL_SIZE = 10
+
+# What a submission answer that named another operation's job still records about itself.
+_SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
 
 _DECIDED_KIND = {
     ApprovalStatus.APPROVED: "approval_granted",
@@ -142,6 +146,7 @@ class PostgresStore:
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
+        accounts: Mapping[str, str] | None = None,
     ) -> CheckStart | None:
         """Decide one round of check_status and write it (None: no such operation).
 
@@ -155,7 +160,9 @@ class PostgresStore:
         if row is None:
             return None
         current = stored(row)
-        decision = await self._decide(None, current.record, now, wait_until, fleets, apply_approvals)
+        decision = await self._decide(
+            None, current.record, now, wait_until, fleets, apply_approvals, accounts
+        )
         if not decision.writes:
             return CheckStart(current.record, decision)
         at = clock() if clock is not None else now
@@ -174,7 +181,9 @@ class PostgresStore:
             tat_row = None if pace_cursor is None else await tx.read(pace_cursor)
             tat = None if tat_row is None or tat_row[0] is None else float(tat_row[0])
             now = clock() if clock is not None else now
-            decision = await self._decide(tx, current.record, now, wait_until, fleets, apply_approvals)
+            decision = await self._decide(
+                tx, current.record, now, wait_until, fleets, apply_approvals, accounts
+            )
             if not decision.writes:
                 return CheckStart(current.record, decision)
             return await _carry_out(writer, current, decision, now, owner, lease_seconds, fleet, tat)
@@ -187,6 +196,7 @@ class PostgresStore:
         wait_until: float,
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool,
+        accounts: Mapping[str, str] | None,
     ) -> GateDecision:
         due = False
         if apply_approvals and record.status == Status.ESCALATED:
@@ -197,7 +207,12 @@ class PostgresStore:
                 found = await tx.one(sql.HAS_DUE_EXTENSION_APPROVALS, params)
             due = found is not None
         return decide_check(
-            record, now=now, wait_until=wait_until, has_table=record.provider in fleets, approvals_due=due
+            record,
+            now=now,
+            wait_until=wait_until,
+            has_table=record.provider in fleets,
+            approvals_due=due,
+            account_context=None if accounts is None else accounts.get(record.provider),
         )
 
     async def _one_statement(
@@ -273,7 +288,13 @@ class PostgresStore:
     async def create_operation(
         self, values: Mapping[str, object], *, kind: str, at: float
     ) -> tuple[OperationRecord, bool]:
-        """Insert the record and its first audit row unless the id exists; (record, created)."""
+        """Insert the record and its first audit row unless the id or the job exists; (record, created).
+
+        Guarantee: one job, one budget across processes — the INSERT does nothing
+        when the id or the job (the partial UNIQUE index) is taken, waiting for a
+        concurrent insert of either to commit; then the operation holding the id,
+        else the job's holder, is returned (pollwarden.job_identity).
+        """
         missing = set(sql.NEW_OPERATION_COLUMNS) - set(values)
         extra = set(values) - set(sql.NEW_OPERATION_COLUMNS)
         if missing or extra:
@@ -287,9 +308,14 @@ class PostgresStore:
             row = await tx.read(inserted)
             if row is None:
                 existing = await tx.one(sql.SELECT_OPERATION, {"operation_id": operation_id})
+                if existing is None and values["provider_job_id"] is not None:
+                    job = {k: values[k] for k in ("provider", "account_context", "provider_job_id")}
+                    existing = await tx.one(sql.SELECT_JOB_OWNER, job)
                 return operation(existing, operation_id).record, False
             created = stored(row).record
-            await writer.append(event(created, kind, at))
+            origin, credential_env = account_parts(created.account_context)
+            first = {"account_origin": origin, "account_credential_env": credential_env}
+            await writer.append(event(created, kind, at, extra=first))
             return created, True
 
     async def claim_submission(
@@ -327,7 +353,18 @@ class PostgresStore:
             await writer.flush(current)
             if record.status != Status.SUBMITTING or (owner is not None and record.lease_owner != owner):
                 return None
-            released = {**changes, "lease_owner": None, "lease_expires_at": None}
+            released: dict[str, object] = {**changes, "lease_owner": None, "lease_expires_at": None}
+            job_id = changes.get("provider_job_id")
+            if job_id is not None:
+                # The provider named a job another operation holds: this submission adopts nothing.
+                job = {"provider": record.provider, "account_context": record.account_context}
+                found = await tx.one(sql.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
+                holder = None if found is None else stored(found).record
+                if holder is not None and holder.operation_id != operation_id:
+                    kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
+                    released = {**kept, **duplicate_changes(holder.operation_id, str(job_id), at=at)}
+                    released["provider_job_id"] = job_id
+                    kind, note = "stopped", str(released["stop_detail"])
             finished = await writer.write(current, released, at=at)
             await writer.append(event(finished, kind, at, note=note, extra=payload_extra))
             return finished
@@ -526,6 +563,43 @@ class PostgresStore:
             current = operation(await tx.read(cursor), operation_id)
             await writer.flush(current)
             await writer.append(event(current.record, kind, at, note=note, extra=extra))
+
+    async def reopen(
+        self,
+        operation_id: str,
+        *,
+        bound_version: int,
+        next_check_at: float,
+        at: float,
+        extra: Mapping[str, object],
+    ) -> OperationRecord | None:
+        """An operator's reopen after a refusal, only if the operation is still as shown (None otherwise)."""
+        async with self._locked(operation_id) as (writer, tx, cursor):
+            current = operation(await tx.read(cursor), operation_id)
+            record = current.record
+            await writer.flush(current)
+            if (
+                record.version != bound_version
+                or record.status != Status.ESCALATED
+                or record.stop_reason not in REOPENABLE
+                or record.provider_job_id is None
+                or record.duplicate_of is not None
+            ):
+                return None
+            changes = {
+                "status": Status.WAITING,
+                "stop_reason": None,
+                "stop_detail": None,
+                "stopped_at": None,
+                "next_check_at": next_check_at,
+                "delay_source": DelaySource.MANUAL_EXTENSION,
+                "fleet_slot_at": None,
+                "lease_owner": None,
+                "lease_expires_at": None,
+            }
+            reopened = await writer.write(current, changes, at=at)
+            await writer.append(event(reopened, "reopened", at, note=str(extra.get("reason")), extra=extra))
+            return reopened
 
     async def flush_refusals(self, operation_id: str | None = None) -> int:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""

@@ -155,7 +155,7 @@ CREATE TABLE fleet_buckets (
     tat double precision
 )"""
 
-MIGRATIONS: tuple[Migration, ...] = (
+_FIRST_RELEASE: tuple[Migration, ...] = (
     Migration(
         5,
         "the schema of SQLite steps 1-5",
@@ -174,6 +174,40 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX approvals_by_status ON approvals(status, asked_at)",
             "CREATE INDEX followups_by_operation ON followups(operation_id, requested_at)",
             "CREATE INDEX audit_by_operation ON audit(operation_id, seq)",
+        ),
+    ),
+)
+
+# SQLite step 6 (one job, one budget): the job's holder is unique among the operations not marked
+# `duplicate_of` another; two more stop reasons; when the last status request was sent.
+MIGRATIONS: tuple[Migration, ...] = (
+    *_FIRST_RELEASE,
+    Migration(
+        6,
+        "one operation per job, account context and duplicate stops, request time",
+        (
+            "ALTER TABLE operations ADD COLUMN duplicate_of text "
+            "CHECK (duplicate_of IS NULL OR duplicate_of <> operation_id)",
+            "ALTER TABLE operations ADD COLUMN request_sent_at double precision",
+            "ALTER TABLE operations DROP CONSTRAINT operations_stop_reason_check",
+            """ALTER TABLE operations ADD CONSTRAINT operations_stop_reason_check CHECK (stop_reason IN
+                ('succeeded','provider_failure','cancelled','expired','deadline_exceeded',
+                 'request_budget_exhausted','delivery_ambiguous','rate_limited','unknown_state',
+                 'awaiting_review','authorization_denied','integration_failure',
+                 'account_context_changed','job_already_tracked'))""",
+            """UPDATE operations AS o SET duplicate_of = (
+                SELECT o2.operation_id FROM operations AS o2
+                WHERE o2.provider = o.provider AND o2.account_context = o.account_context
+                  AND o2.provider_job_id = o.provider_job_id
+                ORDER BY o2.created_at, o2.operation_id LIMIT 1)
+            WHERE provider_job_id IS NOT NULL AND EXISTS (
+                SELECT 1 FROM operations AS o3
+                WHERE o3.provider = o.provider AND o3.account_context = o.account_context
+                  AND o3.provider_job_id = o.provider_job_id
+                  AND (o3.created_at < o.created_at
+                       OR (o3.created_at = o.created_at AND o3.operation_id < o.operation_id)))""",
+            "CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id) "
+            "WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL",
         ),
     ),
 )

@@ -41,7 +41,15 @@ COUNT_OPERATIONS = "SELECT count(*) FROM operations"
 INSERT_OPERATION = (
     f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
     f"VALUES ({', '.join(f'%({c})s' for c in NEW_OPERATION_COLUMNS)}) "
-    f"ON CONFLICT (operation_id) DO NOTHING RETURNING {OPERATION_ROW}"
+    f"ON CONFLICT DO NOTHING RETURNING {OPERATION_ROW}"  # the id, or the job (one job, one budget)
+)
+
+# The operation that holds a job (one job, one budget: pollwarden.job_identity); the partial UNIQUE
+# index operations_one_per_job serves it and makes a second holder impossible.
+SELECT_JOB_OWNER = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE provider = %(provider)s "
+    "AND account_context = %(account_context)s AND provider_job_id = %(provider_job_id)s "
+    "AND duplicate_of IS NULL"
 )
 
 # The reservation as one statement: the gate's conditions again, and the version the gate read.
