@@ -282,19 +282,19 @@ def db_write(db: Path | DatabaseLocation, sql: str, *params: object) -> None:
 
 
 def db_snapshot(db: Path | DatabaseLocation) -> tuple[Any, ...]:
-    """Every table's rows, in a stable order: what a refused call must leave as it was."""
-    if isinstance(db, DatabaseLocation) and not db.is_sqlite:
-        tables = [
-            r["table_name"]
-            for r in db_rows(
-                db,
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
-                "ORDER BY table_name",
-            )
-        ]
-    else:
-        tables = [
-            r["name"]
-            for r in db_rows(db, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-        ]
-    return tuple((table, sorted(map(repr, db_rows(db, f'SELECT * FROM "{table}"')))) for table in tables)
+    """Every table's rows, in a stable order: what a refused call must leave as it was (one connection)."""
+    postgres = isinstance(db, DatabaseLocation) and not db.is_sqlite
+    listing = (
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1"
+        if postgres
+        else "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+    )
+    conn = _connect(db)
+    try:
+        tables = [str(row[0]) for row in conn.execute(listing).fetchall()]
+        return tuple(
+            (table, sorted(map(repr, conn.execute(f'SELECT * FROM "{table}"').fetchall())))
+            for table in tables
+        )
+    finally:
+        conn.close()

@@ -18,8 +18,8 @@ import pytest
 
 from harness import error_text, make_harness, track, view
 from pg_support import cluster_command, wait_until_reachable, with_options
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.store import DatabaseLocation
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres_only, pytest.mark.slow]
 

@@ -49,11 +49,20 @@ class EngineStats:
     rollbacks: int = 0
 
 
+def _value(value: object) -> object:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, str) and "\x00" in value:
+        # PostgreSQL text cannot hold NUL; SQLite can. Stored as U+FFFD (a lookup by such an id finds nothing).
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
 def plain(params: Params) -> Params:
-    """Parameters with vocabulary words as their text (psycopg would send an Enum's name)."""
+    """Parameters as PostgreSQL takes them: vocabulary words as their text, NUL as U+FFFD."""
     if isinstance(params, Mapping):
-        return {k: (v.value if isinstance(v, Enum) else v) for k, v in params.items()}
-    return [v.value if isinstance(v, Enum) else v for v in params]
+        return {k: _value(v) for k, v in params.items()}
+    return [_value(v) for v in params]
 
 
 def _query(text: str) -> LiteralString:
