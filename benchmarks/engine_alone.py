@@ -53,7 +53,7 @@ def _values(operation_id: str) -> dict[str, object]:
         "expected_terminal_state": "succeeded",
         "status": "waiting",
         "started_at": 0.0,
-        "deadline_at": 1e12,
+        "deadline_at": 4e9,
         "business_deadline_at": None,
         "max_status_requests": 1_000_000_000,
         "max_transport_failures": 3,

@@ -99,22 +99,28 @@ def _recorded_before_ids_were_checked(db: Any, current_id: str, **renamed: str) 
 
 
 def _rename(db: Any, old: str, new: str) -> None:
-    """Move an operation (and its approvals) to another id, on either engine."""
+    """Move an operation (and its approvals) to another id, on either engine (PostgreSQL checks references)."""
     columns = [
         c
         for c in db_rows(db, "SELECT * FROM operations WHERE operation_id = ?", old)[0]
         if c != "operation_id"
     ]
     names = ", ".join(columns)
+    # A copy under the new id without the job (one job, one operation), the children moved, then the job back.
+    picked = ", ".join("NULL" if c == "provider_job_id" else c for c in columns)
     db_write(
         db,
-        f"INSERT INTO operations (operation_id, {names}) SELECT ?, {names} FROM operations WHERE operation_id = ?",
+        f"INSERT INTO operations (operation_id, {names}) SELECT ?, {picked} FROM operations WHERE operation_id = ?",
         new,
         old,
     )
     db_write(db, "UPDATE approvals SET operation_id = ? WHERE operation_id = ?", new, old)
     db_write(db, "UPDATE followups SET operation_id = ? WHERE operation_id = ?", new, old)
+    [row] = db_rows(db, "SELECT provider_job_id FROM operations WHERE operation_id = ?", old)
     db_write(db, "DELETE FROM operations WHERE operation_id = ?", old)
+    db_write(
+        db, "UPDATE operations SET provider_job_id = ? WHERE operation_id = ?", row["provider_job_id"], new
+    )
 
 
 async def test_the_escalation_block_and_the_question_cannot_be_given_extra_lines(
