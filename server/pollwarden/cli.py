@@ -15,8 +15,15 @@ from typing import TextIO
 
 from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
-from pollwarden.cli_options import add_database_options
-from pollwarden.config import STATE_KEY_ENV, ServerConfig, load_config, state_keys_from_env
+from pollwarden.cli_options import add_database_options, database_from, with_examples
+from pollwarden.config import (
+    STATE_KEY_ENV,
+    ServerConfig,
+    load_config,
+    load_provider_tables,
+    state_keys_from_env,
+)
+from pollwarden.console.cli import add_console_command
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, run_http, transport_security
@@ -24,9 +31,16 @@ from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
 from pollwarden.untrusted import OneLineFormatter
-from pollwarden_providers.loader import TableError
+from pollwarden.webhooks_cli import add_webhook_commands, serve_wrapper
 
 log = logging.getLogger("pollwarden")
+
+# Exit codes of every command: 0 done; 1 a command's own "no" (chain broken, nothing decided, not found);
+# 2 an error (the message says what was wrong and how to fix it); 130 Ctrl+C; 141 the reader of stdout
+# left (as a process killed by SIGPIPE reports it).
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141
 
 
 def serve_config(args: argparse.Namespace) -> ServerConfig:
@@ -40,7 +54,7 @@ def serve_config(args: argparse.Namespace) -> ServerConfig:
         require_operator_key=True if args.require_operator_key else None,
         busy_timeout=args.busy_timeout,
     )
-    if args.db is None and not os.environ.get("POLLWARDEN_DB"):
+    if database_from(args).is_default:
         # The default lives in the user's data directory, which may not exist yet: create it private.
         ensure_private_dir(config.db_path.parent)
     return config
@@ -50,13 +64,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the MCP server over stdio (default) or streamable HTTP on 127.0.0.1."""
     from pollwarden.server import build_server, controller_factory
 
-    http = _http_options(args) if args.transport == "http" else None
+    http = http_options(args) if args.transport == "http" else None
     if http is not None:
         transport_security(
             http
         )  # refuse a host or name list that would serve unprotected, before anything else
     config = serve_config(args)
-    factory = controller_factory(config)  # refuses a wrong provider table before serving
+    tables = load_provider_tables(config)  # refuses a wrong provider table before serving
+    factory = controller_factory(config, tables=tables)
     state_keys = state_keys_from_env()
     if http is not None and not state_keys and not config.database.is_sqlite:
         log.warning(
@@ -68,13 +83,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = build_server(factory, state_keys=state_keys)
     log.info("pollwarden serving (%s), database %s", args.transport, config.database)
     if http is not None:
-        run_http(server, http)
+        run_http(server, http, wrap=serve_wrapper(config, tables))  # with POST /webhooks/{provider}
     else:
         server.run()
     return 0
 
 
-def _http_options(args: argparse.Namespace) -> HttpOptions:
+def http_options(args: argparse.Namespace) -> HttpOptions:
+    """The listening options from the shared HTTP flags."""
     if args.max_connections < 1:
         raise ConfigError("--max-connections must be 1 or more")
     if not args.request_timeout > 0:
@@ -87,6 +103,44 @@ def _http_options(args: argparse.Namespace) -> HttpOptions:
         allowed_origins=tuple(args.allowed_origin or ()),
         max_connections=args.max_connections,
         request_timeout_seconds=args.request_timeout,
+    )
+
+
+def add_http_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
+    """The listening options `serve --transport http` and `webhooks` share."""
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
+    parser.add_argument("--port", type=int, default=default_port, help=f"HTTP only (default {default_port})")
+    parser.add_argument(
+        "--allow-non-loopback",
+        action="store_true",
+        help="HTTP only: allow a --host other than loopback (127.0.0.0/8, ::1); needs --allowed-host",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="HTTP only: a Host header value clients may use (repeatable), e.g. mcp.example.com; any other "
+        "Host is refused (DNS-rebinding protection)",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="HTTP only: an Origin browser-based clients may send (repeatable), e.g. https://app.example.com",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=HttpOptions.max_connections,
+        help=f"HTTP only: requests beyond this many connections get 503 (default {HttpOptions.max_connections})",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=HttpOptions.request_timeout_seconds,
+        metavar="SECONDS",
+        help="HTTP only: a connection that has not sent a whole request (headers and body) within this long "
+        f"is closed (default {HttpOptions.request_timeout_seconds:g})",
     )
 
 
@@ -115,40 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(env POLLWARDEN_PROVIDERS, separated by the path separator)",
     )
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
-    serve.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
-    serve.add_argument("--port", type=int, default=8000, help="HTTP only")
-    serve.add_argument(
-        "--allow-non-loopback",
-        action="store_true",
-        help="HTTP only: allow a --host other than loopback (127.0.0.0/8, ::1); needs --allowed-host",
-    )
-    serve.add_argument(
-        "--allowed-host",
-        action="append",
-        metavar="NAME",
-        help="HTTP only: a Host header value clients may use (repeatable), e.g. mcp.example.com; any other "
-        "Host is refused (DNS-rebinding protection)",
-    )
-    serve.add_argument(
-        "--allowed-origin",
-        action="append",
-        metavar="ORIGIN",
-        help="HTTP only: an Origin browser-based clients may send (repeatable), e.g. https://app.example.com",
-    )
-    serve.add_argument(
-        "--max-connections",
-        type=int,
-        default=HttpOptions.max_connections,
-        help=f"HTTP only: requests beyond this many connections get 503 (default {HttpOptions.max_connections})",
-    )
-    serve.add_argument(
-        "--request-timeout",
-        type=float,
-        default=HttpOptions.request_timeout_seconds,
-        metavar="SECONDS",
-        help="HTTP only: a connection that has not sent a whole request (headers and body) within this long "
-        f"is closed (default {HttpOptions.request_timeout_seconds:g})",
-    )
+    add_http_arguments(serve, default_port=8000)
     serve.add_argument(
         "--approval",
         choices=["elicitation", "tool-confirmation"],
@@ -164,16 +185,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"apply an operator decision only when signed by one of those keys (env {REQUIRE_ENV}=1)",
     )
+    with_examples(
+        serve,
+        "pollwarden serve --providers ~/pollwarden-tables",
+        "pollwarden serve --transport http --port 8000 --db ~/pollwarden/pollwarden.db",
+    )
     serve.set_defaults(func=cmd_serve)
 
     demo = sub.add_parser("demo", help="run the built-in demo against a local fake provider")
     demo.add_argument("--db", help="keep the demo's database here (default: a temporary file)")
+    with_examples(
+        demo, "pollwarden demo", "pollwarden demo --db /tmp/demo.db   # keep the database to look at"
+    )
     demo.set_defaults(func=cmd_demo)
 
     add_approval_commands(sub)
     add_reopen_command(sub)
     add_audit_commands(sub)
+    add_console_command(sub)
     add_provider_commands(sub)
+    add_webhook_commands(sub)
     return parser
 
 
@@ -193,17 +224,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         code: int = args.func(args)
-    except (ConfigError, PollwardenError, TableError) as exc:
+        # Flushed here, so a reader that left (`pollwarden providers list | head`) is met by the handler below.
+        sys.stdout.flush()
+    except PollwardenError as exc:
         print(f"pollwarden: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # `pollwarden providers list | head`: the reader left; say nothing more.
+        _discard_stdout()
+        return EXIT_CLOSED_PIPE
+    return code
+
+
+def _discard_stdout() -> None:
+    """The reader left: say nothing more, and keep the interpreter's last flush from failing again."""
+    try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 141
-    return code
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

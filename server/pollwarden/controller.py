@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import unicodedata
 import uuid
@@ -28,6 +27,7 @@ from typing import Any
 import anyio
 
 from pollwarden import approvals, submission
+from pollwarden.canonical import canonical_json
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
@@ -38,11 +38,11 @@ from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, wait_bound
 from pollwarden.steps import StepHook, ignore_step
-from pollwarden.store import Store
+from pollwarden.store import Store, new_lease_owner
 from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.tool_errors import shown
-from pollwarden.views import OperationView, operation_view
+from pollwarden.views import OperationView, operation_view, suggested_extension
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
@@ -60,6 +60,9 @@ ProgressCallback = Callable[[float, float | None, str], Awaitable[None]]
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # A submission payload is stored and sent as JSON; larger inputs belong behind a reference.
 MAX_SUBMIT_BYTES = 256 * 1024
+# A waiting check_status re-reads its operation this often: a webhook's wake-up (from any process
+# sharing the database) is noticed within this long, at the cost of one snapshot read per slice.
+WAKE_RECHECK_SECONDS = 0.5
 # Caller-chosen ids are stored, shown to people and put in resource URIs.
 MAX_OPERATION_ID_LENGTH = 200
 YEAR_SECONDS = 365.25 * 86_400
@@ -107,13 +110,7 @@ def business_deadline(value: str, *, now: float) -> float:
 
 def fingerprint(provider: str, account_context: str, payload: object) -> str:
     """SHA-256 of the canonical JSON of provider, account context and payload."""
-    canonical = json.dumps(
-        {"provider": provider, "account": account_context, "payload": payload},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-    )
+    canonical = canonical_json({"provider": provider, "account": account_context, "payload": payload})
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -200,7 +197,7 @@ class Controller:
         """The operation view, with the extension suggestion clipped to the operator caps."""
         table = self.tables.get(record.provider)
         caps = self.config.caps
-        suggestion = (min(900.0, caps.max_extra_seconds), min(4, caps.max_extra_status_requests))
+        suggestion = suggested_extension(caps.max_extra_seconds, caps.max_extra_status_requests)
         shown = operation_view(
             record, table, now=self.clock.now(), outcome=outcome, suggestion=suggestion, retry_at=retry_at
         )
@@ -399,7 +396,7 @@ class Controller:
         wait_seconds: float = 0.0,
         progress: ProgressCallback | None = None,
     ) -> OperationView:
-        """One bounded status check (DESIGN §1.10). Never sends more than one request."""
+        """One bounded status check (README "How a check decides"). Never sends more than one request."""
         if not math.isfinite(wait_seconds) or wait_seconds < 0:
             raise InvalidRequest(f"wait_seconds must be between 0 and {self.config.max_wait_seconds:g}")
         # Past this, a request could not finish inside the client's timeout: answer not_yet instead.
@@ -410,8 +407,9 @@ class Controller:
         )
         wait_started = self.clock.now()
         wait_until = wait_started + wait_seconds
-        owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        owner = new_lease_owner()
         apply_approvals = True
+        last_progress: list[float] = []  # when the last progress notification went out
         # A bounded number of rounds: each is one transaction that either answers or sleeps toward wait_until.
         for _ in range(1000):
             now = self.clock.now()
@@ -446,7 +444,15 @@ class Controller:
                     allowed_at = decision.allowed_at or now
                     if allowed_at > wait_until:
                         return self.view(record, Outcome.NOT_YET)
-                    await self._wait(allowed_at, wait_started, wait_until, now, progress, decision.lease_busy)
+                    await self._wait(
+                        allowed_at,
+                        wait_started,
+                        wait_until,
+                        now,
+                        progress,
+                        decision.lease_busy,
+                        last_progress,
+                    )
                 case Step.RESERVE:
                     self.on_step("after_reservation")
                     return await self._send_and_record(record, self.table_for(record.provider), owner)
@@ -460,13 +466,22 @@ class Controller:
         now: float,
         progress: ProgressCallback | None,
         lease_busy: bool,
+        last_progress: list[float],
     ) -> None:
-        """Sleep toward the allowed time in slices (holding no lease), reporting progress."""
+        """Sleep toward the allowed time in short slices (holding no lease), reporting progress.
+
+        Each slice is at most `WAKE_RECHECK_SECONDS`, so the next round re-reads
+        the record and a webhook that brought the check forward (in any process
+        on the database) is noticed that promptly; progress goes out once per
+        `progress_interval_seconds`.
+        """
         remaining = max(0.0, allowed_at - now)
-        step = min(remaining, self.config.progress_interval_seconds) if remaining > 0 else 0.05
-        if progress is not None:
+        step = min(remaining, WAKE_RECHECK_SECONDS) if remaining > 0 else 0.05
+        due = not last_progress or now - last_progress[-1] >= self.config.progress_interval_seconds
+        if progress is not None and due:
             why = "another check is in flight" if lease_busy else "waiting for the next allowed check"
             await progress(now - wait_started, wait_until - wait_started, f"{why}: {remaining:.1f} s left")
+            last_progress[:] = [now]
         await self.clock.sleep(step)
 
     async def _send_and_record(

@@ -25,7 +25,14 @@ from pollwarden.audit_entry import NO_REFUSALS, REFUSALS_PER_SUMMARY, PendingRef
 from pollwarden.errors import StoreError
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
 from pollwarden.job_identity import REOPENABLE, account_parts, duplicate_changes
-from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord
+from pollwarden.records import (
+    ApprovalRecord,
+    CheckStart,
+    FollowupRecord,
+    OperationRecord,
+    WakeOutcome,
+    WakeResult,
+)
 from pollwarden.schedule import pace, slot_still_held
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
@@ -314,7 +321,11 @@ class PostgresStore:
                 return operation(existing, operation_id).record, False
             created = stored(row).record
             origin, credential_env = account_parts(created.account_context)
-            first = {"account_origin": origin, "account_credential_env": credential_env}
+            first = {
+                "account_origin": origin,
+                "account_credential_env": credential_env,
+                "expected_terminal_state": created.expected_terminal_state,
+            }
             await writer.append(event(created, kind, at, extra=first))
             return created, True
 
@@ -600,6 +611,43 @@ class PostgresStore:
             reopened = await writer.write(current, changes, at=at)
             await writer.append(event(reopened, "reopened", at, note=str(extra.get("reason")), extra=extra))
             return reopened
+
+    async def wake(
+        self,
+        *,
+        provider: str,
+        job_id: str,
+        event_id: str,
+        event_type: str,
+        now: float,
+        remember_seconds: float,
+    ) -> WakeResult:
+        """Remember a verified webhook's id and bring the job's waiting operations forward (one transaction).
+
+        Guarantee: a replayed event id changes nothing (its row is inserted once, the primary key
+        decides); only the guarded UPDATE's rows move, each audited as `woken_by_webhook`.
+        """
+        job = {"provider": provider, "job_id": job_id}
+        if await self._pool.read_one(sql.KNOWS_JOB, job) is None:
+            return WakeResult(WakeOutcome.UNKNOWN_JOB, ())
+        async with self._locked(audit=False) as (writer, tx, _):
+            await tx.queue(sql.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds})
+            remembered = await tx.one(
+                sql.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
+            )
+            if remembered is None:
+                return WakeResult(WakeOutcome.REPLAYED, ())
+            woken = [stored(row) for row in await tx.all(sql.WAKE, {**job, "now": now})]
+            extra = {
+                "event_id": event_id,
+                "event_type": event_type,
+                "delay_source": DelaySource.PROVIDER_WEBHOOK,
+            }
+            for current in woken:
+                await writer.flush(current)
+                await writer.append(event(current.record, "woken_by_webhook", now, extra=extra))
+            ids = tuple(c.record.operation_id for c in woken)
+            return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
 
     async def flush_refusals(self, operation_id: str | None = None) -> int:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""

@@ -180,7 +180,7 @@ _FIRST_RELEASE: tuple[Migration, ...] = (
 
 # SQLite step 6 (one job, one budget): the job's holder is unique among the operations not marked
 # `duplicate_of` another; two more stop reasons; when the last status request was sent.
-MIGRATIONS: tuple[Migration, ...] = (
+_THROUGH_6: tuple[Migration, ...] = (
     *_FIRST_RELEASE,
     Migration(
         6,
@@ -208,6 +208,26 @@ MIGRATIONS: tuple[Migration, ...] = (
                        OR (o3.created_at = o.created_at AND o3.operation_id < o.operation_id)))""",
             "CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id) "
             "WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL",
+        ),
+    ),
+)
+
+# SQLite step 9 (signed provider webhooks): the event ids seen, when a webhook last woke an operation.
+MIGRATIONS: tuple[Migration, ...] = (
+    *_THROUGH_6,
+    Migration(
+        9,
+        "webhook events and wake-ups",
+        (
+            """CREATE TABLE webhook_events (
+                provider text NOT NULL,
+                event_id text NOT NULL,
+                received_at double precision NOT NULL,
+                PRIMARY KEY (provider, event_id)
+            )""",
+            "CREATE INDEX webhook_events_by_age ON webhook_events(received_at)",
+            "ALTER TABLE operations ADD COLUMN woken_at double precision",
+            "CREATE INDEX operations_by_provider_job ON operations(provider, provider_job_id)",
         ),
     ),
 )

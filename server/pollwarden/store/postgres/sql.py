@@ -165,6 +165,23 @@ LIST_FOLLOWUPS = (
     "ORDER BY requested_at, inserted"
 )
 
+# -- webhook wake-ups (issue 21): the same conditions as SQLite's ---------------------------------------
+
+KNOWS_JOB = "SELECT 1 FROM operations WHERE provider = %(provider)s AND provider_job_id = %(job_id)s LIMIT 1"
+PRUNE_WEBHOOK_EVENTS = "DELETE FROM webhook_events WHERE provider = %(provider)s AND received_at < %(before)s"
+REMEMBER_WEBHOOK_EVENT = (
+    "INSERT INTO webhook_events (provider, event_id, received_at) VALUES (%(provider)s, %(event_id)s, %(now)s) "
+    "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
+)
+WAKE = (
+    "UPDATE operations SET next_check_at = %(now)s, woken_at = %(now)s, version = version + 1, "
+    "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
+    "AND status = 'waiting' AND %(now)s < next_check_at "
+    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') AND %(now)s < deadline_at "
+    "AND (business_deadline_at IS NULL OR %(now)s < business_deadline_at) "
+    f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
+)
+
 # -- the audit chain: the head row is locked by every append --------------------------------------------
 
 LOCK_AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit_head FOR UPDATE"
