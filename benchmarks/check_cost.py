@@ -346,11 +346,14 @@ def render(result: dict[str, Any]) -> str:
     fsyncs: dict[str, Any] = result.get("fsyncs_per_call", {})
     header = f"{'call':<36} {'median ms':>10} {'p95 ms':>8} {'p99 ms':>8}"
     lines = [header, "-" * len(header)]
+    sqlite = str(result["database"]).startswith("SQLite")
+    durable = "sqlite3 commit, synchronous=FULL" if sqlite else "PostgreSQL commit, sync on"
+    relaxed = "sqlite3 commit, synchronous=NORMAL" if sqlite else "PostgreSQL commit, sync off"
     for key, label in (
         ("bare_httpx2_get", "bare httpx2 GET (loopback)"),
         ("mcp_noop_tool_call", "MCP no-op tool call"),
-        ("durable_commit", "sqlite3 commit, synchronous=FULL"),
-        ("normal_commit", "sqlite3 commit, synchronous=NORMAL"),
+        ("durable_commit", durable),
+        ("normal_commit", relaxed),
         ("check_status_polled", "check_status -> polled (1 GET)"),
         ("check_status_not_yet", "check_status -> not_yet (no GET)"),
     ):
