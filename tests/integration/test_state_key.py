@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, db_rows, make_harness, view, write_table
-from test_restart_and_transports import FAST, free_port, wait_until_listening
+from tests.integration.test_restart_and_transports import FAST, free_port, wait_until_listening
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

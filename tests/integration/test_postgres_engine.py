@@ -143,6 +143,7 @@ APPENDER = textwrap.dedent(
                 await anyio.sleep(0.002)
             for i in range(25):
                 await store.audit_event("op-" + worker, kind="polled", at=2.0 + i, note=None, extra={"i": i})
+                await anyio.sleep(0.003)  # let the other workers in between our rows
 
     anyio.run(main, *sys.argv[1:4])
     """
