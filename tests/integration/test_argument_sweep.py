@@ -12,7 +12,6 @@ tool" framing or an internal name, and writes nothing to the database.
 from __future__ import annotations
 
 import re
-import sqlite3
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.client import Client
 
-from harness import make_harness, track, view
+from harness import db_snapshot, make_harness, track, view
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
@@ -164,14 +163,9 @@ def arguments_for(draw: st.DrawFn, tool: str, schema: Mapping[str, Any]) -> dict
     return args
 
 
-def database_snapshot(db: Path) -> tuple[Any, ...]:
+def database_snapshot(db: Any) -> tuple[Any, ...]:
     """Everything a refused call must leave as it was."""
-    with sqlite3.connect(db) as conn:
-        tables = [
-            row[0]
-            for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-        ]
-        return tuple((table, conn.execute(f'SELECT * FROM "{table}"').fetchall()) for table in tables)
+    return db_snapshot(db)
 
 
 def assert_refusal_reads_well(tool: str, schema: Mapping[str, Any], args: dict[str, Any], text: str) -> None:

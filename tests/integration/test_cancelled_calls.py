@@ -25,6 +25,7 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize("mode", ["legacy", "stateless"])
+@pytest.mark.sqlite_only  # SQLite's write lock; PostgreSQL's lock_timeout: test_postgres_faults.py
 async def test_a_call_cancelled_while_another_process_holds_the_lock_leaves_no_transaction_open(
     tmp_path: Path, fake: FakeProvider, mode: str
 ) -> None:

@@ -35,7 +35,10 @@ from tests.support.live import write_table
 if chromium_path() is None:  # one skip, with the reason, for the whole module
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.sqlite_only,
+]  # the console reads a SQLite file (not PostgreSQL yet)
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
 

@@ -33,7 +33,10 @@ from tests.support.console import clean_env, console_at_terminal
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import write_table
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.sqlite_only,
+]  # the console reads a SQLite file (not PostgreSQL yet)
 
 
 def harness(tmp_path: Path, fake: FakeProvider, table: dict[str, Any] | None = None) -> Harness:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import database_in
 from pollwarden.steps import CHECK_STEPS, CheckStep
 from tests.support.crash import SENT_AT_CRASH, CrashRun, crash_once
 from tests.support.fake_provider import FakeProvider
@@ -25,7 +26,7 @@ LEASE_SECONDS = 6.0
 async def _crash(tmp_path: Path, fake: FakeProvider, step: CheckStep, *, budget: int) -> CrashRun:
     tables = tmp_path / "tables"
     write_provider_table(tables, "crash", fake.base_url)
-    db = tmp_path / "pollwarden.db"
+    db = database_in(tmp_path)
     control = FakeControl(fake.base_url)
     try:
         # The recovery server is another process that never held the lease. It is started before the

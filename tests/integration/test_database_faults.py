@@ -29,7 +29,8 @@ from pollwarden_providers.table import ProviderTable
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import Rigging, audit_verify, call, pollwarden_cli, read_record, stdio_server
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+# SQLite file faults; PostgreSQL faults are in test_postgres_faults.py.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.sqlite_only]
 
 # A short --busy-timeout, so a locked database is reported within the test.
 BUSY_TIMEOUT = 0.3

@@ -17,7 +17,7 @@ import pytest
 from harness import error_text, make_harness, track
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # about the SQLite file
 
 
 def _database_files(db: Path) -> list[Path]:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from harness import make_harness, merge, view, write_table
+from harness import database_in, make_harness, merge, view, write_table
 from pollwarden.gate import Step
 from pollwarden.schedule import FLEET_SLOT_ON_TIME_SECONDS, pace, slot_on_time_seconds, slot_still_held
 from pollwarden.store import open_store
@@ -541,7 +541,7 @@ SEND_LATENCY_ALLOWANCE_SECONDS = 0.1
 CLOCK_SLACK_SECONDS = FLEET_SLOT_ON_TIME_SECONDS + SEND_LATENCY_ALLOWANCE_SECONDS
 
 
-def _serve_params(db: Path, tables: Path) -> StdioServerParameters:
+def _serve_params(db: Any, tables: Path) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "pollwarden", "serve", "--db", str(db), "--providers", str(tables)],
@@ -566,7 +566,7 @@ async def test_two_server_processes_on_one_database_hold_the_configured_rate_by_
     )
     tables = tmp_path / "tables"
     write_table(tables, table)
-    db = tmp_path / "shared.db"
+    db = database_in(tmp_path)
     finals: dict[str, dict[str, Any]] = {}
 
     with anyio.fail_after(60):

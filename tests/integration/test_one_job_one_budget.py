@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from harness import check, error_text, make_harness, track, view
+from harness import check, database_in, db_rows, error_text, make_harness, track, view
 from pollwarden.audit import read_rows
 from pollwarden.store import open_store
 from pollwarden.store.sqlite.migrations import MIGRATIONS, split_sql
@@ -157,10 +157,11 @@ def _values(operation_id: str, job_id: str) -> dict[str, object]:
     }
 
 
+@pytest.mark.both_engines
 async def test_two_connections_starting_one_job_under_different_ids_at_once_make_one_operation(
     tmp_path: Path,
 ) -> None:
-    db = tmp_path / "race.db"
+    db = database_in(tmp_path)
     jobs = 40
 
     async def start(results: dict[str, tuple[str, bool]], store: Any, operation_id: str, job: str) -> None:
@@ -176,14 +177,11 @@ async def test_two_connections_starting_one_job_under_different_ids_at_once_make
             winners = [op for op, (_, created) in results.items() if created]
             assert len(winners) == 1, results
             assert {held for held, _ in results.values()} == set(winners)
-    with sqlite3.connect(db) as conn:
-        per_job = conn.execute(
-            "SELECT provider_job_id, count(*) FROM operations GROUP BY provider_job_id"
-        ).fetchall()
-        assert len(per_job) == jobs
-        assert {n for _, n in per_job} == {1}
-        tracking_rows = conn.execute("SELECT count(*) FROM audit WHERE kind = 'tracking'").fetchone()[0]
-        assert tracking_rows == jobs
+    per_job = db_rows(db, "SELECT provider_job_id, count(*) AS n FROM operations GROUP BY provider_job_id")
+    assert len(per_job) == jobs
+    assert {row["n"] for row in per_job} == {1}
+    [tracking] = db_rows(db, "SELECT count(*) AS n FROM audit WHERE kind = 'tracking'")
+    assert tracking["n"] == jobs
 
 
 @pytest.mark.slow
@@ -210,8 +208,7 @@ async def test_two_server_processes_starting_one_job_at_once_make_one_operation(
     [holder] = held
     loser = "from-two" if holder == "from-one" else "from-one"
     assert answers[loser]["requested_operation_id"] == loser
-    with sqlite3.connect(h.db_path) as conn:
-        assert conn.execute("SELECT operation_id FROM operations").fetchall() == [(holder,)]
+    assert db_rows(h.db_path, "SELECT operation_id FROM operations") == [{"operation_id": holder}]
 
 
 async def test_a_submission_answered_with_a_job_another_operation_tracks_adopts_nothing(
@@ -331,6 +328,7 @@ async def test_a_file_holding_several_operations_for_one_job_keeps_them_and_the_
         assert (held.operation_id, created) == ("a-first", False)
 
 
+@pytest.mark.sqlite_only  # a file an older release wrote
 async def test_an_older_duplicate_still_waiting_stops_at_its_next_check_and_sends_nothing(
     tmp_path: Path, fake: FakeProvider
 ) -> None:

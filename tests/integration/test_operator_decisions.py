@@ -13,7 +13,6 @@ import json
 import os
 import pty
 import select
-import sqlite3
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from harness import Harness, Operator, make_harness, make_operator, view
+from harness import Harness, Operator, db_rows, db_write, make_harness, make_operator, view
 from pollwarden.audit import read_rows, render_story
 from pollwarden.clock import FakeClock
 from pollwarden.operator_keys import REQUIRE_ENV, load_operator_key
@@ -251,11 +250,7 @@ async def test_an_operator_key_the_operator_did_not_configure_is_refused(
 
 def forge(h: Harness, sql: str, *params: object) -> None:
     """What an agent with write access to the database file could do by hand."""
-    conn = sqlite3.connect(h.db_path, isolation_level=None)
-    try:
-        conn.execute(sql, params)
-    finally:
-        conn.close()
+    db_write(h.db_path, sql, *params)
 
 
 async def test_with_a_key_required_an_unsigned_decision_written_into_the_database_is_refused(
@@ -286,10 +281,8 @@ async def test_a_signed_decision_whose_request_was_edited_afterwards_is_refused(
     approval_id = await escalate_and_ask(h, "edited")
     decided = cli(h, "approve", approval_id, "--operator-key", str(operator.key_file), env=operator.env())
     assert decided.returncode == 0, decided.stderr
-    with sqlite3.connect(h.db_path) as conn:
-        (request_json,) = conn.execute(
-            "SELECT request_json FROM approvals WHERE approval_id = ?", (approval_id,)
-        ).fetchone()
+    [row] = db_rows(h.db_path, "SELECT request_json FROM approvals WHERE approval_id = ?", approval_id)
+    request_json = row["request_json"]
     request = json.loads(request_json)
     request["extra_status_requests"] = 50
     forge(h, "UPDATE approvals SET request_json = ? WHERE approval_id = ?", json.dumps(request), approval_id)

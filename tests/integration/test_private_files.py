@@ -22,7 +22,7 @@ from pollwarden.files import prepare_database_file, private_file_problem, write_
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import call, pollwarden_cli, stdio_server
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # about the SQLite file
 
 ROOT = os.geteuid() == 0
 

@@ -10,15 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from harness import database_in
 from tests.support.race import run_stress
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.both_engines]
 
 
 async def test_eight_processes_racing_on_one_operation_never_exceed_its_budget_or_overlap_requests(
     tmp_path: Path,
 ) -> None:
-    summary = await run_stress(trials=4, processes=8, budget=5, time_limit=60.0, workdir=tmp_path)
+    summary = await run_stress(
+        trials=4, processes=8, budget=5, time_limit=60.0, workdir=tmp_path, database=database_in(tmp_path)
+    )
 
     assert summary["violations"] == []
     assert summary["trials"] == 4

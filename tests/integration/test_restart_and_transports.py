@@ -11,7 +11,6 @@ import json
 import os
 import select
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, TextResourceContents
 
-from harness import Harness, error_text, make_harness, view, write_table
+from harness import Harness, db_rows, error_text, make_harness, view, write_table
 from pollwarden.clock import FakeClock
 from pollwarden.schedule import wait_bound
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
@@ -404,8 +403,8 @@ async def test_a_waiting_check_sends_progress_and_holds_no_lease_while_it_waits(
     seen: list[tuple[float, float | None, str | None, tuple[Any, ...], int]] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        with sqlite3.connect(h.db_path) as db:
-            lease = db.execute("SELECT lease_owner, lease_expires_at FROM operations").fetchone()
+        [row] = db_rows(h.db_path, "SELECT lease_owner, lease_expires_at FROM operations")
+        lease = (row["lease_owner"], row["lease_expires_at"])
         seen.append((progress, total, message, tuple(lease), len(fake.status_requests("slow"))))
 
     async with h.client(**era) as client:

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 from mcp_types import CallToolResult
 
-from harness import Harness, error_text, make_harness, view
+from harness import Harness, db_rows, error_text, make_harness, view
 from pollwarden.audit import export_jsonl
 from tests.support.fake_provider import FakeProvider, Step, failed, http, pending
 
@@ -25,8 +25,20 @@ pytestmark = pytest.mark.anyio
 WITH_AUTH: dict[str, Any] = {"auth": {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}}
 
 
+def db_snapshot_values(db: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    tables = db_rows(
+        db, "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+    )
+    return [(t["table_name"], db_rows(db, f'SELECT * FROM "{t["table_name"]}"')) for t in tables]
+
+
 def db_bytes(h: Harness) -> bytes:
-    """The database file and its -wal and -shm companions, as stored on disk."""
+    """The database file and its -wal and -shm companions, as stored on disk (PostgreSQL: every stored value)."""
+    if not h.database.is_sqlite:
+        values = [
+            value for _, rows in db_snapshot_values(h.database) for row in rows for value in row.values()
+        ]
+        return "\n".join(str(v) for v in values).encode()
     paths = [
         h.db_path,
         h.db_path.with_name(h.db_path.name + "-wal"),

@@ -24,7 +24,7 @@ from pollwarden.store.sqlite.migrations import LATEST, MIGRATIONS, split_sql
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # PostgreSQL: test_postgres_engine.py
 
 
 async def _fresh(db: Path) -> None:

@@ -8,14 +8,13 @@ idempotency table shows how many jobs were actually created.
 from __future__ import annotations
 
 import socket
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from harness import Harness, error_text, make_harness, view, write_table
+from harness import Harness, db_rows, error_text, make_harness, view, write_table
 from pollwarden.audit import read_rows
 from pollwarden.controller import account_context_of, fingerprint
 from pollwarden.provider_http import HttpLimits
@@ -50,11 +49,8 @@ def submits(fake: FakeProvider) -> list[RequestLogEntry]:
     return [entry for entry in fake.log() if entry["route"] == "submit"]
 
 
-def stored(h: Harness, operation_id: str = "op-sub") -> sqlite3.Row:
-    with sqlite3.connect(h.db_path) as conn:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
-    assert row is not None
+def stored(h: Harness, operation_id: str = "op-sub") -> dict[str, Any]:
+    [row] = db_rows(h.db_path, "SELECT * FROM operations WHERE operation_id = ?", operation_id)
     return row
 
 

@@ -9,7 +9,6 @@ The pure checks are tests/unit/test_untrusted_text.py.
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from mcp.client import Client, ClientRequestContext
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
-from harness import make_harness, view
+from harness import db_rows, db_write, make_harness, view
 from pollwarden.audit import read_rows, render_story
 from pollwarden.clock import FakeClock
 from pollwarden.untrusted import escape_controls, quoted
@@ -64,25 +63,50 @@ def _no_forged_lines(text: str) -> None:
         assert len(starts) <= 1, (label, text)
 
 
-def _recorded_before_ids_were_checked(db: Path, current_id: str, **renamed: str) -> None:
+def _recorded_before_ids_were_checked(db: Any, current_id: str, **renamed: str) -> None:
     """Give a stored operation the ids an older pollwarden accepted (tools now refuse control characters).
 
     Ids are refused at the tool boundary, but a database written earlier, or a job id
     read from a provider's submit answer, can still hold them: what a person reads is
     escaped at rendering, whatever the input checks let through.
     """
-    with sqlite3.connect(db) as conn:
-        if "provider_job_id" in renamed:
-            conn.execute(
-                "UPDATE operations SET provider_job_id = ? WHERE operation_id = ?",
-                (renamed["provider_job_id"], current_id),
-            )
-        if "operation_id" in renamed:
-            for table in ("operations", "approvals"):
-                conn.execute(
-                    f"UPDATE {table} SET operation_id = ? WHERE operation_id = ?",
-                    (renamed["operation_id"], current_id),
-                )
+    if "provider_job_id" in renamed:
+        db_write(
+            db,
+            "UPDATE operations SET provider_job_id = ? WHERE operation_id = ?",
+            renamed["provider_job_id"],
+            current_id,
+        )
+    if "operation_id" in renamed:
+        # The approvals' reference first on PostgreSQL, which checks it at once: a copy, then the move.
+        rows = db_rows(db, "SELECT * FROM operations WHERE operation_id = ?", current_id)
+        assert rows
+        _rename(db, current_id, renamed["operation_id"])
+
+
+def _rename(db: Any, old: str, new: str) -> None:
+    """Move an operation (and its approvals) to another id, on either engine (PostgreSQL checks references)."""
+    columns = [
+        c
+        for c in db_rows(db, "SELECT * FROM operations WHERE operation_id = ?", old)[0]
+        if c != "operation_id"
+    ]
+    names = ", ".join(columns)
+    # A copy under the new id without the job (one job, one operation), the children moved, then the job back.
+    picked = ", ".join("NULL" if c == "provider_job_id" else c for c in columns)
+    db_write(
+        db,
+        f"INSERT INTO operations (operation_id, {names}) SELECT ?, {picked} FROM operations WHERE operation_id = ?",
+        new,
+        old,
+    )
+    db_write(db, "UPDATE approvals SET operation_id = ? WHERE operation_id = ?", new, old)
+    db_write(db, "UPDATE followups SET operation_id = ? WHERE operation_id = ?", new, old)
+    [row] = db_rows(db, "SELECT provider_job_id FROM operations WHERE operation_id = ?", old)
+    db_write(db, "DELETE FROM operations WHERE operation_id = ?", old)
+    db_write(
+        db, "UPDATE operations SET provider_job_id = ? WHERE operation_id = ?", row["provider_job_id"], new
+    )
 
 
 async def test_the_escalation_block_and_the_question_cannot_be_given_extra_lines(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import socket
-import sqlite3
 import sys
 import time
 from collections.abc import AsyncGenerator
@@ -23,7 +22,7 @@ import httpx2
 import pytest
 import uvicorn
 
-from harness import Harness, check, make_harness, merge, track, view
+from harness import Harness, check, db_rows, make_harness, merge, track, view
 from pollwarden.audit import read_rows, render_story
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.http_serve import HttpOptions, transport_security
@@ -113,16 +112,15 @@ async def post(client: httpx2.AsyncClient, body: bytes, headers: dict[str, str])
 
 
 def version_of(h: Harness, operation_id: str) -> tuple[int, float]:
-    with sqlite3.connect(h.db_path) as conn:
-        row = conn.execute(
-            "SELECT version, next_check_at FROM operations WHERE operation_id = ?", (operation_id,)
-        ).fetchone()
-    return int(row[0]), float(row[1])
+    [row] = db_rows(
+        h.db_path, "SELECT version, next_check_at FROM operations WHERE operation_id = ?", operation_id
+    )
+    return int(row["version"]), float(row["next_check_at"])
 
 
 def remembered_events(h: Harness) -> int:
-    with sqlite3.connect(h.db_path) as conn:
-        return int(conn.execute("SELECT count(*) FROM webhook_events").fetchone()[0])
+    [row] = db_rows(h.db_path, "SELECT count(*) AS n FROM webhook_events")
+    return int(row["n"])
 
 
 async def waiting_after_first_poll(client: Any, h: Harness, job: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 from pollwarden.steps import CheckStep
 from tests.support.fake_provider import pending
 from tests.support.live import (
+    Database,
     FakeControl,
     Rigging,
     audit_kinds,
@@ -89,7 +90,7 @@ async def crash_once(
     step: CheckStep,
     *,
     run: int,
-    db: Path,
+    db: Database,
     tables: Path,
     fake: FakeControl,
     workdir: Path,
@@ -219,7 +220,7 @@ async def crash_once(
 
 
 def _recovery_server(
-    running: Client | None, db: Path, tables: Path, errlog: Path
+    running: Client | None, db: Database, tables: Path, errlog: Path
 ) -> AbstractAsyncContextManager[Client]:
     if running is not None:
         return _Borrowed(running)
