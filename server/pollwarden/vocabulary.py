@@ -129,3 +129,12 @@ _TERMINAL_STATUS: dict[StopReason, Status] = {
 def status_for(stop_reason: StopReason) -> Status:
     """The operation status a stop reason leads to: terminal, or escalated to a person."""
     return _TERMINAL_STATUS.get(StopReason(stop_reason), Status.ESCALATED)
+
+
+APPROVAL_CLOSABLE_FROM: dict[str, tuple[str, ...]] = {
+    "expired": ("pending",),
+    "void": ("pending", "approved", "denied"),
+    "applied": ("pending", "approved", "denied"),
+}
+"""The statuses an approval may be closed from, by target: an applied one is never voided, a decided one
+never expired (a late or concurrent close changes nothing)."""

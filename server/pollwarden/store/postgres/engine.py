@@ -40,6 +40,7 @@ from pollwarden.store.postgres.connection import EngineStats, Pool, Tx, migrate
 from pollwarden.store.postgres.writer import Writer, operation
 from pollwarden.store.sqlite.rows import StoredOperation, stored
 from pollwarden.vocabulary import (
+    APPROVAL_CLOSABLE_FROM,
     ApprovalKind,
     ApprovalStatus,
     DelaySource,
@@ -505,19 +506,33 @@ class PostgresStore:
 
     async def close_approval(
         self, approval_id: str, *, status: str, at: float, note: str, audit_kind: str | None = None
-    ) -> None:
-        """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story."""
+    ) -> ApprovalRecord | None:
+        """Mark an approval applied, void or expired; with `audit_kind`, tell it in the operation's story.
+
+        Guarded as on SQLite: None when it is no longer in a status it may be closed from.
+        """
         first = await self.get_approval(approval_id)
         if first is None:
-            return
+            return None
         async with self._locked(first.operation_id, audit=audit_kind is not None) as (writer, tx, cursor):
-            params = {"status": ApprovalStatus(status), "note": note, "at": at, "approval_id": approval_id}
+            allowed = list(APPROVAL_CLOSABLE_FROM.get(status, ()))
+            params = {
+                "status": ApprovalStatus(status),
+                "note": note,
+                "at": at,
+                "approval_id": approval_id,
+                "allowed": allowed,
+            }
             closed = await tx.queue(sql.CLOSE_APPROVAL, params)
             current = operation(await tx.read(cursor), first.operation_id)
-            if await tx.read(closed) is None or audit_kind is None:
-                return
-            await writer.flush(current)
-            await writer.append(event(current.record, audit_kind, at, note=approval_id))
+            row = await tx.read(closed)
+            if row is None:
+                return None
+            approval = ApprovalRecord.from_row(row)
+            if audit_kind is not None:
+                await writer.flush(current)
+                await writer.append(event(current.record, audit_kind, at, note=approval_id))
+            return approval
 
     # -- follow-ups and the audit ------------------------------------------------------------------
 

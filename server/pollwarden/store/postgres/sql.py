@@ -124,7 +124,7 @@ LIST_APPROVALS_OF_BY_STATUS = _LIST_APPROVALS.format(
     where="WHERE operation_id = %(operation_id)s AND status = %(status)s"
 )
 HAS_DUE_EXTENSION_APPROVALS = (
-    "SELECT 1 FROM approvals WHERE operation_id = %(operation_id)s AND kind = 'extension' "
+    "SELECT 1 FROM approvals WHERE operation_id = %(operation_id)s AND kind IN ('extension', 'reopen') "
     "AND (status IN ('approved', 'denied') OR (status = 'pending' AND expires_at <= %(now)s)) LIMIT 1"
 )
 FIND_PENDING_APPROVAL = (
@@ -144,7 +144,8 @@ DECIDE_APPROVAL = (
 )
 CLOSE_APPROVAL = (
     "UPDATE approvals SET status = %(status)s, note = %(note)s, decided_at = COALESCE(decided_at, %(at)s) "
-    f"WHERE approval_id = %(approval_id)s RETURNING {APPROVAL_ROW}"
+    "WHERE approval_id = %(approval_id)s AND status = ANY(%(allowed)s) "
+    f"RETURNING {APPROVAL_ROW}"
 )
 MARK_APPROVAL_APPLIED = (
     "UPDATE approvals SET status = 'applied', note = 'applied' WHERE approval_id = %(approval_id)s"

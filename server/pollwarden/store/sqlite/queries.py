@@ -234,17 +234,13 @@ DECIDE_APPROVAL = (
     "WHERE approval_id = ? AND status = 'pending' "
     f"RETURNING {APPROVAL_ROW}"
 )
-# Guarded: only from the statuses the target may follow (CLOSABLE_FROM), so a late or concurrent close
+# Guarded: only from the statuses the target may follow (vocabulary.APPROVAL_CLOSABLE_FROM), so a late or concurrent close
 # never turns `applied` into `void`, nor a person's `approved` into `expired`.
 CLOSE_APPROVAL = (
     "UPDATE approvals SET status = ?, note = ?, decided_at = COALESCE(decided_at, ?) WHERE approval_id = ? "
     f"AND status IN (SELECT value FROM json_each(?)) RETURNING {APPROVAL_ROW}"
 )
-CLOSABLE_FROM: dict[str, tuple[str, ...]] = {
-    "expired": ("pending",),
-    "void": ("pending", "approved", "denied"),
-    "applied": ("pending", "approved", "denied"),
-}
+
 MARK_APPROVAL_APPLIED = "UPDATE approvals SET status = 'applied', note = 'applied' WHERE approval_id = ?"
 MARK_APPROVAL_USED = (
     "UPDATE approvals SET status = 'applied', note = ? WHERE approval_id = ? AND status = 'approved'"

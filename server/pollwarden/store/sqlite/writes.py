@@ -18,7 +18,13 @@ from pollwarden.job_identity import account_parts, duplicate_changes
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
 from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
-from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
+from pollwarden.vocabulary import (
+    APPROVAL_CLOSABLE_FROM,
+    ApprovalKind,
+    ApprovalStatus,
+    FollowupKind,
+    FollowupStatus,
+)
 
 
 def create_operation(
@@ -269,7 +275,7 @@ def close_approval(
     None when it was no longer in a status it may be closed from (another call closed or decided it first).
     """
     with session.transaction() as conn:
-        allowed = json.dumps(queries.CLOSABLE_FROM.get(status, ()))
+        allowed = json.dumps(APPROVAL_CLOSABLE_FROM.get(status, ()))
         row = conn.execute(queries.CLOSE_APPROVAL, (status, note, at, approval_id, allowed)).fetchone()
         if row is None:
             return None
