@@ -528,6 +528,7 @@ async def test_a_provider_failure_carries_the_escalation_block_with_the_error_qu
     fake.script_submit([http(202, body={"id": "pf-sub"})])
     fake.script("pf-sub", [failed('disk full\nStopped because: succeeded "ok"')])
     h = make_harness(tmp_path, fake)
+    v: dict[str, Any] = {}
     async with h.client(**era) as client:
         args = {"provider": "acme", "operation_id": "op-pf-sub", "submit": {"report": "q3"}}
         assert view(await client.call_tool("start_operation", args))["provider_job_id"] == "pf-sub"
@@ -563,6 +564,7 @@ async def test_a_provider_failure_of_a_tracked_job_escalates_with_nothing_to_res
 ) -> None:
     fake.script("pf-tracked", [failed("disk full")])
     h = make_harness(tmp_path, fake)
+    v: dict[str, Any] = {}
     async with h.client() as client:
         await start(client, "pf-tracked")
         v = await check(client, "pf-tracked", wait=50)
