@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from pollwarden import approvals, submission
+from pollwarden import approvals, resubmission, submission
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
@@ -216,8 +216,14 @@ class Controller:
         business_deadline_at: str | None = None,
         max_status_requests: int | None = None,
         idempotency_key: str | None = None,
+        resubmission_answer: resubmission.Answer = resubmission.NOT_ASKED,
     ) -> OperationView:
-        """Record a new operation before any status request (or return the existing one)."""
+        """Record a new operation before any status request (or return the existing one).
+
+        A payload whose earlier operation ended or escalated is recorded held:
+        nothing is sent until a person approves (`resubmission_answer`, or an
+        operator's decision found by `resubmission.clear`).
+        """
         if operation_id is not None and (problem := operation_id_problem(operation_id)) is not None:
             raise InvalidRequest(f"operation_id {problem}")
         if provider_job_id is not None and (problem := invisible_text_problem(provider_job_id)) is not None:
@@ -287,7 +293,17 @@ class Controller:
             request_fingerprint = fingerprint(provider, account, payload)
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"submit must be a JSON object of plain values: {exc}") from exc
-        operation_id = operation_id or f"{provider}-{uuid.uuid4().hex[:12]}"
+        earlier = (
+            await resubmission.earlier_outcome(self.store, request_fingerprint, exclude=operation_id)
+            if submit is not None
+            else None
+        )
+        if operation_id is None:
+            operation_id = (
+                resubmission.held_operation_id(provider, request_fingerprint, earlier)
+                if earlier is not None
+                else f"{provider}-{uuid.uuid4().hex[:12]}"
+            )
 
         key = None
         if submit is not None and table.submit is not None and table.submit.idempotency_header:
@@ -314,6 +330,7 @@ class Controller:
             "submit_payload_json": json.dumps(submit, sort_keys=True) if submit is not None else None,
             "created_at": now,
             "updated_at": now,
+            "resubmission_of": earlier.operation_id if earlier is not None else None,
         }
         record, created = await self.store.create_operation(
             values, kind="tracking" if submit is None else "submission_recorded", at=now
@@ -330,6 +347,10 @@ class Controller:
                     "call again without idempotency_key (the recorded one is re-used) or use a new operation_id"
                 )
             log.info("start_operation %s: existing record returned", operation_id)
+        if record.held_for_approval:
+            record = await resubmission.clear(self, record, resubmission_answer)
+            if record.held_for_approval:
+                return self.view(record)  # nothing is sent before a person approves
         if record.status == Status.SUBMITTING:
             record = await submission.submit(self, record, table)
         return self.view(record)

@@ -95,6 +95,10 @@ class OperationRecord:
     updated_at: float
     version: int
     fleet_slot_at: float | None
+    # A resubmission of a payload whose earlier operation ended or escalated: that operation's id,
+    # and who approved sending it (nothing is sent while this is None).
+    resubmission_of: str | None = None
+    resubmission_approved_by: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> OperationRecord:
@@ -105,6 +109,15 @@ class OperationRecord:
     def is_waiting(self) -> bool:
         """True while status requests may still be sent."""
         return self.status == Status.WAITING
+
+    @property
+    def held_for_approval(self) -> bool:
+        """A resubmission not yet approved by a person: nothing may be sent for it."""
+        return (
+            self.status == Status.SUBMITTING
+            and self.resubmission_of is not None
+            and self.resubmission_approved_by is None
+        )
 
     @property
     def effective_deadline(self) -> float:

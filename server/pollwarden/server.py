@@ -50,7 +50,7 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
-from pollwarden import approvals, followups
+from pollwarden import approvals, followups, resubmission
 from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
@@ -320,6 +320,37 @@ async def _ask_person(
     )
 
 
+async def _plan_resubmission(
+    provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Context[Any, Any]
+) -> resubmission.ResubmissionPlan:
+    return await _run(
+        resubmission.plan(_controller(ctx), provider=provider, operation_id=operation_id, submit=submit)
+    )
+
+
+async def _ask_resubmission(
+    plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)], ctx: Context[Any, Any]
+) -> Elicit[resubmission.ResubmitDecision] | _Answered | None:
+    """Ask only for a resubmission not yet approved, when the operator wants a prompt and the client can show one."""
+    controller = _controller(ctx)
+    if (
+        not plan.needed
+        or plan.operator_approved
+        or controller.config.approval_mode == "tool-confirmation"
+        or not _client_can_elicit(ctx)
+    ):
+        return None
+    if not _has_back_channel(ctx):
+        return Elicit(plan.question, resubmission.ResubmitDecision)
+
+    async def late(outcome: ElicitationResult[resubmission.ResubmitDecision] | None, missing: str) -> None:
+        await resubmission.record_late_answer(controller, plan, _yes(outcome, "resubmit"))
+
+    return await _ask_on_back_channel(
+        ctx, plan.question, resubmission.ResubmitDecision, tool="start_operation", late=late
+    )
+
+
 async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
     return await _run(followups.plan_cancel(_controller(ctx), operation_id))
 
@@ -493,6 +524,9 @@ def build_server(
             ),
         ],
         ctx: Context[Any, Any],
+        # A resubmission of a payload that ended or escalated: a person approves it first.
+        plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)],
+        decision: Annotated[ElicitationResult[resubmission.ResubmitDecision], Resolve(_ask_resubmission)],
         operation_id: Annotated[
             str | None, Field(description="Your id for this wait; reuse it to get the same record back.")
         ] = None,
@@ -522,10 +556,17 @@ def build_server(
             str | None, Field(description="Your own idempotency key for submit (one is generated otherwise).")
         ] = None,
     ) -> OperationView:
+        outcome = _outcome(decision) if plan.needed else None
+        answer = (
+            resubmission.NOT_ASKED
+            if outcome is None
+            else resubmission.Answer(asked=True, approve=_yes(outcome, "resubmit"))
+        )
         return await _run(
             _controller(ctx).start_operation(
                 provider=provider,
-                operation_id=operation_id,
+                operation_id=plan.operation_id if plan.needed else operation_id,
+                resubmission_answer=answer,
                 provider_job_id=provider_job_id,
                 submit=submit,
                 deadline_seconds=deadline_seconds,

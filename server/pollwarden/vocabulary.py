@@ -80,6 +80,8 @@ class ApprovalKind(StrEnum):
 
     EXTENSION = "extension"
     CANCEL = "cancel"
+    RESUBMISSION = "resubmission"
+    STATUS_REQUEST = "status_request"
 
 
 class ApprovalStatus(StrEnum):

@@ -48,6 +48,10 @@ class Store(Protocol):
         """Most recent operations first."""
         ...
 
+    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
+        """The operations recorded with this request fingerprint (one payload, one account), newest first."""
+        ...
+
     async def count_operations(self) -> int:
         """How many operations the database holds."""
         ...

@@ -73,6 +73,16 @@ class SQLiteStore:
 
         return await self._db.run(work)
 
+    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
+        """The operations recorded with this request fingerprint, newest first."""
+        params = {"fingerprint": fingerprint, "limit": limit}
+
+        def work(s: Session) -> list[OperationRecord]:
+            found = s.conn.execute(queries.LIST_BY_FINGERPRINT, params).fetchall()
+            return [rows.stored(row).record for row in found]
+
+        return await self._db.run(work)
+
     async def count_operations(self) -> int:
         """How many operations the database holds."""
 

@@ -243,6 +243,18 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE approvals ADD COLUMN decision_signature TEXT;
     """,
     ),
+    # A payload submitted again after its earlier operation ended or escalated is held until a
+    # person approves (resubmission_of names that operation; resubmission_approved_by who approved);
+    # the earlier operations of a payload are found by its fingerprint.
+    Migration(
+        7,
+        "resubmissions held for a person",
+        """
+    ALTER TABLE operations ADD COLUMN resubmission_of TEXT;
+    ALTER TABLE operations ADD COLUMN resubmission_approved_by TEXT;
+    CREATE INDEX operations_by_fingerprint ON operations(request_fingerprint, created_at DESC);
+    """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].number
