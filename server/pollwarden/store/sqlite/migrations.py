@@ -286,7 +286,7 @@ def migrate(conn: sqlite3.Connection) -> None:
                     f"the database is at schema version {current}, newer than this pollwarden knows "
                     f"({LATEST}); upgrade pollwarden, or point --db at another file"
                 )
-            for step in MIGRATIONS[current:]:
+            for step in (step for step in MIGRATIONS if step.number > current):  # numbers may skip one
                 for statement in split_sql(step.script):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {step.number}")
