@@ -943,6 +943,22 @@ class LimitsSpec(BaseModel):
         return self
 
 
+class ApprovalSpec(BaseModel):
+    """[approval]: when a person approves this provider's requests (DESIGN §1.19).
+
+    By default routine status requests inside approved bounds need no click.
+    `every_status_request = true` is for high-privilege status APIs (ones that
+    expose sensitive job metadata): a person approves each status request
+    before it is sent.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    every_status_request: bool = Field(
+        default=False, description="true or false: a person approves each status request before it is sent"
+    )
+
+
 class ProviderTable(BaseModel):
     """One provider's table (DESIGN §3). ``source`` is the file it was loaded from, not a TOML key."""
 
@@ -997,6 +1013,7 @@ class ProviderTable(BaseModel):
     fleet: FleetSpec | None = Field(default=None, description="a [fleet] table with max_requests_per_second")
     rate_limit: RateLimitSpec = Field(default=RateLimitSpec(), description="a [rate_limit] table")
     limits: LimitsSpec = Field(default=LimitsSpec(), description="a [limits] table")
+    approval: ApprovalSpec = Field(default=ApprovalSpec(), description="an [approval] table")
     description: str = Field(default="", description="free text for people")
 
     _source: str = PrivateAttr(default="<memory>")

@@ -66,6 +66,12 @@ YEAR_SECONDS = 365.25 * 86_400
 MAX_BUSINESS_HORIZON_SECONDS = 10 * YEAR_SECONDS
 
 
+NEEDS_PERSON_MESSAGE = (
+    "Nothing was sent: the {} provider table requires a person to approve every status request, and "
+    "none approved this one. Call check_status again when a person can answer."
+)
+
+
 def invisible_text_problem(value: str) -> str | None:
     """Why an id cannot hold this text, or None: ids are stored, shown to people and sent in URLs."""
     if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in value):
@@ -170,6 +176,11 @@ class Controller:
         return {
             name: table.fleet for name, table in self.tables.items() if name not in self._credential_problems
         }
+
+    @cached_property
+    def _per_request_providers(self) -> frozenset[str]:
+        """Providers whose tables require a person for every status request ([approval])."""
+        return frozenset(name for name, table in self.tables.items() if table.approval.every_status_request)
 
     @cached_property
     def _credential_problems(self) -> dict[str, str]:
@@ -363,8 +374,13 @@ class Controller:
         *,
         wait_seconds: float = 0.0,
         progress: ProgressCallback | None = None,
+        person_approved: bool = False,
     ) -> OperationView:
-        """One bounded status check (DESIGN §1.10). Never sends more than one request."""
+        """One bounded status check (DESIGN §1.10). Never sends more than one request.
+
+        For a provider whose table requires a person for every status request,
+        a request goes out only with `person_approved` (see `status_approval`).
+        """
         if not math.isfinite(wait_seconds) or wait_seconds < 0:
             raise InvalidRequest(f"wait_seconds must be between 0 and {self.config.max_wait_seconds:g}")
         # Past this, a request could not finish inside the client's timeout: answer not_yet instead.
@@ -389,6 +405,7 @@ class Controller:
                 fleets=self._fleets,
                 apply_approvals=apply_approvals,
                 clock=self.clock.now,  # the gate's time is read once the write lock is held
+                needs_person=frozenset() if person_approved else self._per_request_providers,
             )
             if start is None:
                 raise self._not_found(operation_id)
@@ -405,6 +422,9 @@ class Controller:
                     return self.view(record, Outcome.STOPPED)
                 case Step.NOT_YET:
                     return self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
+                case Step.NEEDS_PERSON:
+                    shown = self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
+                    return shown.model_copy(update={"message": NEEDS_PERSON_MESSAGE.format(record.provider)})
                 case Step.WAIT | Step.PACED:
                     # Too early (or the provider's shared pace is used up and a slot is booked).
                     allowed_at = decision.allowed_at or now

@@ -83,8 +83,12 @@ class Store(Protocol):
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
+        needs_person: frozenset[str] = frozenset(),
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
+
+        `needs_person`: providers whose every status request a person approves, and none approved
+        this call: where a request would go out, the gate answers NEEDS_PERSON and nothing is written.
 
         Loads the operation, lets `pollwarden.gate.decide_check` decide, and
         writes that: a counted refusal (not_yet, stopped), a stop before any

@@ -138,11 +138,13 @@ class SQLiteStore:
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
+        needs_person: frozenset[str] = frozenset(),
     ) -> CheckStart | None:
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
             partial(
                 checks.begin_check,
+                needs_person=needs_person,
                 operation_id=operation_id,
                 now=now,
                 wait_until=wait_until,
