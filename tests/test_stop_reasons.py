@@ -39,13 +39,31 @@ def assert_stop(
     assert v["retry_after_seconds"] is None
     assert v["delay_source"] is None
     assert v["stop_detail"]
+    # What the agent is told: never to poll again, and who decides what happens next.
+    message: str = v["message"]
+    if status == "succeeded":
+        assert (
+            message
+            == "The job succeeded with every required field; call fetch_result for the validated result."
+        )
+    elif status == "escalated" and reason != "awaiting_review":
+        assert message == (
+            f"Waiting stopped: {reason}. Do not poll again; a person decides. "
+            "See escalation.options for what may be done."
+        )
+    elif status == "escalated":
+        assert message.startswith("Waiting stopped: awaiting_review. A person must act at the provider: ")
+        assert "Do not poll again" in message
+    else:
+        assert message.startswith(f"The job ended ({status}: {reason}). Nothing more will be sent for it.")
+        assert ("Do not poll again; a person decides" in message) == (reason == "provider_failure")
     # A terminal failure is an escalation too (a person may approve a resubmission); other end states are not.
     if status != "escalated" and reason != "provider_failure":
         assert v["escalation"] is None
         return
     escalation = v["escalation"]
     assert escalation["reason"] == reason
-    message: str = escalation["message"]
+    message = escalation["message"]
     assert message.startswith("External job needs a decision\n")
     assert f"Operation: {v['operation_id']}\n" in message
     assert f"Provider job: {v['provider_job_id']}\n" in message
