@@ -178,7 +178,7 @@ class Controller:
         }
 
     @cached_property
-    def _per_request_providers(self) -> frozenset[str]:
+    def per_request_providers(self) -> frozenset[str]:
         """Providers whose tables require a person for every status request ([approval])."""
         return frozenset(name for name, table in self.tables.items() if table.approval.every_status_request)
 
@@ -405,7 +405,7 @@ class Controller:
                 fleets=self._fleets,
                 apply_approvals=apply_approvals,
                 clock=self.clock.now,  # the gate's time is read once the write lock is held
-                needs_person=frozenset() if person_approved else self._per_request_providers,
+                needs_person=frozenset() if person_approved else self.per_request_providers,
             )
             if start is None:
                 raise self._not_found(operation_id)

@@ -355,6 +355,8 @@ async def _plan_status_request(
     operation_id: str, wait_seconds: float, ctx: Context[Any, Any]
 ) -> status_approval.StatusRequestPlan:
     controller = _controller(ctx)
+    if not controller.per_request_providers:
+        return status_approval.StatusRequestPlan()  # the common case: no table asks for it, nothing read
     bounded = wait_bound(
         wait_seconds,
         max_wait=controller.config.max_wait_seconds,
