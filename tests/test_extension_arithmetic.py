@@ -17,9 +17,9 @@ from mcp_types import ElicitRequestParams, ElicitResult
 from harness import base_table, make_harness, merge, operation_record, view
 from pollwarden.config import ExtensionCaps
 from pollwarden.extensions import extension_changes, plan_extension
-from pollwarden.fake_provider import FakeProvider, http, pending
 from pollwarden.timefmt import iso
 from pollwarden_providers.table import ProviderTable
+from tests.support.fake_provider import FakeProvider, http, pending
 
 TABLE = ProviderTable.model_validate(merge(base_table("http://127.0.0.1:9"), {}))  # base delay 5 s
 

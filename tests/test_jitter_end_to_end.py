@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness import make_harness, view
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.timefmt import parse_iso
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

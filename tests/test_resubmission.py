@@ -21,7 +21,7 @@ from mcp_types import ElicitRequestParams, ElicitResult
 from harness import Harness, make_harness, make_operator, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, Step, failed, pending
+from tests.support.fake_provider import FakeProvider, Step, failed, pending
 
 pytestmark = pytest.mark.anyio
 

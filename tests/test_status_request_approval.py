@@ -22,7 +22,7 @@ from mcp_types import ElicitRequestParams, ElicitResult
 from harness import Harness, acme_refusal, acme_table, make_harness, make_operator, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,7 @@ import pytest
 
 from harness import SteppedRandom, make_harness, view
 from pollwarden.audit import read_rows, render_story
-from pollwarden.fake_provider import FakeProvider, http, pending
+from tests.support.fake_provider import FakeProvider, http, pending
 
 pytestmark = pytest.mark.anyio
 
