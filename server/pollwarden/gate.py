@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from pollwarden.job_identity import account_changed_detail, duplicate_detail
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import Outcome, Status, StopReason
 
@@ -80,10 +81,14 @@ def decide_check(
     wait_until: float,
     has_table: bool,
     approvals_due: bool,
+    account_context: str | None = None,
     may_send: bool = True,
 ) -> GateDecision:
     """What this round of check_status does; `approvals_due` says an operator's decision waits.
 
+    `account_context` is the provider table's account context now (None: not
+    compared); a waiting operation recorded under another one stops, and so
+    does one marked a duplicate of the operation holding its job.
     `may_send=False` (a table that requires a person for every status request, and
     none approved this call): where a request would go out now or after a wait, nothing is.
     """
@@ -94,6 +99,16 @@ def decide_check(
     if record.status != Status.WAITING:
         return GateDecision(Step.STOPPED)
     busy = lease_busy(record, now)
+    if not busy and record.duplicate_of is not None:
+        return GateDecision(
+            Step.STOP, stop_reason=StopReason.JOB_ALREADY_TRACKED, stop_detail=duplicate_detail(record)
+        )
+    if not busy and account_context is not None and account_context != record.account_context:
+        return GateDecision(
+            Step.STOP,
+            stop_reason=StopReason.ACCOUNT_CONTEXT_CHANGED,
+            stop_detail=account_changed_detail(record.account_context, account_context),
+        )
     if not busy and now >= record.effective_deadline:
         return GateDecision(
             Step.STOP,

@@ -95,6 +95,10 @@ class OperationRecord:
     updated_at: float
     version: int
     fleet_slot_at: float | None
+    # The operation that holds this job's budget, when this one may not poll it (pollwarden.job_identity).
+    duplicate_of: str | None = None
+    # When the last status request was sent (`last_http_at`: when its answer came).
+    request_sent_at: float | None = None
     # A resubmission of a payload whose earlier operation ended or escalated: that operation's id,
     # and who approved sending it (nothing is sent while this is None).
     resubmission_of: str | None = None
