@@ -151,7 +151,7 @@ def _keep_waiting(
             stop_detail=(
                 f"all {record.max_status_requests} status requests are used and the job is not finished"
             ),
-            # Kept so that an approved extension still waits for it (a minimum, DESIGN §1.7).
+            # Kept so that an approved extension still waits for it (a minimum; README "How a check decides").
             retry_after_seconds=retry_after.seconds,
             rejected_hints=rejected,
         )
@@ -299,7 +299,7 @@ def decide_after_response(
     *,
     rng: RandomSource,
 ) -> Transition:
-    """Apply the documented rule for one status answer (DESIGN §1.11, §1.13)."""
+    """Apply the documented rule for one status answer (README "How a check decides", "Stop reasons")."""
     now = answer.received_at
     max_hint = table.limits.max_deadline_seconds
     limits_note = f"{record.transport_failures_used + 1} of {record.max_transport_failures}"

@@ -1,4 +1,4 @@
-"""A resubmission needs a person (DESIGN §11): the same payload again after it ended or escalated.
+"""A resubmission needs a person (README "Stop reasons": Resubmitting): the same payload again after it ended or escalated.
 
 `start_operation(submit=…)` whose request fingerprint (provider, account
 context, payload) matches an operation that ended (`failed`, `cancelled`,

@@ -1,6 +1,6 @@
 """Approval by consequence: a person approves every status request of a high-privilege status API.
 
-By default routine polls inside approved bounds need no click (DESIGN §1.19).
+By default routine polls inside approved bounds need no click (README "Approvals").
 A provider table with `[approval] every_status_request = true` (a status API
 that exposes sensitive job metadata) makes each status request a decision:
 before check_status sends one, the person is asked by elicitation (either

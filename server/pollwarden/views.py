@@ -16,7 +16,7 @@ from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopRe
 from pollwarden_providers.interpret import where_person_acts
 from pollwarden_providers.table import ProviderTable
 
-# DESIGN §4: what the agent may call next, by stop reason. `cancel_operation`
+# What the agent may call next, by stop reason (README "Stop reasons, and what may happen next"). `cancel_operation`
 # is added only where the provider table has [cancel].
 ALLOWED_BY_STOP_REASON: dict[str, tuple[str, ...]] = {
     "succeeded": ("fetch_result",),
@@ -57,6 +57,16 @@ PERSON_MAY_APPROVE: dict[str, str] = {
 }
 
 
+# What an escalation's extension option offers (seconds, status requests), within the operator caps.
+SUGGESTED_EXTENSION: tuple[float, int] = (900.0, 4)
+
+
+def suggested_extension(max_extra_seconds: float, max_extra_status_requests: int) -> tuple[float, int]:
+    """`SUGGESTED_EXTENSION`, clipped to what one approval may add."""
+    seconds, requests = SUGGESTED_EXTENSION
+    return min(seconds, max_extra_seconds), min(requests, max_extra_status_requests)
+
+
 def allowed_actions(record: OperationRecord, table: ProviderTable | None) -> list[str]:
     """The tools the agent may call next for this operation (read-only tools are always allowed)."""
     if record.status == "waiting":
@@ -82,7 +92,7 @@ def allowed_actions(record: OperationRecord, table: ProviderTable | None) -> lis
 
 
 def may_resubmit(record: OperationRecord, table: ProviderTable | None) -> bool:
-    """Whether a person may approve resubmitting this operation's payload (DESIGN §4).
+    """Whether a person may approve resubmitting this operation's payload (README "Stop reasons").
 
     Only after the job ended (failed, cancelled, expired), only for a payload
     pollwarden submitted (so it has it), and only where the provider takes an
@@ -206,6 +216,10 @@ class OperationView(BaseModel):
     request_sent_at: str | None = Field(
         default=None,
         description="When the last status request was sent (last_http_at: when its answer came).",
+    )
+    expected_terminal_state: list[str] = Field(
+        default_factory=list[str],
+        description="The provider states that meant success for this job when it was recorded.",
     )
     untrusted_fields: list[str] = Field(
         default_factory=lambda: [
@@ -350,7 +364,8 @@ def escalation_message(record: OperationRecord, options: list[EscalationOption],
 
 def _short_option(option: EscalationOption) -> str:
     if option.action == "request_extension":
-        return option.label.split(":")[0] + f" ({option.label.split(': ', 1)[-1]})"
+        head, colon, detail = option.label.partition(": ")
+        return f"{head} ({detail})" if colon else option.label
     if option.action == "cancel_operation":
         return "cancel at provider"
     if option.action == "fetch_result":
@@ -421,7 +436,7 @@ def operation_view(
     *,
     now: float,
     outcome: Outcome | None = None,
-    suggestion: tuple[float, int] = (900.0, 4),
+    suggestion: tuple[float, int] = SUGGESTED_EXTENSION,
     retry_at: float | None = None,
 ) -> OperationView:
     """Build the view the tools return; `retry_at` overrides when the next call may send a request."""
@@ -477,4 +492,5 @@ def operation_view(
         account_origin=origin,
         account_credential_env=credential_env,
         request_sent_at=iso(record.request_sent_at),
+        expected_terminal_state=[s for s in record.expected_terminal_state.split(",") if s],
     )

@@ -20,7 +20,6 @@ from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
 
-
 # New columns a caller may leave out: a new operation is no resubmission unless it says so.
 OPTIONAL_NEW_COLUMNS: Mapping[str, object] = {"resubmission_of": None}
 
@@ -55,7 +54,11 @@ def create_operation(
         if created is None:
             return rows.must_fetch(conn, str(values["operation_id"])).record, False
         origin, credential_env = account_parts(created.record.account_context)
-        first = {"account_origin": origin, "account_credential_env": credential_env}
+        first = {
+            "account_origin": origin,
+            "account_credential_env": credential_env,
+            "expected_terminal_state": created.record.expected_terminal_state,
+        }
         rows.append(conn, event(created.record, kind, at, extra=first), key)
         return created.record, True
 
