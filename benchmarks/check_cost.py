@@ -27,12 +27,19 @@ medians in this one run. Hops to the database thread and commits are counted
 by the engine (`SQLiteStore.stats`) around every call; fsyncs per call are
 counted with `strace -f -c` on separate runs of each kind (when strace exists).
 
-Prints a table and writes benchmarks/results/check_cost.json.
+With `--engine postgres` the same runs on PostgreSQL (a scratch schema on
+POLLWARDEN_TEST_PG's server, dropped after): the floor's commits are the same
+transaction on that server in one pipelined trip (synchronous_commit on, and
+off for a refusal's counter), trips and commits are counted by the engine
+(`PostgresStore.stats`), and fsyncs are not counted (the server does them).
+
+Prints a table and writes benchmarks/results/check_cost.json (check_cost_postgres.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import sqlite3
@@ -40,8 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +78,7 @@ from benchmarks.measure import (
 )
 from pollwarden.controller import Controller
 from pollwarden.server import build_server
+from pollwarden.store import DatabaseLocation
 from pollwarden.store.sqlite.engine import SQLiteStore
 from pollwarden.views import OperationView
 
@@ -85,6 +93,40 @@ def stats_ms(samples: Sequence[float]) -> dict[str, float]:
         "p99_ms": percentile_ms(samples, 99),
         "mean_ms": round(sum(samples) / len(samples) * 1000, 3),
     }
+
+
+class PostgresCommitFloor:
+    """The same floor transaction on the PostgreSQL server: one pipelined trip, durable or not."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute("CREATE TABLE IF NOT EXISTS floor_counter (id int PRIMARY KEY, n bigint NOT NULL)")
+        self.conn.execute("CREATE TABLE IF NOT EXISTS floor_rows (seq bigserial PRIMARY KEY, payload text)")
+        self.conn.execute("INSERT INTO floor_counter VALUES (1, 0) ON CONFLICT DO NOTHING")
+        self.payload = "x" * AUDIT_ROW_BYTES
+
+    def commit(self, *, durable: bool) -> None:
+        """Update a row and insert an audit-sized row in one transaction, one trip."""
+        with self.conn.pipeline() as pipe:
+            self.conn.execute("BEGIN")
+            if not durable:
+                self.conn.execute("SET LOCAL synchronous_commit = off")
+            self.conn.execute("UPDATE floor_counter SET n = n + 1 WHERE id = 1")
+            self.conn.execute("INSERT INTO floor_rows (payload) VALUES (%s)", (self.payload,))
+            self.conn.execute("COMMIT")
+            pipe.sync()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _counters(store: Any) -> tuple[int, int, int]:
+    """(trips or hops, durable commits, relaxed commits) the engine counted so far."""
+    if isinstance(store, SQLiteStore):
+        return store.stats.hops, store.stats.durable_commits, store.stats.normal_commits
+    return store.stats.trips, store.stats.commits, store.stats.relaxed_commits
 
 
 class CommitFloor:
@@ -111,15 +153,14 @@ class CommitFloor:
 
 
 @asynccontextmanager
-async def _server_and_store(db: Path, base_url: str) -> AsyncGenerator[tuple[Client, list[SQLiteStore]]]:
+async def _server_and_store(db: Path | str, base_url: str) -> AsyncGenerator[tuple[Client, list[Any]]]:
     """The in-process client on pollwarden's server plus a no-op tool, and the store the server opens."""
-    factory = timing_controller_factory(db, base_url)
-    stores: list[SQLiteStore] = []
+    factory = timing_controller_factory(DatabaseLocation.parse(db) if isinstance(db, str) else db, base_url)
+    stores: list[Any] = []
 
     @asynccontextmanager
     async def capturing() -> AsyncGenerator[Controller]:
         async with factory() as controller:
-            assert isinstance(controller.store, SQLiteStore)
             stores.append(controller.store)
             yield controller
 
@@ -141,15 +182,20 @@ async def _server_and_store(db: Path, base_url: str) -> AsyncGenerator[tuple[Cli
 
 
 async def run(
-    samples: int, warmup: int, workdir: Path, base_url: str, where: dict[str, Any]
+    samples: int, warmup: int, workdir: Path, base_url: str, where: dict[str, Any], pg_url: str | None = None
 ) -> dict[str, Any]:
-    """Time the six calls, interleaved; return the result document."""
+    """Time the six calls, interleaved; return the result document (on PostgreSQL with `pg_url`)."""
     await script_running(base_url, "cost-poll", "cost-idle")
-    floor = CommitFloor(workdir / "floor.db")
+    floor: CommitFloor | PostgresCommitFloor = (
+        CommitFloor(workdir / "floor.db") if pg_url is None else PostgresCommitFloor(pg_url)
+    )
     times: dict[str, list[float]] = {k: [] for k in ("get", "noop", "durable", "normal", "polled", "not_yet")}
     trips: dict[str, list[tuple[int, int, int]]] = {"polled": [], "not_yet": []}
     async with (
-        _server_and_store(workdir / "check_cost.db", base_url) as (client, stores),
+        _server_and_store(workdir / "check_cost.db" if pg_url is None else pg_url, base_url) as (
+            client,
+            stores,
+        ),
         httpx2.AsyncClient(base_url=base_url, timeout=10.0, trust_env=False) as http,
     ):
         store = stores[0]
@@ -165,11 +211,11 @@ async def run(
             return time.perf_counter() - started
 
         async def check(operation_id: str, expect: str) -> tuple[float, tuple[int, int, int]]:
-            before = (store.stats.hops, store.stats.durable_commits, store.stats.normal_commits)
+            before = _counters(store)
             elapsed, result = await timed(
                 lambda: client.call_tool("check_status", {"operation_id": operation_id})
             )
-            after = (store.stats.hops, store.stats.durable_commits, store.stats.normal_commits)
+            after = _counters(store)
             if structured(result)["outcome"] != expect:
                 raise RuntimeError(f"expected {expect}, got {structured(result)}")
             return elapsed, (after[0] - before[0], after[1] - before[1], after[2] - before[2])
@@ -229,7 +275,9 @@ async def run(
         "samples": samples,
         "warmup": warmup,
         "machine": where,
-        "database": "SQLite WAL; synchronous=FULL, NORMAL for a refusal's counter; in a temporary directory",
+        "database": "SQLite WAL; synchronous=FULL, NORMAL for a refusal's counter; in a temporary directory"
+        if pg_url is None
+        else "PostgreSQL 127.0.0.1; synchronous_commit on, off for a refusal's counter; per_call counts trips",
         "rows": rows,
         "floors_ms": {
             "polled": round(polled_floor * 1000, 3),
@@ -298,11 +346,14 @@ def render(result: dict[str, Any]) -> str:
     fsyncs: dict[str, Any] = result.get("fsyncs_per_call", {})
     header = f"{'call':<36} {'median ms':>10} {'p95 ms':>8} {'p99 ms':>8}"
     lines = [header, "-" * len(header)]
+    sqlite = str(result["database"]).startswith("SQLite")
+    durable = "sqlite3 commit, synchronous=FULL" if sqlite else "PostgreSQL commit, sync on"
+    relaxed = "sqlite3 commit, synchronous=NORMAL" if sqlite else "PostgreSQL commit, sync off"
     for key, label in (
         ("bare_httpx2_get", "bare httpx2 GET (loopback)"),
         ("mcp_noop_tool_call", "MCP no-op tool call"),
-        ("durable_commit", "sqlite3 commit, synchronous=FULL"),
-        ("normal_commit", "sqlite3 commit, synchronous=NORMAL"),
+        ("durable_commit", durable),
+        ("normal_commit", relaxed),
         ("check_status_polled", "check_status -> polled (1 GET)"),
         ("check_status_not_yet", "check_status -> not_yet (no GET)"),
     ):
@@ -326,6 +377,21 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@contextmanager
+def scratch_schema(pg_url: str) -> Iterator[str]:
+    """A scratch schema on the PostgreSQL server (dropped after); its URL."""
+    import psycopg
+
+    schema = f"pw_check_cost_{os.getpid()}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{pg_url}{'&' if '?' in pg_url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the fake provider, time the calls, count fsyncs, print and save the table."""
     parser = argparse.ArgumentParser(
@@ -334,7 +400,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--fsync-calls", type=int, default=200, help="calls per strace run (0: skip)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "check_cost.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/check_cost[_postgres].json")
+    parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument(
+        "--pg-url",
+        default=os.environ.get("POLLWARDEN_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/test",
+        help="with --engine postgres: a database to create a scratch schema in (dropped after)",
+    )
     parser.add_argument("--fsync-phase", choices=("polled", "not_yet"), help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -349,15 +421,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--fsync-calls must be 0 to 10000")
     where = machine(processor=True)
     with fake_provider_workdir() as (workdir, base_url):
-        result = anyio.run(run, args.samples, args.warmup, workdir, base_url, where)
-    if args.fsync_calls:
+        if args.engine == "sqlite":
+            result = anyio.run(run, args.samples, args.warmup, workdir, base_url, where)
+        else:
+            with scratch_schema(args.pg_url) as url:
+                result = anyio.run(run, args.samples, args.warmup, workdir, base_url, where, url)
+    if args.fsync_calls and args.engine == "sqlite":
         result["fsyncs_per_call"] = count_fsyncs(args.fsync_calls)
     print(
         f"check_status through the in-process MCP client, {args.samples} samples each (after {args.warmup} warm-up)"
     )
     print(render(result))
-    dump_json(args.out, result, sort_keys=False)
-    print(f"wrote {args.out}")
+    out = args.out or RESULTS_DIR / (
+        "check_cost.json" if args.engine == "sqlite" else "check_cost_postgres.json"
+    )
+    dump_json(out, result, sort_keys=False)
+    print(f"wrote {out}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/contention.py                       # 1 process, then 8; about 40 s
     python benchmarks/contention.py --processes 4 --seconds 5
+    python benchmarks/contention.py --engine postgres     # the same on PostgreSQL (a scratch schema)
 
 Each worker is its own process running pollwarden's MCP server with the
 in-process SDK `Client` (the full tool path, without stdio framing) against
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,7 @@ KINDS = ("start_operation", "check_polled", "check_not_yet")
 
 async def worker(args: argparse.Namespace) -> dict[str, Any]:
     """Set up, say ready, wait for go, run the mix until the time is up; return the samples."""
-    config = ServerConfig(database=DatabaseLocation.sqlite(args.db), provider_dirs=(Path(args.tables),))
+    config = ServerConfig(database=DatabaseLocation.parse(args.db), provider_dirs=(Path(args.tables),))
     me = f"w{args.worker_id}-{args.phase}"
     rng = random.Random(args.worker_id)
     latencies: dict[str, list[float]] = {kind: [] for kind in KINDS}
@@ -132,7 +135,7 @@ def _tail(phase_dir: Path) -> str:
 
 
 def run_phase(
-    processes: int, seconds: float, workdir: Path, db: Path, tables: Path, phase: str
+    processes: int, seconds: float, workdir: Path, db: Path | str, tables: Path, phase: str
 ) -> dict[str, Any]:
     """Start `processes` workers, release them together, collect and summarise their samples."""
     phase_dir = workdir / phase
@@ -217,7 +220,7 @@ def poll_job(worker: str) -> str:
     return f"busy-{worker}"
 
 
-async def prepare(db: Path, base_url: str, processes: int) -> None:
+async def prepare(db: Path | str, base_url: str, processes: int) -> None:
     """Create the database once (so workers do not race on migrations) and script the workers' jobs."""
     async with open_store(db):
         pass
@@ -225,6 +228,31 @@ async def prepare(db: Path, base_url: str, processes: int) -> None:
     await script_running(
         base_url, *(poll_job(f"w{k}-{phase}") for phase, n in phases.items() for k in range(n))
     )
+
+
+@contextmanager
+def scratch_database(engine: str, workdir: Path, pg_url: str) -> Iterator[Path | str]:
+    """A SQLite file in `workdir`, or a scratch schema on the PostgreSQL server (dropped after)."""
+    if engine == "sqlite":
+        yield workdir / "contention.db"
+        return
+    import psycopg
+
+    schema = f"pw_contention_{os.getpid()}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{pg_url}{'&' if '?' in pg_url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+async def budget_violations(db: Path | str) -> int:
+    """Operations whose counted requests exceed their budget (the schema forbids it; counted anyway)."""
+    async with open_store(db) as store:
+        records = await store.list_operations(limit=1_000_000)
+    return sum(1 for r in records if r.status_requests_used > r.max_status_requests)
 
 
 def render(rows: Sequence[dict[str, Any]]) -> str:
@@ -251,7 +279,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "contention.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/contention[_postgres].json")
+    parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument(
+        "--pg-url",
+        default=os.environ.get("POLLWARDEN_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/test",
+        help="with --engine postgres: a database to create a scratch schema in (dropped after)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-id", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
@@ -271,12 +305,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with fake_provider_workdir() as (workdir, base_url):
         tables = workdir / "tables"
         write_fast_and_slow_tables(tables, base_url)
-        db = workdir / "contention.db"
-        anyio.run(prepare, db, base_url, args.processes)
-        rows = [
-            run_phase(1, args.seconds, workdir, db, tables, "baseline"),
-            run_phase(args.processes, args.seconds, workdir, db, tables, "contended"),
-        ]
+        with scratch_database(args.engine, workdir, args.pg_url) as db:
+            anyio.run(prepare, db, base_url, args.processes)
+            rows = [
+                run_phase(1, args.seconds, workdir, db, tables, "baseline"),
+                run_phase(args.processes, args.seconds, workdir, db, tables, "contended"),
+            ]
+            violations = anyio.run(budget_violations, db)
     result = {
         "benchmark": "contention",
         "mix": "per round: start_operation, check_status polled, check_status not_yet x2",
@@ -284,17 +319,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
         "checks_per_second_ratio": round(rows[1]["checks_per_second"] / rows[0]["checks_per_second"], 2),
         "check_p95_ratio": round(rows[1]["check_p95_ms"] / rows[0]["check_p95_ms"], 2),
+        "engine": args.engine,
+        "budget_violations": violations,
     }
+    engine = "SQLite" if args.engine == "sqlite" else "PostgreSQL"
     print(
-        f"{args.processes} processes on one SQLite database vs 1, {args.seconds:g} s each, mixed operations"
+        f"{args.processes} processes on one {engine} database vs 1, {args.seconds:g} s each, mixed operations"
     )
     print(render(rows))
     print(
         f"checks/s x{result['checks_per_second_ratio']}, check p95 x{result['check_p95_ratio']} "
         f"({where['cpu_count']} CPUs)"
     )
-    dump_json(args.out, result, sort_keys=False)
-    print(f"wrote {args.out}")
+    print(f"budget violations: {violations}")
+    out = args.out or RESULTS_DIR / (
+        "contention.json" if args.engine == "sqlite" else "contention_postgres.json"
+    )
+    dump_json(out, result, sort_keys=False)
+    print(f"wrote {out}")
     return 0
 
 

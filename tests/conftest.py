@@ -5,17 +5,19 @@ from collections.abc import Iterator
 import pytest
 
 import harness
+import pg_support
 from pollwarden.store import Engine
 from tests.support.fake_provider import FakeProvider, running_fake_provider
 
-# Every store-touching test runs once per engine here. Adding PostgreSQL is adding
-# its Engine member here and its URL in `harness.database_in`.
-DATABASE_ENGINES: tuple[Engine, ...] = (Engine.SQLITE,)
+# Every store-touching test runs once per engine (PostgreSQL: a schema of its own, see pg_support).
+DATABASE_ENGINES: tuple[Engine, ...] = (Engine.SQLITE, Engine.POSTGRES)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Store-touching tests (every test on the fake provider runs a server and its store) run on every engine."""
-    if "fake" in metafunc.fixturenames:
+    if metafunc.definition.get_closest_marker("postgres_only"):
+        metafunc.parametrize("database_engine", (Engine.POSTGRES,), indirect=True, ids=str)
+    elif "fake" in metafunc.fixturenames or metafunc.definition.get_closest_marker("both_engines"):
         metafunc.parametrize("database_engine", DATABASE_ENGINES, indirect=True, ids=str)
 
 
@@ -23,9 +25,28 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def database_engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     """The engine this test's harness stores its records in (SQLite for tests that touch no store)."""
     engine: Engine = getattr(request, "param", Engine.SQLITE)
+    if engine == Engine.POSTGRES:
+        request.getfixturevalue("postgres_server")
+        if request.node.get_closest_marker("sqlite_only") is not None:
+            pytest.skip("SQLite only: this test is about the SQLite file itself")
     harness.use_engine(engine)
-    yield engine
-    harness.use_engine(Engine.SQLITE)
+    try:
+        yield engine
+    finally:
+        harness.use_engine(Engine.SQLITE)
+        if engine == Engine.POSTGRES:
+            pg_support.drop_schemas()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """The test PostgreSQL server's URL; skips (fails under CI=1) when it cannot be reached."""
+    reason = pg_support.unreachable()
+    if reason is not None:
+        if pg_support.in_ci():
+            pytest.fail(f"{reason} (CI=1: PostgreSQL tests must run)")
+        pytest.skip(reason)
+    return pg_support.server_url()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 from mcp.client import Client
 from mcp_types import CallToolResult
 
+import pg_support
 from pollwarden.clock import FakeClock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.operator_keys import PUBKEYS_ENV, OperatorPolicy, generate_key_file, load_public_keys
@@ -33,8 +35,15 @@ def use_engine(engine: Engine) -> None:
     _current_engine = engine
 
 
+def current_engine() -> Engine:
+    """The engine the running test stores its records in."""
+    return _current_engine
+
+
 def database_in(tmp: Path) -> DatabaseLocation:
-    """The test's database on the current engine: a SQLite file in `tmp` (a server URL for others)."""
+    """The test's database on the current engine: a SQLite file in `tmp`, or a PostgreSQL schema of its own."""
+    if _current_engine == Engine.POSTGRES:
+        return DatabaseLocation.postgres(pg_support.database_url(tmp))
     return DatabaseLocation.sqlite(tmp / "pollwarden.db")
 
 
@@ -68,7 +77,7 @@ def base_table(base_url: str, name: str = "acme") -> dict[str, Any]:
 def acme_table(tmp_path: Path, overrides: Mapping[str, Any]) -> ProviderTable:
     """The `acme` table (on https://api.acme.example) with `overrides`, written to TOML and loaded."""
     path = tmp_path / "acme.toml"
-    path.write_text(to_toml(merge(base_table("https://api.acme.example"), overrides)))
+    path.write_text(table_toml(merge(base_table("https://api.acme.example"), overrides)))
     return load_table(path)
 
 
@@ -92,10 +101,6 @@ def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
-
-
-# The tests' name for the one TOML writer the benchmarks use too.
-to_toml = table_toml
 
 
 class SteppedRandom:
@@ -124,15 +129,18 @@ class Harness:
     http_limits: HttpLimits | None = None  # caps on provider requests (None: the defaults)
     approval_mode: str = "elicitation"
     operator: OperatorPolicy = field(default_factory=OperatorPolicy)  # operator public keys, key required
+    busy_timeout_seconds: float = 5.0  # how long a write waits for another session's lock
+    database_override: DatabaseLocation | None = None  # another location than the test's own
 
     @property
     def database(self) -> DatabaseLocation:
-        return database_in(self.tmp)
+        return self.database_override or database_in(self.tmp)
 
     @property
-    def db_path(self) -> Path:
-        """The SQLite file (the audit readers and the CLI open it directly)."""
-        return self.database.path
+    def db_path(self) -> Any:
+        """The SQLite file (the audit readers and the CLI open it directly); on PostgreSQL, the location."""
+        where = self.database
+        return where.path if where.is_sqlite else where
 
     @property
     def tables_dir(self) -> Path:
@@ -144,6 +152,7 @@ class Harness:
             provider_dirs=(self.tables_dir,),
             approval_mode=self.approval_mode,  # type: ignore[arg-type]
             operator=self.operator,
+            busy_timeout_seconds=self.busy_timeout_seconds,
         )
 
     def server(self) -> Any:
@@ -283,3 +292,56 @@ def operation_record(**changes: Any) -> Any:
         fleet_slot_at=None,
     )
     return replace(base, **changes)
+
+
+def _connect(db: Path | DatabaseLocation) -> Any:
+    """A plain connection to the test's database, SQLite or PostgreSQL (autocommit)."""
+    if isinstance(db, DatabaseLocation) and not db.is_sqlite:
+        import psycopg
+
+        return psycopg.connect(db.dsn, autocommit=True)
+    path = db.path if isinstance(db, DatabaseLocation) else db
+    return sqlite3.connect(path, isolation_level=None, timeout=10)
+
+
+def _placeholders(db: Path | DatabaseLocation, sql: str) -> str:
+    return sql.replace("?", "%s") if isinstance(db, DatabaseLocation) and not db.is_sqlite else sql
+
+
+def db_rows(db: Path | DatabaseLocation, sql: str, *params: object) -> list[dict[str, Any]]:
+    """Rows of one statement (``?`` placeholders) on either engine, as dicts: what the test reads directly."""
+    conn = _connect(db)
+    try:
+        cursor = conn.execute(_placeholders(db, sql), params)
+        names = [str(d[0]) for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        conn.close()
+
+
+def db_write(db: Path | DatabaseLocation, sql: str, *params: object) -> None:
+    """One statement written by hand (what someone with write access to the database could do)."""
+    conn = _connect(db)
+    try:
+        conn.execute(_placeholders(db, sql), params)
+    finally:
+        conn.close()
+
+
+def db_snapshot(db: Path | DatabaseLocation) -> tuple[Any, ...]:
+    """Every table's rows, in a stable order: what a refused call must leave as it was (one connection)."""
+    postgres = isinstance(db, DatabaseLocation) and not db.is_sqlite
+    listing = (
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1"
+        if postgres
+        else "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+    )
+    conn = _connect(db)
+    try:
+        tables = [str(row[0]) for row in conn.execute(listing).fetchall()]
+        return tuple(
+            (table, sorted(map(repr, conn.execute(f'SELECT * FROM "{table}"').fetchall())))
+            for table in tables
+        )
+    finally:
+        conn.close()

@@ -68,7 +68,7 @@ def question_lines(approval: ApprovalRecord) -> list[str]:
 
 
 async def _list(config: ServerConfig, show_all: bool) -> int:
-    writable_existing_database(config.db_path)
+    writable_existing_database(config.database)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:
@@ -126,7 +126,7 @@ async def _decide(
 ) -> int:
     verb = "approve" if approve else "deny"
     key = operator_key_for(config, key_path) if key_path else None
-    writable_existing_database(config.db_path)
+    writable_existing_database(config.database)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:

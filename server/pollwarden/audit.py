@@ -12,7 +12,8 @@ Writing is the store's: `pollwarden.audit_entry` builds a row's payload and
 its link to the chain head, and the engine reads the head and inserts the row
 inside the transaction that made the decision. Reading, verifying, anchoring
 and exporting here use plain ``sqlite3`` on a read-only connection, so they
-work offline on a copy of the database file.
+work offline on a copy of the database file; on PostgreSQL they read through a
+read-only session (`pollwarden.store.postgres.offline`).
 
 What the chain can and cannot prove:
 
@@ -45,13 +46,18 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO, cast
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 
 from pollwarden.canonical import canonical_json
 from pollwarden.errors import AuditError, AuditKeyError
 from pollwarden.files import write_private_file
 from pollwarden.timefmt import rfc3339 as format_timestamp
 from pollwarden.untrusted import one_line, quoted
+
+if TYPE_CHECKING:
+    from pollwarden.store.location import DatabaseLocation
+
+# Where the audit lives: a SQLite file (a path), or any database location (a URL or a `DatabaseLocation`).
 
 __all__ = [
     "AUDIT_KEY_ENV",
@@ -144,16 +150,34 @@ def key_mismatch(head_seq: int, head_keyed: bool, key: bytes | None) -> str | No
     return None
 
 
-def key_problem(db_path: Path, key: bytes | None) -> str | None:
+class _Rows(Protocol):
+    def fetchone(self) -> Any: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class AuditReader(Protocol):
+    """What the readers need of a connection: `execute(sql with ? placeholders, parameters)`."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> _Rows: ...
+
+
+def _location(db: Path | str | DatabaseLocation) -> DatabaseLocation:
+    from pollwarden.store.location import DatabaseLocation
+
+    return db if isinstance(db, DatabaseLocation) else DatabaseLocation.parse(db)
+
+
+def key_problem(db_path: Path | str | DatabaseLocation, key: bytes | None) -> str | None:
     """Why a server with `key` (or without one) must not append to this chain, or None when it may.
 
     Checked when a server starts, before any request is sent: a chain whose
     head disagrees with the key would refuse the first audit row, and a status
     request's answer must never be sent without being recorded.
     """
-    if not Path(db_path).is_file():
+    where = _location(db_path)
+    if where.is_sqlite and not where.path.is_file():
         return None
-    with _open_ro(Path(db_path)) as conn:
+    with _open_ro(where) as conn:
         head = conn.execute("SELECT seq, keyed FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
     return None if head is None else key_mismatch(int(head[0]), bool(head[1]), key)
 
@@ -255,8 +279,16 @@ def _connect_ro(db_path: Path, *, immutable: bool) -> sqlite3.Connection:
 
 
 @contextmanager
-def _open_ro(db_path: Path) -> Generator[sqlite3.Connection]:
+def _open_ro(db: Path | str | DatabaseLocation) -> Generator[AuditReader]:
     """Open the database read-only; never creates it, never writes to it."""
+    where = _location(db)
+    if not where.is_sqlite:
+        from pollwarden.store.postgres.offline import read_only
+
+        with read_only(where) as reader:
+            yield reader
+        return
+    db_path = where.path
     if not db_path.is_file():
         raise AuditError(f"audit database not found: {db_path}")
     try:
@@ -306,7 +338,7 @@ def _to_row(raw: tuple[object, ...]) -> AuditRow:
     )
 
 
-def _iter_rows(conn: sqlite3.Connection, operation_id: str | None) -> Iterator[AuditRow]:
+def _iter_rows(conn: AuditReader, operation_id: str | None) -> Iterator[AuditRow]:
     if operation_id is None:
         cursor = conn.execute(_SELECT_ROWS + " ORDER BY seq")
     else:
@@ -315,23 +347,23 @@ def _iter_rows(conn: sqlite3.Connection, operation_id: str | None) -> Iterator[A
         yield _to_row(tuple(raw))
 
 
-def read_rows(db_path: Path, operation_id: str | None = None) -> list[AuditRow]:
+def read_rows(db_path: Path | str | DatabaseLocation, operation_id: str | None = None) -> list[AuditRow]:
     """All audit rows in chain order, or only those of ``operation_id``.
 
     Opens the file read-only (works on an offline copy). Raises :class:`AuditError`
     when the file or the audit table is missing.
     """
-    with _open_ro(Path(db_path)) as conn:
+    with _open_ro(db_path) as conn:
         return list(_iter_rows(conn, operation_id))
 
 
-def _rekey_seq(conn: sqlite3.Connection) -> int | None:
+def _rekey_seq(conn: AuditReader) -> int | None:
     row = conn.execute("SELECT seq FROM audit WHERE kind = ? ORDER BY seq LIMIT 1", (REKEY_KIND,)).fetchone()
     return None if row is None else int(row[0])
 
 
 def verify_chain(
-    db_path: Path,
+    db_path: Path | str | DatabaseLocation,
     key: bytes | None,
     anchor: Anchor | None = None,
     *,
@@ -372,7 +404,7 @@ def verify_chain(
             mode=mode,
         )
 
-    with _open_ro(Path(db_path)) as conn:
+    with _open_ro(db_path) as conn:
         rekey_seq = _rekey_seq(conn)
         for raw in conn.execute(_SELECT_ROWS + " ORDER BY seq"):
             seq, operation_id, at, kind, payload, stored_prev, stored_hash, keyed_flag = raw
@@ -460,7 +492,7 @@ def verify_chain(
     )
 
 
-def rekey_chain(db_path: Path, key: bytes, *, by: str, at: datetime) -> int:
+def rekey_chain(db_path: Path | str | DatabaseLocation, key: bytes, *, by: str, at: datetime) -> int:
     """Start keying an unkeyed chain: verify it, then append the keyed re-key row; return its seq.
 
     The only way a keyed server may continue an unkeyed chain. Under the write
@@ -471,6 +503,12 @@ def rekey_chain(db_path: Path, key: bytes, *, by: str, at: datetime) -> int:
     """
     from pollwarden.store.sqlite.rows import append_audit  # the engine's one append path
 
+    where = _location(db_path)
+    if not where.is_sqlite:
+        from pollwarden.store.postgres.offline import rekey
+
+        return rekey(where, key, by=by, at=at)
+    db_path = where.path
     with closing(sqlite3.connect(str(db_path), isolation_level=None)) as conn:
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -507,7 +545,7 @@ def rekey_chain(db_path: Path, key: bytes, *, by: str, at: datetime) -> int:
         return seq
 
 
-def write_anchor(db_path: Path, out: Path) -> Anchor:
+def write_anchor(db_path: Path | str | DatabaseLocation, out: Path) -> Anchor:
     """Record the current chain head (seq and hash) in a JSON file at ``out`` and return it.
 
     Keep the file where whoever can write the database cannot (another host, a
@@ -516,7 +554,7 @@ def write_anchor(db_path: Path, out: Path) -> Anchor:
     with a random name, then a rename that never writes through a symlink
     (:func:`pollwarden.files.write_private_file`).
     """
-    with _open_ro(Path(db_path)) as conn:
+    with _open_ro(db_path) as conn:
         head = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
     seq, digest = (0, GENESIS_HASH) if head is None else (int(head[0]), str(head[1]))
     anchor = Anchor(seq=seq, hash=digest, at=format_timestamp(datetime.now(UTC)))
@@ -546,7 +584,7 @@ def read_anchor(path: Path) -> Anchor:
     return Anchor(seq=seq, hash=digest, at=at)
 
 
-def export_jsonl(db_path: Path, out: TextIO, operation_id: str | None = None) -> int:
+def export_jsonl(db_path: Path | str | DatabaseLocation, out: TextIO, operation_id: str | None = None) -> int:
     """Write one JSON object per audit row (chain order) to ``out``; return the number of rows.
 
     Each object has every column; ``payload`` is the parsed object and
@@ -554,7 +592,7 @@ def export_jsonl(db_path: Path, out: TextIO, operation_id: str | None = None) ->
     re-verified without the database.
     """
     count = 0
-    with _open_ro(Path(db_path)) as conn:
+    with _open_ro(db_path) as conn:
         for row in _iter_rows(conn, operation_id):
             record: dict[str, object] = {
                 "seq": row.seq,

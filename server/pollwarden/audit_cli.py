@@ -43,6 +43,7 @@ from pollwarden.cli_options import (
     with_examples,
 )
 from pollwarden.files import prepare_database_file, write_private_file
+from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.sqlite.offline import flush_refusals_before_reading
 from pollwarden.untrusted import quoted
 
@@ -55,11 +56,11 @@ EXIT_USAGE = 2
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _on_database(handler: Callable[[argparse.Namespace, Path], int]) -> Handler:
+def _on_database(handler: Callable[[argparse.Namespace, DatabaseLocation], int]) -> Handler:
     """Find the database as every command does (--db, POLLWARDEN_DB, the data directory); never create one."""
 
     def run(args: argparse.Namespace) -> int:
-        db = database_from(args).location.path
+        db = database_from(args).location
         require_existing_database(db)
         return handler(args, db)
 
@@ -77,11 +78,17 @@ def _describe(result: VerifyResult) -> str:
     return "\n".join([verdict, *describe_mode(result)])
 
 
-def _bring_story_up_to_date(args: argparse.Namespace, db: Path) -> None:
+def _bring_story_up_to_date(args: argparse.Namespace, db: DatabaseLocation) -> None:
     """Refused calls counted since the last row are written first (their summary rows), if the file allows."""
-    why_not = flush_refusals_before_reading(
-        db, audit_key=audit_key_from_env(), busy_timeout=database_from(args).busy_timeout_seconds
-    )
+    busy_timeout = database_from(args).busy_timeout_seconds
+    if db.is_sqlite:
+        why_not = flush_refusals_before_reading(
+            db.path, audit_key=audit_key_from_env(), busy_timeout=busy_timeout
+        )
+    else:
+        from pollwarden.store.postgres.offline import flush_refusals_before_reading as flush_pg
+
+        why_not = flush_pg(db, audit_key=audit_key_from_env(), busy_timeout=busy_timeout)
     if why_not is not None:
         print(
             f"pollwarden audit: refused calls counted since the last row are not shown ({why_not})",
@@ -89,7 +96,7 @@ def _bring_story_up_to_date(args: argparse.Namespace, db: Path) -> None:
         )
 
 
-def _show(args: argparse.Namespace, db: Path) -> int:
+def _show(args: argparse.Namespace, db: DatabaseLocation) -> int:
     operation_id: str = args.operation
     _bring_story_up_to_date(args, db)
     rows = read_rows(db, operation_id)
@@ -101,7 +108,7 @@ def _show(args: argparse.Namespace, db: Path) -> int:
     return EXIT_OK
 
 
-def _export(args: argparse.Namespace, db: Path) -> int:
+def _export(args: argparse.Namespace, db: DatabaseLocation) -> int:
     operation_id: str | None = args.operation
     out: str | None = args.out
     _bring_story_up_to_date(args, db)
@@ -121,7 +128,7 @@ def _export(args: argparse.Namespace, db: Path) -> int:
     return EXIT_OK
 
 
-def _verify(args: argparse.Namespace, db: Path) -> int:
+def _verify(args: argparse.Namespace, db: DatabaseLocation) -> int:
     anchor_file: str | None = args.anchor
     anchor = read_anchor(Path(anchor_file)) if anchor_file is not None else None
     result = verify_chain(db, audit_key_from_env(), anchor, rekeyed_at=args.rekeyed_at)
@@ -131,7 +138,7 @@ def _verify(args: argparse.Namespace, db: Path) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
-def _anchor(args: argparse.Namespace, db: Path) -> int:
+def _anchor(args: argparse.Namespace, db: DatabaseLocation) -> int:
     out = Path(str(args.out))
     result = verify_chain(db, audit_key_from_env(), rekeyed_at=args.rekeyed_at)
     if not result.ok:
@@ -159,7 +166,7 @@ def _add_rekeyed_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _rekey(args: argparse.Namespace, db: Path) -> int:
+def _rekey(args: argparse.Namespace, db: DatabaseLocation) -> int:
     key = audit_key_from_env()
     if key is None:
         print(
@@ -167,9 +174,10 @@ def _rekey(args: argparse.Namespace, db: Path) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if not db.is_file():
-        raise AuditError(f"audit database not found: {db}")
-    prepare_database_file(db)
+    if db.is_sqlite:
+        if not db.path.is_file():
+            raise AuditError(f"audit database not found: {db}")
+        prepare_database_file(db.path)
     by: str = args.by
     try:
         seq = rekey_chain(db, key, by=by, at=datetime.now(UTC))

@@ -16,7 +16,13 @@ from typing import TextIO
 from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
 from pollwarden.cli_options import add_database_options, database_from, with_examples
-from pollwarden.config import ServerConfig, load_config, load_provider_tables
+from pollwarden.config import (
+    STATE_KEY_ENV,
+    ServerConfig,
+    load_config,
+    load_provider_tables,
+    state_keys_from_env,
+)
 from pollwarden.console.cli import add_console_command
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
@@ -66,8 +72,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = serve_config(args)
     tables = load_provider_tables(config)  # refuses a wrong provider table before serving
     factory = controller_factory(config, tables=tables)
-    server = build_server(factory)
-    log.info("pollwarden serving (%s), database %s", args.transport, config.db_path)
+    state_keys = state_keys_from_env()
+    if http is not None and not state_keys and not config.database.is_sqlite:
+        log.warning(
+            "serving HTTP on a shared PostgreSQL database without %s: an approval asked through this "
+            "instance can be answered only through this instance and before it restarts; set the same "
+            "key on every instance",
+            STATE_KEY_ENV,
+        )
+    server = build_server(factory, state_keys=state_keys)
+    log.info("pollwarden serving (%s), database %s", args.transport, config.database)
     if http is not None:
         run_http(server, http, wrap=serve_wrapper(config, tables))  # with POST /webhooks/{provider}
     else:

@@ -8,14 +8,16 @@ from pathlib import Path
 from pollwarden.config import BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS, DB_ENV, DatabaseChoice, database_choice
 from pollwarden.errors import StoreError
 from pollwarden.files import missing_directory, prepare_database_file
+from pollwarden.store.location import DatabaseLocation
 
 
 def add_database_options(parser: argparse.ArgumentParser) -> None:
     """``--db`` and ``--busy-timeout``, with the same environment variables and defaults everywhere."""
     parser.add_argument(
         "--db",
-        metavar="PATH",
-        help=f"the SQLite file every pollwarden process shares, or a sqlite:/// URL (env {DB_ENV}; default: "
+        metavar="PATH_OR_URL",
+        help=f"the SQLite file every pollwarden process shares, a sqlite:/// URL, or a PostgreSQL database "
+        f"postgresql://user@host:5432/dbname (env {DB_ENV}; default: "
         "pollwarden.db in the user's data directory, e.g. ~/.local/share/pollwarden/pollwarden.db)",
     )
     parser.add_argument(
@@ -32,14 +34,25 @@ def database_from(args: argparse.Namespace) -> DatabaseChoice:
     return database_choice(args.db, args.busy_timeout)
 
 
-def writable_existing_database(path: Path) -> None:
-    """An operator command that writes a decision: the file must exist (never created) and be safe to open."""
+def writable_existing_database(where: Path | DatabaseLocation) -> None:
+    """An operator command that writes a decision: the file must exist (never created) and be safe to open.
+
+    A PostgreSQL database is checked when it is opened (a wrong URL is a clear error there).
+    """
+    if isinstance(where, DatabaseLocation) and not where.is_sqlite:
+        return
+    path = where.path if isinstance(where, DatabaseLocation) else where
     require_existing_database(path)
     prepare_database_file(path)
 
 
-def require_existing_database(path: Path) -> None:
+def require_existing_database(where: Path | DatabaseLocation) -> None:
     """Refuse a missing file: operator commands read a server's database and never create one."""
+    if isinstance(where, DatabaseLocation):
+        if not where.is_sqlite:
+            return
+        where = where.path
+    path = where
     if not path.parent.is_dir():
         raise missing_directory(path)
     if not path.exists():

@@ -25,6 +25,28 @@ DB_ENV = "POLLWARDEN_DB"
 
 ApprovalMode = Literal["elicitation", "tool-confirmation"]
 
+# The key(s) sealing the 2026-07-28 era's request state, comma-separated (the first seals, all unseal).
+STATE_KEY_ENV = "POLLWARDEN_STATE_KEY"
+MIN_STATE_KEY_LENGTH = 32
+
+
+def state_keys_from_env(environ: Mapping[str, str] = os.environ) -> tuple[bytes, ...]:
+    """The request-state keys from POLLWARDEN_STATE_KEY (none when unset); a short key is a ConfigError.
+
+    Every HTTP instance serving one database must share them: an approval asked
+    through one instance may be answered through another, or after a restart.
+    The key is never printed.
+    """
+    raw = environ.get(STATE_KEY_ENV, "")
+    keys = [k.strip() for k in raw.split(",") if k.strip()]
+    for index, key in enumerate(keys, start=1):
+        if len(key) < MIN_STATE_KEY_LENGTH:
+            raise ConfigError(
+                f"{STATE_KEY_ENV}: key {index} has {len(key)} characters; use at least "
+                f"{MIN_STATE_KEY_LENGTH} random ones, e.g. the output of: openssl rand -hex 32"
+            )
+    return tuple(k.encode("utf-8") for k in keys)
+
 
 def default_db_path(environ: Mapping[str, str] = os.environ) -> Path:
     """A file in the user's data directory (XDG on Linux, Application Support on macOS)."""

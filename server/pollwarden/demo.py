@@ -95,7 +95,9 @@ def run_demo(db: str | None = None) -> int:
         tables = Path(tmp) / "tables"
         tables.mkdir()
         (tables / "demo-export.toml").write_text(DEMO_TABLE.format(base_url=fake.base_url))
-        db_path = Path(db).resolve() if db else Path(tmp) / "demo.db"
+        where = DatabaseLocation.parse(db) if db else DatabaseLocation.sqlite(Path(tmp) / "demo.db")
+        if where.is_sqlite:
+            where = DatabaseLocation.sqlite(where.path.resolve())
         fake.script(
             "exp_71c",
             [
@@ -107,8 +109,8 @@ def run_demo(db: str | None = None) -> int:
             ],
         )
         fake.script("exp_stuck", [pending("running")])
-        config = ServerConfig(database=DatabaseLocation.sqlite(db_path), provider_dirs=(tables,))
-        _say(f"fake provider on {fake.base_url}; database {db_path}")
+        config = ServerConfig(database=where, provider_dirs=(tables,))
+        _say(f"fake provider on {fake.base_url}; database {where}")
         done, stuck = anyio.run(_run_jobs, config)
         _say(
             f"\nprovider saw {fake.status_requests('exp_71c')} + {fake.status_requests('exp_stuck')} "
@@ -117,9 +119,9 @@ def run_demo(db: str | None = None) -> int:
         )
         for operation_id in ("demo-export-ok", "demo-export-stuck"):
             _say(f"\naudit story of {operation_id} (pollwarden audit show {operation_id}):")
-            for line in render_story(read_rows(db_path, operation_id)):
+            for line in render_story(read_rows(where, operation_id)):
                 _say(f"  {line}")
-        verdict = verify_chain(db_path, None)
+        verdict = verify_chain(where, None)
         _say(f"\naudit chain: {'OK' if verdict.ok else 'BROKEN'}, {verdict.rows_checked} rows")
         ok = (
             done["status"] == "succeeded"

@@ -90,7 +90,7 @@ async def _reopen(config: ServerConfig, operation_id: str, reason: str, by: str,
         raise ConfigError("--reason must say what was fixed, e.g. --reason 'rotated the API token'")
     reason = reason[:MAX_REASON]
     key = _operator_key(config, key_path) if key_path else None
-    writable_existing_database(config.db_path)
+    writable_existing_database(config.database)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio
@@ -34,6 +33,7 @@ from mcp.server.mcpserver.exceptions import (
     ToolError,
     UnexpectedToolError,
 )
+from mcp.server.request_state import RequestStateSecurity
 from mcp.server.streamable_http import EventStore
 from mcp.server.streamable_http_manager import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
@@ -140,7 +140,7 @@ def controller_factory(
                 audit_key=audit_key_from_env(env),
                 busy_timeout_seconds=config.busy_timeout_seconds,
             ) as store:
-                if (problem := key_problem(config.db_path, audit_key_from_env(env))) is not None:
+                if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
                 yield Controller(
                     store=store,
@@ -521,9 +521,20 @@ def _reader_of(context: object) -> Reader | None:
 
 
 def build_server(
-    factory: ControllerFactory, *, name: str = "pollwarden", watch_interval: float = WATCH_INTERVAL_SECONDS
+    factory: ControllerFactory,
+    *,
+    name: str = "pollwarden",
+    watch_interval: float = WATCH_INTERVAL_SECONDS,
+    state_keys: Sequence[bytes] = (),
 ) -> MCPServer[ServerContext]:
-    """The MCP server with its tools, resources and resource subscriptions."""
+    """The MCP server with its tools, resources and resource subscriptions.
+
+    `state_keys` seal the 2026-07-28 era's request state (an elicitation's
+    answer comes back in a retried call): instances that share a key accept each
+    other's state, so the answer may reach another instance or a restarted one.
+    The first key seals, every key unseals (rotation). Without keys the SDK uses
+    a key of this process only.
+    """
     bus = InMemorySubscriptionBus()
     subscriptions = Subscriptions()
 
@@ -548,8 +559,14 @@ def build_server(
                 yield context
                 watchers.cancel_scope.cancel()
 
+    security = RequestStateSecurity(keys=list(state_keys)) if state_keys else None
     mcp = PollwardenServer(
-        name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0", subscriptions=bus
+        name,
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        version="0.1.0",
+        subscriptions=bus,
+        request_state_security=security,
     )
     mcp.middleware.append(surface_middleware)
     mcp.middleware.append(listen_middleware(subscriptions, _reader_of))
@@ -823,8 +840,8 @@ def build_server(
         controller = _controller(ctx)
         await _read(controller.load(operation_id))
         await _read(controller.store.flush_refusals(operation_id))  # the story is told up to now
-        db: Path = controller.store.location.path
-        rows = await anyio.to_thread.run_sync(lambda: read_rows(db, operation_id))
+        where = controller.store.location
+        rows = await anyio.to_thread.run_sync(lambda: read_rows(where, operation_id))
         return "\n".join(render_story(rows)) + "\n"
 
     return mcp

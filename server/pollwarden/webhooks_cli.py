@@ -76,7 +76,7 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
         options.host,
         options.port,
         ", ".join(_with_webhooks(tables)) or "(no table has [webhook])",
-        config.db_path,
+        config.database,
     )
     serve_app(app, options, security)
     return 0

@@ -8,7 +8,7 @@ of the guarantees (the counter covers what the provider saw; the dead owner's
 lease blocks every check until it expires, then is recovered; no request beyond
 the budget; the audit chain intact and telling the recovery once).
 
-Used by tests/test_crash.py (a few runs) and `python -m benchmarks.crash_matrix` (the full matrix).
+Used by tests/integration/test_crash.py (a few runs) and `python -m benchmarks.crash_matrix` (the full matrix).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 from pollwarden.steps import CheckStep
 from tests.support.fake_provider import pending
 from tests.support.live import (
+    Database,
     FakeControl,
     Rigging,
     audit_kinds,
@@ -89,7 +90,7 @@ async def crash_once(
     step: CheckStep,
     *,
     run: int,
-    db: Path,
+    db: Database,
     tables: Path,
     fake: FakeControl,
     workdir: Path,
@@ -219,7 +220,7 @@ async def crash_once(
 
 
 def _recovery_server(
-    running: Client | None, db: Path, tables: Path, errlog: Path
+    running: Client | None, db: Database, tables: Path, errlog: Path
 ) -> AbstractAsyncContextManager[Client]:
     if running is not None:
         return _Borrowed(running)

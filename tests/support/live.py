@@ -289,10 +289,10 @@ def in_process_client(factory: ControllerFactory) -> Client:
     return Client(build_server(factory))
 
 
-def timing_controller_factory(db: Path, base_url: str) -> ControllerFactory:
+def timing_controller_factory(db: Database, base_url: str) -> ControllerFactory:
     """The controller on `db` with only the timing tables ("fast" and "slow") for the fake at `base_url`."""
     tables = {name: ProviderTable.model_validate(t) for name, t in fast_and_slow_tables(base_url).items()}
-    return controller_factory(ServerConfig(database=DatabaseLocation.sqlite(db)), tables=tables)
+    return controller_factory(ServerConfig(database=_location(db)), tables=tables)
 
 
 # -- pollwarden serve over stdio -------------------------------------------------------------
@@ -308,7 +308,7 @@ class Rigging:
 
 
 def serve_params(
-    db: Path, providers_dir: Path, env: Mapping[str, str] | None = None, rigging: Rigging = Rigging()
+    db: Database, providers_dir: Path, env: Mapping[str, str] | None = None, rigging: Rigging = Rigging()
 ) -> StdioServerParameters:
     """`python -m pollwarden serve --db DB --providers DIR` as a stdio MCP server.
 
@@ -325,7 +325,7 @@ def serve_params(
             command += ["--fault-step", rigging.fault_step]
         if rigging.lease_seconds is not None:
             command += ["--lease-seconds", str(rigging.lease_seconds)]
-    serve = ["serve", "--db", str(db), "--providers", str(providers_dir)]
+    serve = ["serve", "--db", db_argument(db), "--providers", str(providers_dir)]
     if rigging.busy_timeout_seconds is not None:
         serve += ["--busy-timeout", str(rigging.busy_timeout_seconds)]
     return StdioServerParameters(
@@ -335,7 +335,7 @@ def serve_params(
 
 @asynccontextmanager
 async def stdio_server(
-    db: Path,
+    db: Database,
     providers_dir: Path,
     *,
     errlog: Path,
@@ -367,22 +367,46 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
 # -- the database, read directly --------------------------------------------------------------
 
 
+# A database for the checks: a SQLite file, or a PostgreSQL location (the same checks on both engines).
+Database = Path | DatabaseLocation
+
+
+def _location(db: Database) -> DatabaseLocation:
+    return db if isinstance(db, DatabaseLocation) else DatabaseLocation.sqlite(db)
+
+
+def db_argument(db: Database) -> str:
+    """What `--db` is given for `db` (a PostgreSQL URL as written, password included)."""
+    where = _location(db)
+    return str(where.path) if where.is_sqlite else where.dsn
+
+
 @contextmanager
-def _read_only(db: Path) -> Generator[sqlite3.Connection]:
-    """A separate read-only connection to `db`, closed afterwards."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
+def _read_only(db: Database) -> Generator[Any]:
+    """A separate read-only connection to `db` (``?`` placeholders on both engines), closed afterwards."""
+    where = _location(db)
+    if not where.is_sqlite:
+        from pollwarden.store.postgres.offline import read_only
+
+        with read_only(where) as session:
+            yield session
+        return
+    conn = sqlite3.connect(f"file:{where.path}?mode=ro", uri=True, timeout=10.0)
     try:
         yield conn
     finally:
         conn.close()
 
 
-def read_record(db: Path, operation_id: str) -> dict[str, Any] | None:
+def read_record(db: Database, operation_id: str) -> dict[str, Any] | None:
     """The operation row as a dict, read through a separate read-only connection."""
     with _read_only(db) as conn:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM operations WHERE operation_id = ?", (operation_id,)).fetchone()
-        return None if row is None else dict(row)
+        cursor = conn.execute("SELECT * FROM operations WHERE operation_id = ?", (operation_id,))
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        names = [str(d[0]) for d in cursor.description]
+        return dict(zip(names, row, strict=True))
 
 
 def record_problems(record: Mapping[str, Any] | None) -> list[str]:
@@ -415,15 +439,20 @@ def record_problems(record: Mapping[str, Any] | None) -> list[str]:
     return problems
 
 
-def audit_kinds(db: Path, operation_id: str) -> list[str]:
+def audit_kinds(db: Database, operation_id: str) -> list[str]:
     """The kinds of the operation's audit rows, in chain order."""
     with _read_only(db) as conn:
         rows = conn.execute("SELECT kind FROM audit WHERE operation_id = ? ORDER BY seq", (operation_id,))
         return [str(r[0]) for r in rows]
 
 
-def integrity_check(db: Path) -> str:
-    """SQLite's own `PRAGMA integrity_check` ("ok" when the file is sound)."""
+def integrity_check(db: Database) -> str:
+    """SQLite's own `PRAGMA integrity_check` ("ok" when the file is sound); PostgreSQL: every row readable."""
+    if not _location(db).is_sqlite:
+        with _read_only(db) as conn:
+            conn.execute("SELECT count(*) FROM operations").fetchone()
+            conn.execute("SELECT count(*) FROM audit").fetchone()
+        return "ok"
     with _read_only(db) as conn:
         row = conn.execute("PRAGMA integrity_check").fetchone()
         return str(row[0]) if row else "no answer"
@@ -453,9 +482,9 @@ def pollwarden_cli(*args: str, env: Mapping[str, str] | None = None, timeout: fl
     return CommandResult(done.returncode, done.stdout, done.stderr)
 
 
-def audit_verify(db: Path) -> CommandResult:
+def audit_verify(db: Database) -> CommandResult:
     """`pollwarden audit verify --db DB` (exit 0 when the chain is intact)."""
-    return pollwarden_cli("audit", "verify", "--db", str(db))
+    return pollwarden_cli("audit", "verify", "--db", db_argument(db))
 
 
 async def wait_until_gone(pid: int, within_seconds: float = 10.0) -> bool:

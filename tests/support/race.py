@@ -9,7 +9,7 @@ provider's own request log is the evidence: per trial, the status requests it
 received never exceed the budget, two of them are never in flight at once, and
 each one is a `polled` answer some process returned (no invisible request).
 
-Used by tests/test_race.py (CI size) and `python -m benchmarks.stress_race` (the full run).
+Used by tests/integration/test_race.py (CI size) and `python -m benchmarks.stress_race` (the full run).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from mcp.client import Client
 
 from tests.support.fake_provider import Step, http, pending, succeeded
 from tests.support.live import (
+    Database,
     FakeControl,
     audit_verify,
     call,
@@ -88,11 +89,11 @@ class Fleet:
     """The server processes and their clients, started once and reused by every trial."""
 
     clients: list[Client]
-    db: Path
+    db: Database
 
 
 async def _start_fleet(
-    stack: AsyncExitStack, processes: int, db: Path, tables: Path, workdir: Path
+    stack: AsyncExitStack, processes: int, db: Database, tables: Path, workdir: Path
 ) -> list[Client]:
     """Start the processes concurrently; each client is entered and left by its own task."""
     clients: list[Client | None] = [None] * processes
@@ -199,11 +200,17 @@ async def run_trial(fleet: Fleet, fake: FakeControl, trial: int, budget: int, ta
 
 
 async def run_stress(
-    *, trials: int, processes: int = 8, budget: int = 5, time_limit: float = 1800.0, workdir: Path
+    *,
+    trials: int,
+    processes: int = 8,
+    budget: int = 5,
+    time_limit: float = 1800.0,
+    workdir: Path,
+    database: Database | None = None,
 ) -> dict[str, Any]:
-    """Run the trials and return the summary (with every trial's result)."""
+    """Run the trials and return the summary (with every trial's result); `database` defaults to a SQLite file."""
     wall_start = time.monotonic()
-    db = workdir / "race.db"
+    db: Database = database if database is not None else workdir / "race.db"
     tables = workdir / "tables"
     results: list[TrialResult] = []
     with fake_provider_process(workdir) as base_url:

@@ -132,6 +132,11 @@ def cmd_console(args: argparse.Namespace) -> int:
                 f"the operator requires an operator key for every decision ({REQUIRE_ENV}): start the console "
                 "with --operator-key FILE. Nothing was started"
             )
+    if not config.database.is_sqlite:
+        raise ConfigError(
+            f"the console reads a SQLite file; {config.database} is a PostgreSQL database, which it does not "
+            "read yet. Use the approvals, reopen and audit commands with --db on PostgreSQL. Nothing was started"
+        )
     writable_existing_database(config.db_path)
     settings = ConsoleSettings(
         config=config,

@@ -7,7 +7,8 @@ with the same guarantees: the reservation is committed (durably) before the
 request leaves, anything that spends a budget or a fleet pace is guarded
 against every other process, the audit chain stays one chain, and times come
 from the caller's clock, never the database's. `open_store` picks the engine
-from the database location. SQLite (`store/sqlite/`) is the one engine today.
+from the database location: SQLite (`store/sqlite/`, the embedded default) or
+PostgreSQL (`store/postgres/`, the optional extra ``pollwarden[postgres]``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Protocol
 
+from pollwarden.errors import StoreError
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
 from pollwarden.store.location import DatabaseLocation, Engine
 from pollwarden.store.sqlite.engine import open_sqlite
@@ -294,5 +296,16 @@ async def open_store(
 ) -> AsyncGenerator[Store]:
     """Open (creating and migrating) the database at `location`: a path, a URL, or a `DatabaseLocation`."""
     where = location if isinstance(location, DatabaseLocation) else DatabaseLocation.parse(location)
+    if where.engine == Engine.POSTGRES:
+        try:
+            from pollwarden.store.postgres.engine import open_postgres
+        except ImportError as exc:
+            raise StoreError(
+                f"{where} is a PostgreSQL database, but the PostgreSQL driver is not installed ({exc.name}); "
+                "install it with: pip install 'pollwarden[postgres]'"
+            ) from None
+        async with open_postgres(where, audit_key=audit_key, busy_timeout=busy_timeout_seconds) as pg:
+            yield pg
+        return
     async with open_sqlite(where, audit_key=audit_key, busy_timeout=busy_timeout_seconds) as store:
         yield store

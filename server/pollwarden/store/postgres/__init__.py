@@ -1,0 +1,1 @@
+"""The PostgreSQL engine (optional extra ``pollwarden[postgres]``): psycopg 3 and its pool."""

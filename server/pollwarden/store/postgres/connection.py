@@ -1,0 +1,292 @@
+"""The PostgreSQL connections (a psycopg 3 pool), one transaction at a time on one of them.
+
+Every store operation borrows a connection and runs one transaction on it in
+pipeline mode (`Tx`): statements are queued, and only reading a result or the
+COMMIT costs a round trip, so a transaction is as many trips as it has
+results it must read before deciding what to write, plus one.
+
+Durability: `synchronous_commit` is on for every transaction except the one
+that only counts a refused call (the same trade as SQLite's NORMAL: nothing
+that decides a budget reads that counter). If the connection is lost during a
+COMMIT, its outcome is unknown; the error reaches the controller, which sends
+nothing (a reservation that did commit holds its lease until it expires, as
+after a crash).
+
+Errors become `StoreError`s that say what happened and what to do; the URL in
+them has its password masked, and no SQL parameter is ever quoted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, LiteralString, cast
+
+import psycopg
+import psycopg.errors
+from psycopg import AsyncConnection, AsyncCursor
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from pollwarden.errors import StoreError
+from pollwarden.store.location import DatabaseLocation
+from pollwarden.store.postgres import schema
+
+Connection = AsyncConnection[TupleRow]
+Row = tuple[Any, ...]
+Params = Mapping[str, object] | Sequence[object]
+
+
+@dataclass
+class EngineStats:
+    """Counted, not guessed: round trips and commits since the store opened."""
+
+    trips: int = 0
+    commits: int = 0
+    relaxed_commits: int = 0
+    rollbacks: int = 0
+
+
+def _value(value: object) -> object:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, str) and "\x00" in value:
+        # PostgreSQL text cannot hold NUL; SQLite can. Stored as U+FFFD (a lookup by such an id finds nothing).
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
+def plain(params: Params) -> Params:
+    """Parameters as PostgreSQL takes them: vocabulary words as their text, NUL as U+FFFD."""
+    if isinstance(params, Mapping):
+        return {k: _value(v) for k, v in params.items()}
+    return [_value(v) for v in params]
+
+
+def _query(text: str) -> LiteralString:
+    # Every statement is a constant of `sql` or built there from validated column names.
+    return cast("LiteralString", text)
+
+
+def describe(exc: BaseException, location: DatabaseLocation, lock_timeout: float) -> StoreError:
+    """A driver error as the problem and its fix; the transaction was rolled back (nothing changed)."""
+    where = location.display
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return StoreError(
+            f"PostgreSQL ({where}): a row this call needed stayed locked by another session for more "
+            f"than {lock_timeout:g} s (lock_timeout); nothing was changed and no request was sent — try "
+            "again shortly, or find the session holding it (pg_stat_activity)"
+        )
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return StoreError(
+            f"PostgreSQL ({where}) cancelled a statement (statement_timeout or an operator's cancel); "
+            "nothing was changed and no request was sent — try again, or raise statement_timeout for "
+            "this role or database"
+        )
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return StoreError(
+            f"PostgreSQL ({where}) runs this session read-only (default_transaction_read_only, or a "
+            "standby); nothing was changed and no request was sent — point --db at the primary, or "
+            "turn read-only mode off"
+        )
+    if isinstance(exc, psycopg.errors.DivisionByZero):
+        return StoreError(
+            f"PostgreSQL ({where}): an operation row changed under this transaction's lock (a guarded "
+            "write found another version); nothing was changed — try again"
+        )
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return StoreError(
+            f"PostgreSQL ({where}): the role may not do this ({_first_line(exc)}); nothing was changed — "
+            "grant it, or connect as the role that owns pollwarden's tables"
+        )
+    if isinstance(exc, PoolTimeout | psycopg.OperationalError | psycopg.InterfaceError):
+        return StoreError(
+            f"cannot use PostgreSQL at {where} ({_first_line(exc)}); nothing was sent to the provider "
+            "without a committed reservation — check that the server is up and reachable, then try "
+            "again (pollwarden reconnects by itself)"
+        )
+    return StoreError(f"PostgreSQL error on {where}: {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class Tx:
+    """One transaction on one connection in pipeline mode: queued statements, one trip per result read."""
+
+    def __init__(self, conn: Connection, stats: EngineStats) -> None:
+        self.conn = conn
+        self._stats = stats
+
+    async def queue(self, sql: str, params: Params = ()) -> AsyncCursor[TupleRow]:
+        """Queue a statement (no trip); its cursor holds the result once one is read."""
+        cur = self.conn.cursor()
+        await cur.execute(_query(sql), plain(params))
+        return cur
+
+    async def one(self, sql: str, params: Params = ()) -> Row | None:
+        """Run a statement and read its first row (one trip, with everything queued before it)."""
+        cur = await self.queue(sql, params)
+        return await self.read(cur)
+
+    async def read(self, cur: AsyncCursor[TupleRow]) -> Row | None:
+        """The first row of a queued statement (a trip unless already read)."""
+        self._stats.trips += 1
+        return await cur.fetchone()
+
+    async def all(self, sql: str, params: Params = ()) -> list[Row]:
+        """Run a statement and read every row (one trip)."""
+        cur = await self.queue(sql, params)
+        self._stats.trips += 1
+        return await cur.fetchall()
+
+
+class Pool:
+    """The process's connections to one database, with the settings every session needs."""
+
+    def __init__(self, location: DatabaseLocation, *, lock_timeout: float, max_size: int) -> None:
+        self.location = location
+        self.lock_timeout = lock_timeout
+        self.stats = EngineStats()
+        self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            location.dsn,
+            min_size=1,
+            max_size=max_size,
+            kwargs={"autocommit": True, "application_name": "pollwarden"},
+            configure=self._configure,
+            timeout=max(lock_timeout, 5.0),
+            open=False,
+            name="pollwarden",
+        )
+
+    async def _configure(self, conn: Connection) -> None:
+        # lock_timeout bounds every wait for another session's row lock, like SQLite's busy timeout;
+        # synchronous_commit on: a committed reservation is on disk before the request leaves.
+        await conn.execute(
+            _query(f"SET lock_timeout = {int(self.lock_timeout * 1000)}; SET synchronous_commit = on")
+        )
+
+    async def open(self) -> None:
+        """Connect (the first connection must work: a wrong URL is reported at start)."""
+        try:
+            await self._pool.open(wait=True, timeout=max(self.lock_timeout, 5.0))
+        except (PoolTimeout, psycopg.Error) as exc:
+            await self._pool.close()
+            raise self.describe(await self._why_not(exc)) from None
+
+    async def _why_not(self, exc: BaseException) -> BaseException:
+        # The pool says only that it timed out; one direct attempt names the cause (refused, auth, …).
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.location.dsn, connect_timeout=5)
+        except psycopg.Error as direct:
+            return direct
+        await conn.close()
+        return exc
+
+    async def close(self) -> None:
+        """Close every connection."""
+        await self._pool.close()
+
+    def describe(self, exc: BaseException) -> StoreError:
+        """`describe` for this pool's database."""
+        return describe(exc, self.location, self.lock_timeout)
+
+    async def _forget_broken(self) -> None:
+        # After a lost connection (a restarted server), drop every idle connection that is dead too,
+        # so the next call connects afresh instead of failing on the next dead one.
+        with suppress(psycopg.Error, PoolTimeout):
+            await self._pool.check()
+
+    @asynccontextmanager
+    async def transaction(self, *, durable: bool = True) -> AsyncGenerator[Tx]:
+        """BEGIN … COMMIT in pipeline mode (ROLLBACK on any exception); the COMMIT is the last trip.
+
+        `durable=False` commits with synchronous_commit off (only for counting a refused call).
+        """
+        try:
+            async with self._pool.connection() as conn:
+                try:
+                    async with conn.pipeline():
+                        tx = Tx(conn, self.stats)
+                        await tx.queue("BEGIN")
+                        if not durable:
+                            await tx.queue("SET LOCAL synchronous_commit = off")
+                        yield tx
+                        await tx.queue("COMMIT")
+                    self.stats.trips += 1
+                    if durable:
+                        self.stats.commits += 1
+                    else:
+                        self.stats.relaxed_commits += 1
+                except BaseException:
+                    self.stats.rollbacks += 1
+                    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        with suppress(psycopg.Error):  # the pool discards a broken connection
+                            await conn.rollback()
+                    raise
+        except (psycopg.Error, PoolTimeout) as exc:
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                await self._forget_broken()
+            raise self.describe(exc) from None
+
+    async def read(self, sql: str, params: Params = ()) -> list[Row]:
+        """One statement outside a transaction (autocommit snapshot); retried once on a dead connection."""
+        for attempt in (1, 2):
+            try:
+                async with self._pool.connection() as conn:
+                    self.stats.trips += 1
+                    cur = await conn.execute(_query(sql), plain(params))
+                    return await cur.fetchall()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                await self._forget_broken()
+                if attempt == 2:
+                    raise self.describe(exc) from None
+            except (psycopg.Error, PoolTimeout) as exc:
+                raise self.describe(exc) from None
+        raise AssertionError("unreachable")
+
+    async def read_one(self, sql: str, params: Params = ()) -> Row | None:
+        """The first row of `read`, or None."""
+        found = await self.read(sql, params)
+        return found[0] if found else None
+
+
+async def migrate(pool: Pool) -> None:
+    """Run the schema steps this database has not run, once, under an advisory lock; refuse a newer schema.
+
+    An up-to-date database is only read (a read-only session, e.g. a standby, can still serve reads);
+    otherwise the version is read again under the lock, so instances starting together run each step once.
+    """
+    exists = await pool.read_one("SELECT to_regclass('pollwarden_schema') IS NOT NULL")
+    if exists is not None and exists[0]:
+        row = await pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
+        if _checked_version(pool, 0 if row is None else int(row[0])) == schema.LATEST:
+            return
+    async with pool.transaction() as tx:
+        await tx.queue("SELECT pg_advisory_xact_lock(%s)", (schema.MIGRATION_LOCK_KEY,))
+        await tx.queue(schema.VERSION_TABLE)
+        row = await tx.one("SELECT max(version) FROM pollwarden_schema")
+        current = _checked_version(pool, 0 if row is None or row[0] is None else int(row[0]))
+        for step in schema.MIGRATIONS:
+            if step.number <= current:
+                continue
+            for statement in step.statements:
+                if statement.strip():
+                    await tx.queue(statement)
+            await tx.queue("DELETE FROM pollwarden_schema")
+            await tx.queue("INSERT INTO pollwarden_schema (version) VALUES (%s)", (step.number,))
+        await tx.one("SELECT 1")  # surface a failed step here, inside the transaction
+
+
+def _checked_version(pool: Pool, current: int) -> int:
+    if current > schema.LATEST:
+        raise StoreError(
+            f"the PostgreSQL database {pool.location.display} is at schema version {current}, newer "
+            f"than this pollwarden knows ({schema.LATEST}); upgrade pollwarden, or point --db at "
+            "another database"
+        )
+    return current

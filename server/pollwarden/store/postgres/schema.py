@@ -1,0 +1,247 @@
+"""The PostgreSQL schema, as numbered steps that match the SQLite engine's.
+
+The step numbers are SQLite's `user_version` numbers: a PostgreSQL database at
+version N holds what a SQLite file at N holds. Step 5 creates the whole schema
+as SQLite had it after its steps 1-5 (the PostgreSQL engine first shipped
+then); every later SQLite step gets a step here with the same number, written
+as an `ALTER TABLE … ADD COLUMN` or a new table (each table is created in one
+place: step 5's CREATE TABLE, or the step that adds it). Steps are frozen once
+released, like SQLite's.
+
+Every time is `double precision` epoch seconds written from the controller's
+clock (no column defaults to now()); the vocabulary is spelled out as CHECK
+constraints, as in SQLite.
+
+Migrations run in one transaction under a transaction-scoped advisory lock,
+so several instances starting at once run them exactly once; a database at a
+version newer than this code is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pollwarden.audit import GENESIS_HASH
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One frozen schema step."""
+
+    number: int
+    name: str
+    statements: tuple[str, ...]
+
+
+# pg_advisory_xact_lock key: "pollwarden" as a number, the same in every process.
+MIGRATION_LOCK_KEY = 0x706F6C6C77617264
+
+OPERATIONS = """
+CREATE TABLE operations (
+    operation_id text PRIMARY KEY,
+    provider text NOT NULL,
+    provider_job_id text,
+    account_context text NOT NULL,
+    request_fingerprint text NOT NULL,
+    idempotency_key text,
+    expected_terminal_state text NOT NULL,
+    status text NOT NULL CHECK (status IN
+        ('submitting','waiting','succeeded','failed','cancelled','expired','escalated')),
+    stop_reason text CHECK (stop_reason IN
+        ('succeeded','provider_failure','cancelled','expired','deadline_exceeded',
+         'request_budget_exhausted','delivery_ambiguous','rate_limited','unknown_state',
+         'awaiting_review','authorization_denied','integration_failure')),
+    stop_detail text,
+    state text,
+    category text CHECK (category IN
+        ('pending','succeeded','failed','cancelled','expired','awaiting_review','unknown')),
+    started_at double precision NOT NULL,
+    deadline_at double precision NOT NULL,
+    business_deadline_at double precision,
+    max_status_requests bigint NOT NULL CHECK (max_status_requests > 0),
+    max_transport_failures bigint NOT NULL CHECK (max_transport_failures > 0),
+    max_rate_limited bigint NOT NULL CHECK (max_rate_limited > 0),
+    status_requests_used bigint NOT NULL DEFAULT 0,
+    transport_failures_used bigint NOT NULL DEFAULT 0,
+    rate_limited_used bigint NOT NULL DEFAULT 0,
+    polls_completed bigint NOT NULL DEFAULT 0,
+    next_check_at double precision NOT NULL,
+    delay_source text NOT NULL CHECK (delay_source IN
+        ('local_backoff','provider_retry_after','provider_poll_hint','manual_extension','fleet_pacing')),
+    retry_after_seconds double precision,
+    last_http_status bigint,
+    last_http_at double precision,
+    provider_request_id text,
+    provider_expires_at double precision,
+    error text,
+    result_json text,
+    lease_owner text,
+    lease_expires_at double precision,
+    refused_count bigint NOT NULL DEFAULT 0 CHECK (refused_count >= 0),
+    refused_outcome text CHECK (refused_outcome IN ('not_yet','stopped')),
+    refused_first_at double precision,
+    refused_last_at double precision,
+    extensions_used bigint NOT NULL DEFAULT 0,
+    stopped_at double precision,
+    submit_payload_json text,
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    version bigint NOT NULL DEFAULT 1,
+    fleet_slot_at double precision,
+    CHECK (status_requests_used <= max_status_requests),
+    CHECK ((refused_count = 0) = (refused_outcome IS NULL))
+)"""
+
+APPROVALS = """
+CREATE TABLE approvals (
+    approval_id text PRIMARY KEY,
+    operation_id text NOT NULL REFERENCES operations(operation_id),
+    kind text NOT NULL,
+    status text NOT NULL CHECK (status IN ('pending','approved','denied','expired','void','applied')),
+    request_json text NOT NULL,
+    bound_version bigint NOT NULL,
+    asked_at double precision NOT NULL,
+    expires_at double precision NOT NULL,
+    decided_at double precision,
+    decided_by text,
+    note text,
+    decided_method text,
+    decision_signature text
+)"""
+
+# `inserted` keeps insertion order (SQLite's rowid) for listing follow-ups.
+FOLLOWUPS = """
+CREATE TABLE followups (
+    followup_id text PRIMARY KEY,
+    operation_id text NOT NULL REFERENCES operations(operation_id),
+    kind text NOT NULL CHECK (kind IN ('fetch_result', 'cancel')),
+    status text NOT NULL CHECK (status IN ('done', 'refused', 'sent', 'failed', 'ambiguous')),
+    approval_id text,
+    requested_at double precision NOT NULL,
+    finished_at double precision,
+    http_status bigint,
+    answer text,
+    note text,
+    inserted bigint GENERATED ALWAYS AS IDENTITY
+)"""
+
+AUDIT = """
+CREATE TABLE audit (
+    seq bigint PRIMARY KEY,
+    operation_id text NOT NULL,
+    at text NOT NULL,
+    kind text NOT NULL,
+    payload text NOT NULL,
+    prev_hash text NOT NULL,
+    hash text NOT NULL,
+    keyed boolean NOT NULL DEFAULT false
+)"""
+
+# The chain's head in one row: every append locks it (FOR UPDATE), so appends from every process form
+# one chain. seq 0 with the genesis hash is the empty chain.
+AUDIT_HEAD = f"""
+CREATE TABLE audit_head (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    seq bigint NOT NULL,
+    hash text NOT NULL,
+    keyed boolean NOT NULL
+);
+INSERT INTO audit_head (one, seq, hash, keyed) VALUES (true, 0, '{GENESIS_HASH}', false)"""
+
+# One GCRA clock per provider; tat is NULL until the first request (the row exists so it can be locked).
+FLEET_BUCKETS = """
+CREATE TABLE fleet_buckets (
+    provider text PRIMARY KEY,
+    tat double precision
+)"""
+
+_FIRST_RELEASE: tuple[Migration, ...] = (
+    Migration(
+        5,
+        "the schema of SQLite steps 1-5",
+        (
+            OPERATIONS,
+            APPROVALS,
+            FOLLOWUPS,
+            AUDIT,
+            *AUDIT_HEAD.split(";"),
+            FLEET_BUCKETS,
+            "CREATE INDEX operations_by_created ON operations(created_at DESC, operation_id)",
+            "CREATE INDEX operations_by_status ON operations(status, created_at DESC, operation_id)",
+            "CREATE INDEX operations_by_provider ON operations(provider, created_at DESC, operation_id)",
+            "CREATE INDEX operations_with_refusals ON operations(operation_id) WHERE refused_count > 0",
+            "CREATE INDEX approvals_by_operation ON approvals(operation_id, status)",
+            "CREATE INDEX approvals_by_status ON approvals(status, asked_at)",
+            "CREATE INDEX followups_by_operation ON followups(operation_id, requested_at)",
+            "CREATE INDEX audit_by_operation ON audit(operation_id, seq)",
+        ),
+    ),
+)
+
+# SQLite step 6 (one job, one budget): the job's holder is unique among the operations not marked
+# `duplicate_of` another; two more stop reasons; when the last status request was sent.
+_THROUGH_6: tuple[Migration, ...] = (
+    *_FIRST_RELEASE,
+    Migration(
+        6,
+        "one operation per job, account context and duplicate stops, request time",
+        (
+            "ALTER TABLE operations ADD COLUMN duplicate_of text "
+            "CHECK (duplicate_of IS NULL OR duplicate_of <> operation_id)",
+            "ALTER TABLE operations ADD COLUMN request_sent_at double precision",
+            "ALTER TABLE operations DROP CONSTRAINT operations_stop_reason_check",
+            """ALTER TABLE operations ADD CONSTRAINT operations_stop_reason_check CHECK (stop_reason IN
+                ('succeeded','provider_failure','cancelled','expired','deadline_exceeded',
+                 'request_budget_exhausted','delivery_ambiguous','rate_limited','unknown_state',
+                 'awaiting_review','authorization_denied','integration_failure',
+                 'account_context_changed','job_already_tracked'))""",
+            """UPDATE operations AS o SET duplicate_of = (
+                SELECT o2.operation_id FROM operations AS o2
+                WHERE o2.provider = o.provider AND o2.account_context = o.account_context
+                  AND o2.provider_job_id = o.provider_job_id
+                ORDER BY o2.created_at, o2.operation_id LIMIT 1)
+            WHERE provider_job_id IS NOT NULL AND EXISTS (
+                SELECT 1 FROM operations AS o3
+                WHERE o3.provider = o.provider AND o3.account_context = o.account_context
+                  AND o3.provider_job_id = o.provider_job_id
+                  AND (o3.created_at < o.created_at
+                       OR (o3.created_at = o.created_at AND o3.operation_id < o.operation_id)))""",
+            "CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id) "
+            "WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL",
+        ),
+    ),
+)
+
+# SQLite step 9 (signed provider webhooks): the event ids seen, when a webhook last woke an operation.
+MIGRATIONS: tuple[Migration, ...] = (
+    *_THROUGH_6,
+    # SQLite step 7: a resubmission held until a person approves; a payload's operations by fingerprint.
+    Migration(
+        7,
+        "resubmissions held for a person",
+        (
+            "ALTER TABLE operations ADD COLUMN resubmission_of text",
+            "ALTER TABLE operations ADD COLUMN resubmission_approved_by text",
+            "CREATE INDEX operations_by_fingerprint ON operations(request_fingerprint, created_at DESC)",
+        ),
+    ),
+    Migration(
+        9,
+        "webhook events and wake-ups",
+        (
+            """CREATE TABLE webhook_events (
+                provider text NOT NULL,
+                event_id text NOT NULL,
+                received_at double precision NOT NULL,
+                PRIMARY KEY (provider, event_id)
+            )""",
+            "CREATE INDEX webhook_events_by_age ON webhook_events(received_at)",
+            "ALTER TABLE operations ADD COLUMN woken_at double precision",
+            "CREATE INDEX operations_by_provider_job ON operations(provider, provider_job_id)",
+        ),
+    ),
+)
+
+LATEST = MIGRATIONS[-1].number
+
+VERSION_TABLE = "CREATE TABLE IF NOT EXISTS pollwarden_schema (version integer NOT NULL)"

@@ -1,0 +1,196 @@
+"""Every SQL statement the PostgreSQL engine runs, by name (psycopg's %(name)s parameters).
+
+Writes are computed from a row this transaction locked (`… FOR UPDATE`), so
+the decision and the write see the same row; each write still states its
+guard (the version it read) and the engine checks it held. The reservation and
+the count of a refused call, when nothing else is written with them, are one
+guarded `UPDATE … RETURNING` each, committed in the same trip.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
+from pollwarden.store.sqlite.queries import MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS
+
+REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
+OPERATION_ROW = ", ".join((*OPERATION_COLUMNS, *REFUSAL_COLUMNS))
+
+SELECT_OPERATION = f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = %(operation_id)s"
+LOCK_OPERATION = SELECT_OPERATION + " FOR UPDATE"
+LOCK_PENDING_REFUSALS = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE refused_count > 0 ORDER BY operation_id FOR UPDATE"
+)
+ANY_PENDING_REFUSALS = "SELECT 1 FROM operations WHERE refused_count > 0 LIMIT 1"
+ANY_PENDING_REFUSALS_OF = (
+    "SELECT 1 FROM operations WHERE operation_id = %(operation_id)s AND refused_count > 0"
+)
+
+_LIST = (
+    f"SELECT {OPERATION_ROW} FROM operations {{where}} ORDER BY created_at DESC, operation_id LIMIT %(limit)s"
+)
+LIST_OPERATIONS = _LIST.format(where="")
+LIST_OPERATIONS_BY_STATUS = _LIST.format(where="WHERE status = %(status)s")
+LIST_OPERATIONS_BY_PROVIDER = _LIST.format(where="WHERE provider = %(provider)s")
+LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = _LIST.format(
+    where="WHERE status = %(status)s AND provider = %(provider)s"
+)
+COUNT_OPERATIONS = "SELECT count(*) FROM operations"
+LIST_BY_FINGERPRINT = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(fingerprint)s "
+    "ORDER BY created_at DESC, operation_id LIMIT %(limit)s"
+)
+
+INSERT_OPERATION = (
+    f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
+    f"VALUES ({', '.join(f'%({c})s' for c in NEW_OPERATION_COLUMNS)}) "
+    f"ON CONFLICT DO NOTHING RETURNING {OPERATION_ROW}"  # the id, or the job (one job, one budget)
+)
+
+# The operation that holds a job (one job, one budget: pollwarden.job_identity); the partial UNIQUE
+# index operations_one_per_job serves it and makes a second holder impossible.
+SELECT_JOB_OWNER = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE provider = %(provider)s "
+    "AND account_context = %(account_context)s AND provider_job_id = %(provider_job_id)s "
+    "AND duplicate_of IS NULL"
+)
+
+# The reservation as one statement: the gate's conditions again, and the version the gate read.
+RESERVE = (
+    "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
+    "lease_owner = %(owner)s, lease_expires_at = %(lease_expires_at)s, version = version + 1, "
+    "updated_at = %(now)s "
+    "WHERE operation_id = %(operation_id)s AND version = %(version)s AND status = 'waiting' "
+    "AND %(now)s < deadline_at AND (business_deadline_at IS NULL OR %(now)s < business_deadline_at) "
+    "AND %(now)s >= next_check_at AND status_requests_used < max_status_requests "
+    f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
+)
+
+# One refused call, counted on the operation as the gate read it (version guard).
+COUNT_REFUSAL = (
+    "UPDATE operations SET refused_count = refused_count + 1, refused_outcome = %(outcome)s, "
+    "refused_first_at = COALESCE(refused_first_at, %(at)s), refused_last_at = %(at)s "
+    "WHERE operation_id = %(operation_id)s AND version = %(version)s "
+    "AND (refused_outcome IS NULL OR refused_outcome = %(outcome)s) "
+    f"RETURNING {', '.join(REFUSAL_COLUMNS)}"
+)
+RESET_REFUSALS = (
+    "UPDATE operations SET refused_count = 0, refused_outcome = NULL, refused_first_at = NULL, "
+    "refused_last_at = NULL WHERE operation_id = %(operation_id)s"
+)
+
+# The counters after a refused call counted on the locked row (a summary row may have been written).
+SET_REFUSALS = (
+    "UPDATE operations SET refused_count = %(count)s, refused_outcome = %(outcome)s, "
+    "refused_first_at = %(first_at)s, refused_last_at = %(last_at)s WHERE operation_id = %(operation_id)s"
+)
+
+_WRITABLE = tuple(sorted(MUTABLE_COLUMNS | {"extensions_used"}))
+
+
+@cache
+def write_operation(columns: tuple[str, ...], reset_refusals: bool) -> str:
+    """`UPDATE operations SET <columns>` guarded by the version read under the row lock.
+
+    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`.
+    """
+    unknown = [c for c in columns if c not in _WRITABLE]
+    if unknown:
+        raise ValueError(f"not a field an operation's change may set: {', '.join(unknown)}")
+    sets = "".join(f"{c} = %(c_{c})s, " for c in columns)
+    if reset_refusals:
+        sets += "refused_count = 0, refused_outcome = NULL, refused_first_at = NULL, refused_last_at = NULL, "
+    return (
+        f"UPDATE operations SET {sets}version = %(new_version)s, updated_at = %(at)s "
+        "WHERE operation_id = %(operation_id)s AND version = %(version)s"
+    )
+
+
+# -- fleet pacing: the provider's row exists (inserted once) so that it can always be locked ----------
+
+ENSURE_FLEET_ROW = (
+    "INSERT INTO fleet_buckets (provider, tat) VALUES (%(provider)s, NULL) ON CONFLICT DO NOTHING"
+)
+LOCK_FLEET_ROW = "SELECT tat FROM fleet_buckets WHERE provider = %(provider)s FOR UPDATE"
+SET_FLEET_TAT = "UPDATE fleet_buckets SET tat = %(tat)s WHERE provider = %(provider)s"
+
+# -- approvals --------------------------------------------------------------------------------------
+
+APPROVAL_ROW = ", ".join(APPROVAL_COLUMNS)
+SELECT_APPROVAL = f"SELECT {APPROVAL_ROW} FROM approvals WHERE approval_id = %(approval_id)s"
+LOCK_APPROVAL = SELECT_APPROVAL + " FOR UPDATE"
+_LIST_APPROVALS = f"SELECT {APPROVAL_ROW} FROM approvals {{where}} ORDER BY asked_at DESC"
+LIST_APPROVALS = _LIST_APPROVALS.format(where="")
+LIST_APPROVALS_BY_STATUS = _LIST_APPROVALS.format(where="WHERE status = %(status)s")
+LIST_APPROVALS_OF = _LIST_APPROVALS.format(where="WHERE operation_id = %(operation_id)s")
+LIST_APPROVALS_OF_BY_STATUS = _LIST_APPROVALS.format(
+    where="WHERE operation_id = %(operation_id)s AND status = %(status)s"
+)
+HAS_DUE_EXTENSION_APPROVALS = (
+    "SELECT 1 FROM approvals WHERE operation_id = %(operation_id)s AND kind = 'extension' "
+    "AND (status IN ('approved', 'denied') OR (status = 'pending' AND expires_at <= %(now)s)) LIMIT 1"
+)
+FIND_PENDING_APPROVAL = (
+    f"SELECT {APPROVAL_ROW} FROM approvals WHERE operation_id = %(operation_id)s AND kind = %(kind)s "
+    "AND bound_version = %(version)s AND request_json = %(request_json)s AND status = 'pending' "
+    "AND expires_at > %(at)s"
+)
+INSERT_APPROVAL = (
+    "INSERT INTO approvals (approval_id, operation_id, kind, status, request_json, bound_version, "
+    "asked_at, expires_at) VALUES (%(approval_id)s, %(operation_id)s, %(kind)s, 'pending', "
+    f"%(request_json)s, %(version)s, %(at)s, %(expires_at)s) RETURNING {APPROVAL_ROW}"
+)
+DECIDE_APPROVAL = (
+    "UPDATE approvals SET status = %(status)s, decided_at = %(at)s, decided_by = %(by)s, "
+    "decided_method = %(method)s, decision_signature = %(signature)s "
+    f"WHERE approval_id = %(approval_id)s AND status = 'pending' RETURNING {APPROVAL_ROW}"
+)
+CLOSE_APPROVAL = (
+    "UPDATE approvals SET status = %(status)s, note = %(note)s, decided_at = COALESCE(decided_at, %(at)s) "
+    f"WHERE approval_id = %(approval_id)s RETURNING {APPROVAL_ROW}"
+)
+MARK_APPROVAL_APPLIED = (
+    "UPDATE approvals SET status = 'applied', note = 'applied' WHERE approval_id = %(approval_id)s"
+)
+MARK_APPROVAL_USED = (
+    "UPDATE approvals SET status = 'applied', note = %(note)s "
+    "WHERE approval_id = %(approval_id)s AND status = 'approved'"
+)
+
+# -- follow-ups ---------------------------------------------------------------------------------------
+
+FOLLOWUP_ROW = ", ".join(FOLLOWUP_COLUMNS)
+INSERT_FOLLOWUP = (
+    f"INSERT INTO followups ({FOLLOWUP_ROW}) VALUES ({', '.join(f'%({c})s' for c in FOLLOWUP_COLUMNS)})"
+)
+LIST_FOLLOWUPS = (
+    f"SELECT {FOLLOWUP_ROW} FROM followups WHERE operation_id = %(operation_id)s "
+    "ORDER BY requested_at, inserted"
+)
+
+# -- webhook wake-ups (issue 21): the same conditions as SQLite's ---------------------------------------
+
+KNOWS_JOB = "SELECT 1 FROM operations WHERE provider = %(provider)s AND provider_job_id = %(job_id)s LIMIT 1"
+PRUNE_WEBHOOK_EVENTS = "DELETE FROM webhook_events WHERE provider = %(provider)s AND received_at < %(before)s"
+REMEMBER_WEBHOOK_EVENT = (
+    "INSERT INTO webhook_events (provider, event_id, received_at) VALUES (%(provider)s, %(event_id)s, %(now)s) "
+    "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
+)
+WAKE = (
+    "UPDATE operations SET next_check_at = %(now)s, woken_at = %(now)s, version = version + 1, "
+    "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
+    "AND status = 'waiting' AND %(now)s < next_check_at "
+    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') AND %(now)s < deadline_at "
+    "AND (business_deadline_at IS NULL OR %(now)s < business_deadline_at) "
+    f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
+)
+
+# -- the audit chain: the head row is locked by every append --------------------------------------------
+
+LOCK_AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit_head FOR UPDATE"
+SET_AUDIT_HEAD = "UPDATE audit_head SET seq = %(seq)s, hash = %(hash)s, keyed = %(keyed)s"
+INSERT_AUDIT_ROW = (
+    "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
+    "VALUES (%(seq)s, %(operation_id)s, %(at)s, %(kind)s, %(payload)s, %(prev_hash)s, %(hash)s, %(keyed)s)"
+)

@@ -1,0 +1,63 @@
+"""A whole check_status call fits inside a client's default request timeout.
+
+The TypeScript SDK gives up on a request after 60 s, and progress notifications
+do not extend that by default. A call's wait, one provider request (capped by
+its total timeout) and a margin for the database work stay within 55 s: a
+call never starts a request that could not finish in time, it answers not_yet.
+
+The pure checks are tests/unit/test_call_budget.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import check, make_harness, track
+from pollwarden.provider_http import HttpLimits
+from pollwarden.timefmt import parse_iso
+from tests.support.fake_provider import FakeProvider, pending
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_check_whose_allowed_time_is_past_what_the_call_may_wait_answers_not_yet_at_once(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("far", [pending("running")])
+    h = make_harness(tmp_path, fake, table={"schedule": {"base_delay_seconds": 40, "max_delay_seconds": 120}})
+    async with h.client() as client:
+        await track(client, "far")
+        asked = h.clock.now()
+        answer = await check(client, "far", wait=50)
+        # Waiting 40 s and then sending a request of up to 20 s would run past the client's timeout.
+        assert answer["outcome"] == "not_yet"
+        assert h.clock.now() == asked  # it did not wait in vain
+        assert answer["retry_after_seconds"] == pytest.approx(40)
+        assert parse_iso(answer["next_check_at"]) == pytest.approx(asked + 40)
+        assert fake.status_requests("far") == []
+        # Coming back inside the bound, the call waits for the allowed time and sends.
+        h.clock.advance(15)
+        polled = await check(client, "far", wait=50)
+        assert polled["outcome"] == "polled"
+        assert h.clock.now() == pytest.approx(asked + 40)
+    assert len(fake.status_requests("far")) == 1
+
+
+async def test_a_shorter_request_cap_leaves_more_of_the_call_for_waiting(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("near", [pending("running")])
+    limits = HttpLimits(total_timeout_seconds=5)  # 40 s of waiting + 5 s + the margin fits in 55 s
+    h = make_harness(
+        tmp_path,
+        fake,
+        table={"schedule": {"base_delay_seconds": 40, "max_delay_seconds": 120}},
+        http_limits=limits,
+    )
+    async with h.client() as client:
+        await track(client, "near")
+        polled = await check(client, "near", wait=50)
+    assert polled["outcome"] == "polled"
+    assert len(fake.status_requests("near")) == 1

@@ -1,0 +1,131 @@
+"""PostgreSQL faults: the server stopped mid-run, a lock held past lock_timeout, statement_timeout, read-only.
+
+Each is a clear error for the agent (a tool error that names the problem and
+the fix) and for the operator (the CLI's message), nothing is changed, and no
+request reaches the provider without a committed reservation. The server
+stopped mid-run is a real stop of the local cluster, started again at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from harness import error_text, make_harness, track, view
+from pg_support import cluster_command, wait_until_reachable, with_options
+from pollwarden.store import DatabaseLocation
+from tests.support.fake_provider import FakeProvider, pending
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres_only, pytest.mark.slow]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLLWARDEN_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pollwarden", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+async def test_the_server_stopped_mid_run_is_a_clear_error_nothing_is_sent_and_checks_resume_when_it_returns(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("down", [pending("running"), pending("running")])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "down")
+        h.clock.advance(10)  # the first check is allowed
+        cluster_command("stop")
+        try:
+            refused = await client.call_tool("check_status", {"operation_id": "op-down"})
+            operator = _cli("approvals", "list", "--db", h.database.dsn)
+        finally:
+            cluster_command("start")
+            wait_until_reachable()
+        text = error_text(refused)
+        assert "cannot use PostgreSQL at postgresql://postgres@127.0.0.1:5432/" in text
+        assert "nothing was sent to the provider without a committed reservation" in text
+        assert fake.status_requests("down") == []
+        assert operator.returncode != 0
+        assert "cannot use PostgreSQL" in operator.stderr
+        assert "Traceback" not in operator.stderr
+        # Back up: the next check reconnects and polls once; the refused one counted nothing.
+        after = view(await client.call_tool("check_status", {"operation_id": "op-down"}))
+        assert after["outcome"] == "polled"
+        assert after["status_requests_used"] == 1
+    assert len(fake.status_requests("down")) == 1
+
+
+async def test_a_row_locked_past_lock_timeout_is_a_clear_error_and_changes_nothing(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("locked", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    h.busy_timeout_seconds = 0.3
+    async with h.client() as client:
+        await track(client, "locked")
+        h.clock.advance(10)
+        with psycopg.connect(h.database.dsn) as holder:  # another session holds the operation's row
+            holder.execute("SELECT 1 FROM operations WHERE operation_id = 'op-locked' FOR UPDATE")
+            refused = await client.call_tool("check_status", {"operation_id": "op-locked"})
+            before = view(await client.call_tool("get_operation", {"operation_id": "op-locked"}))
+        text = error_text(refused)
+        assert "stayed locked by another session for more than 0.3 s (lock_timeout)" in text
+        assert "nothing was changed and no request was sent" in text
+        assert before["status_requests_used"] == 0
+        assert fake.status_requests("locked") == []
+        assert (
+            view(await client.call_tool("check_status", {"operation_id": "op-locked"}))["outcome"] == "polled"
+        )
+
+
+async def test_a_statement_cancelled_by_statement_timeout_is_a_clear_error_and_changes_nothing(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("slow", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "slow")  # the schema exists
+    h.database_override = DatabaseLocation.postgres(with_options(h.database.dsn, "statement_timeout=200"))
+    async with h.client() as client:
+        h.clock.advance(10)
+        with psycopg.connect(h.database.dsn) as holder:
+            holder.execute("SELECT 1 FROM operations WHERE operation_id = 'op-slow' FOR UPDATE")
+            refused = await client.call_tool("check_status", {"operation_id": "op-slow"})
+        text = error_text(refused)
+        assert "cancelled a statement (statement_timeout" in text
+        assert "nothing was changed and no request was sent" in text
+        assert fake.status_requests("slow") == []
+        assert (
+            view(await client.call_tool("check_status", {"operation_id": "op-slow"}))["outcome"] == "polled"
+        )
+
+
+async def test_a_read_only_session_serves_reads_and_refuses_every_write_with_the_fix(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("ro", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "ro")
+    h.database_override = DatabaseLocation.postgres(
+        with_options(h.database.dsn, "default_transaction_read_only=on")
+    )
+    async with h.client() as client:
+        h.clock.advance(10)
+        refused = await client.call_tool("check_status", {"operation_id": "op-ro"})
+        text = error_text(refused)
+        assert "runs this session read-only" in text
+        assert "point --db at the primary" in text
+        read = view(await client.call_tool("get_operation", {"operation_id": "op-ro"}))
+        assert read["status_requests_used"] == 0
+    assert fake.status_requests("ro") == []

@@ -1,0 +1,196 @@
+"""The SQLite engine: its schema says the vocabulary, old files keep working, and each operation is one trip.
+
+These are about the SQLite engine itself (its file format, its SQL, its
+durability settings); the behaviour every engine owes is tested through the
+tools in the other files.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from enum import StrEnum
+from pathlib import Path
+
+import pytest
+
+from harness import check, make_harness, track
+from pollwarden.errors import StoreError
+from pollwarden.server import controller_factory
+from pollwarden.store import open_store
+from pollwarden.store.sqlite import queries
+from pollwarden.store.sqlite.engine import SQLiteStore
+from pollwarden.store.sqlite.migrations import LATEST, MIGRATIONS, split_sql
+from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
+from tests.support.fake_provider import FakeProvider, pending
+
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # PostgreSQL: test_postgres_engine.py
+
+
+async def _fresh(db: Path) -> None:
+    async with open_store(db):
+        pass
+
+
+def _allowed_in_check(db: Path, column: str) -> set[str]:
+    with sqlite3.connect(db) as conn:
+        (ddl,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'operations'").fetchone()
+    match = re.search(rf"\b{column} TEXT[^,]*?CHECK \({column} IN\s*\(([^)]*)\)\)", ddl)
+    assert match is not None, f"no CHECK on {column}"
+    return set(re.findall(r"'([^']*)'", match.group(1)))
+
+
+@pytest.mark.parametrize(
+    ("column", "words"),
+    [
+        ("status", Status),
+        ("stop_reason", StopReason),
+        ("category", Category),
+        ("delay_source", DelaySource),
+        ("refused_outcome", Outcome),
+    ],
+)
+async def test_the_schema_allows_exactly_the_words_of_the_vocabulary(
+    tmp_path: Path, column: str, words: type[StrEnum]
+) -> None:
+    db = tmp_path / "pw.db"
+    await _fresh(db)
+    allowed = _allowed_in_check(db, column)
+    expected = {w.value for w in words}
+    if column == "refused_outcome":
+        expected -= {Outcome.POLLED.value}  # a polled call is never a refusal
+    if column == "delay_source":
+        # A webhook's wake-up is the woken_at column: shown as a delay source, never stored as one.
+        expected -= {DelaySource.PROVIDER_WEBHOOK.value}
+    assert allowed == expected
+
+
+async def test_a_word_outside_the_vocabulary_is_refused_by_the_database(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("typo", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "typo")
+    with sqlite3.connect(h.db_path) as conn, pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        conn.execute("UPDATE operations SET stop_reason = 'gave_up' WHERE operation_id = 'op-typo'")
+
+
+def _database_at(db: Path, version: int) -> None:
+    """A file as the pollwarden that shipped schema `version` left it, with one waiting operation."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for step in MIGRATIONS[:version]:
+            for statement in split_sql(step.script):
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {version}")
+        conn.execute(
+            "INSERT INTO operations (operation_id, provider, provider_job_id, account_context, request_fingerprint, "
+            "expected_terminal_state, status, started_at, deadline_at, max_status_requests, max_transport_failures, "
+            "max_rate_limited, status_requests_used, next_check_at, delay_source, not_yet_count, not_yet_first_at, "
+            "not_yet_last_at, created_at, updated_at) VALUES ('op-old', 'acme', 'old', 'x', 'f', 'succeeded', "
+            "'waiting', 1744971600, 1744975200, 12, 3, 3, 2, 1744971605, 'local_backoff', 7, 1744971601, 1744971603, "
+            "1744971600, 1744971600)"
+        )
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+async def test_a_database_an_earlier_release_wrote_is_upgraded_and_keeps_its_records(
+    tmp_path: Path, version: int
+) -> None:
+    db = tmp_path / "pw.db"
+    _database_at(db, version)
+    async with open_store(db) as store:
+        record = await store.get("op-old")
+        assert record is not None
+        assert (record.status, record.status_requests_used, record.delay_source) == (
+            Status.WAITING,
+            2,
+            DelaySource.LOCAL_BACKOFF,
+        )
+        # The refused calls it had counted are still owed to the story, as early checks.
+        assert await store.flush_refusals("op-old") == 1
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == LATEST
+        (payload,) = conn.execute("SELECT payload FROM audit WHERE kind = 'not_yet_summary'").fetchone()
+        assert '"count":7' in payload
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+async def test_a_database_a_newer_release_wrote_is_refused_with_the_fix(tmp_path: Path) -> None:
+    db = tmp_path / "pw.db"
+    await _fresh(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"PRAGMA user_version = {LATEST + 1}")
+    with pytest.raises(StoreError, match="newer than this pollwarden knows"):
+        await _fresh(db)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        queries.LIST_OPERATIONS,
+        queries.LIST_OPERATIONS_BY_STATUS,
+        queries.LIST_OPERATIONS_BY_PROVIDER,
+        queries.SELECT_ALL_PENDING_REFUSALS,
+        queries.LIST_APPROVALS_BY_STATUS,
+    ],
+)
+async def test_listing_and_scanning_use_an_index_not_a_sort_of_every_operation(
+    tmp_path: Path, sql: str
+) -> None:
+    db = tmp_path / "pw.db"
+    await _fresh(db)
+    with sqlite3.connect(db) as conn:
+        plan = " | ".join(
+            str(row[3])
+            for row in conn.execute(
+                f"EXPLAIN QUERY PLAN {sql}", {"status": "waiting", "provider": "a", "limit": 5}
+            )
+        )
+    assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
+
+
+async def test_a_refusal_is_one_trip_without_fsync_and_a_poll_is_two_durable_trips(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("trips", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    h.server()  # writes the provider table the factory loads
+    async with controller_factory(h.config(), clock=h.clock, rng=h.rng)() as controller:
+        store = controller.store
+        assert isinstance(store, SQLiteStore)
+        await controller.start_operation(provider="acme", operation_id="op-trips", provider_job_id="trips")
+
+        before = store.stats.hops, store.stats.durable_commits, store.stats.normal_commits
+        assert (await controller.check_status("op-trips")).outcome == "not_yet"
+        after = store.stats.hops, store.stats.durable_commits, store.stats.normal_commits
+        assert tuple(b - a for a, b in zip(before, after, strict=True)) == (1, 0, 1)
+
+        h.clock.advance(10)
+        assert (await controller.check_status("op-trips")).outcome == "polled"
+        polled = store.stats.hops, store.stats.durable_commits, store.stats.normal_commits
+        # The reservation and the answer, each with what it writes to the audit, committed durably.
+        assert tuple(b - a for a, b in zip(after, polled, strict=True)) == (2, 2, 0)
+    assert len(fake.status_requests("trips")) == 1
+
+
+async def test_a_check_through_the_tools_leaves_no_transaction_open_between_calls(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("idle", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "idle")
+        assert (await check(client, "idle"))["outcome"] == "not_yet"
+        # Another process can take the write lock at once: nothing of ours is held between calls.
+        other = sqlite3.connect(h.db_path, isolation_level=None, timeout=0)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
