@@ -590,7 +590,7 @@ async def test_a_provider_failure_of_a_tracked_job_escalates_with_nothing_to_res
     h = make_harness(tmp_path, fake)
     v: dict[str, Any] = {}
     async with h.client() as client:
-        await start(client, "pf-tracked")
+        await track(client, "pf-tracked")
         v = await check(client, "pf-tracked", wait=50)
     assert v["allowed_actions"] == []
     assert [o["action"] for o in v["escalation"]["options"]] == ["inspect_provider_console"]
