@@ -243,6 +243,57 @@ def make_operator(directory: Path, name: str = "operator") -> Operator:
     return Operator(key_file, pubkeys)
 
 
+def operation_record(**changes: Any) -> Any:
+    """An `OperationRecord` of provider `acme` (started at 1000.0, deadline 3400.0, 12 requests) with `changes`."""
+    from dataclasses import replace
+
+    from pollwarden.records import OperationRecord
+
+    base = OperationRecord(
+        operation_id="op",
+        provider="acme",
+        provider_job_id="job-1",
+        account_context="http://127.0.0.1:9 as anonymous",
+        request_fingerprint="f",
+        idempotency_key=None,
+        expected_terminal_state="succeeded",
+        status="waiting",  # type: ignore[arg-type]
+        stop_reason=None,
+        stop_detail=None,
+        state="running",
+        category="pending",  # type: ignore[arg-type]
+        started_at=1000.0,
+        deadline_at=3400.0,
+        business_deadline_at=None,
+        max_status_requests=12,
+        max_transport_failures=3,
+        max_rate_limited=3,
+        status_requests_used=12,
+        transport_failures_used=0,
+        rate_limited_used=0,
+        polls_completed=12,
+        next_check_at=1005.0,
+        delay_source="local_backoff",  # type: ignore[arg-type]
+        retry_after_seconds=None,
+        last_http_status=200,
+        last_http_at=1500.0,
+        provider_request_id=None,
+        provider_expires_at=None,
+        error=None,
+        result_json=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        extensions_used=0,
+        stopped_at=1500.0,
+        submit_payload_json=None,
+        created_at=1000.0,
+        updated_at=1500.0,
+        version=5,
+        fleet_slot_at=None,
+    )
+    return replace(base, **changes)
+
+
 def _connect(db: Path | DatabaseLocation) -> Any:
     """A plain connection to the test's database, SQLite or PostgreSQL (autocommit)."""
     if isinstance(db, DatabaseLocation) and not db.is_sqlite:

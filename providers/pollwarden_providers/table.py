@@ -944,6 +944,22 @@ class LimitsSpec(BaseModel):
         return self
 
 
+class ApprovalSpec(BaseModel):
+    """[approval]: when a person approves this provider's requests (README "Approvals").
+
+    By default routine status requests inside approved bounds need no click.
+    `every_status_request = true` is for high-privilege status APIs (ones that
+    expose sensitive job metadata): a person approves each status request
+    before it is sent.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    every_status_request: bool = Field(
+        default=False, description="true or false: a person approves each status request before it is sent"
+    )
+
+
 class WebhookSpec(BaseModel):
     """A provider's signed webhooks: a hint that brings the next status check forward, nothing more."""
 
@@ -1081,6 +1097,7 @@ class ProviderTable(BaseModel):
         default=None, description="a [webhook] table with scheme, secret_env, job_id_fields and events"
     )
     limits: LimitsSpec = Field(default=LimitsSpec(), description="a [limits] table")
+    approval: ApprovalSpec = Field(default=ApprovalSpec(), description="an [approval] table")
     description: str = Field(default="", description="free text for people")
 
     _source: str = PrivateAttr(default="<memory>")

@@ -38,6 +38,7 @@ class ApprovalParts(Protocol):
     store: Store
     clock: Clock
     config: ServerConfig
+    tables: Mapping[str, ProviderTable]
 
     def table_for(self, provider: str) -> ProviderTable: ...
 
@@ -387,6 +388,13 @@ def describe_request(approval: ApprovalRecord) -> str:
     """What the approval asks for, in a few words (a cancel is described as a cancel)."""
     if approval.kind == "cancel":
         return "asks to cancel the job at the provider (one cancel call; the job's work is lost)"
+    if approval.kind == ApprovalKind.RESUBMISSION:
+        return (
+            f"asks to resubmit the payload of {quoted(approval.request.get('resubmission_of', '?'))} "
+            "as a new job (one submission)"
+        )
+    if approval.kind == ApprovalKind.STATUS_REQUEST:
+        return "asks to send one status request (the provider table requires a person for each)"
     request = approval.request
     if approval.kind == ApprovalKind.REOPEN:
         return f"asks to reopen it after {request.get('stop_reason')} (reason: {quoted(str(request.get('reason')))})"
@@ -410,6 +418,17 @@ def what_happens_next(approval: ApprovalRecord) -> str:
                 "(never retried, nothing resubmitted); nothing is sent before that call"
             )
         return "the job is kept; no cancel call is sent"
+    if approval.kind == ApprovalKind.RESUBMISSION:
+        if approval.status == "approved":
+            return (
+                "the agent's next start_operation with the same operation_id submits the payload, once; "
+                "nothing is sent before that call"
+            )
+        return "nothing is submitted; the held operation stays unsent"
+    if approval.kind == ApprovalKind.STATUS_REQUEST:
+        if approval.status == "approved":
+            return "the agent's next check_status sends one status request (when the schedule allows)"
+        return "no status request is sent"
     if approval.status == "approved":
         return (
             f"the agent's next check_status applies it ({describe_request(approval).removeprefix('asks ')}; "

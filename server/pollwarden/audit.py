@@ -710,6 +710,15 @@ def _rejected_hints(p: Mapping[str, object]) -> str:
     return "".join(parts)
 
 
+def _limits(p: Mapping[str, object]) -> str:
+    text = ""
+    if p.get("deadline_at") is not None:
+        text += f", deadline {_hms(p.get('deadline_at'))}"
+    if p.get("max_status_requests") is not None:
+        text += f", budget {_number(p.get('max_status_requests'))}"
+    return text
+
+
 def _start_line(verb: str, p: Mapping[str, object]) -> str:
     job = p.get("provider_job_id")
     text = f"{verb} job {_value(job) if job is not None else '(no id yet)'}"
@@ -754,6 +763,11 @@ def _story_line(row: AuditRow) -> str:
     kind = row.kind
     if kind in ("submitted", "tracking"):
         return f"{at} {_start_line(kind, p)}"
+    if kind == "submission_recorded":
+        return f"{at} recorded the submission before sending it" + _limits(p)
+    if kind == "submit_sending":
+        note = p.get("note")
+        return f"{at} sending the submission" + (f" ({_note(note)})" if note else "")
     if kind == "polled":
         return f"{at} {_polled_line(p)}"
     if kind == "stopped":

@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from pollwarden import approvals, submission
+from pollwarden import approvals, resubmission, submission
 from pollwarden.canonical import canonical_json
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
@@ -68,6 +68,12 @@ MAX_OPERATION_ID_LENGTH = 200
 YEAR_SECONDS = 365.25 * 86_400
 # A business deadline further out than this is a typo (year 9999), not a plan.
 MAX_BUSINESS_HORIZON_SECONDS = 10 * YEAR_SECONDS
+
+
+NEEDS_PERSON_MESSAGE = (
+    "Nothing was sent: the {} provider table requires a person to approve every status request, and "
+    "none approved this one. Call check_status again when a person can answer."
+)
 
 
 def invisible_text_problem(value: str) -> str | None:
@@ -171,6 +177,11 @@ class Controller:
         }
 
     @cached_property
+    def per_request_providers(self) -> frozenset[str]:
+        """Providers whose tables require a person for every status request ([approval])."""
+        return frozenset(name for name, table in self.tables.items() if table.approval.every_status_request)
+
+    @cached_property
     def _accounts(self) -> dict[str, str]:
         """Each loaded provider's account context now (compared with the one an operation recorded)."""
         return {name: account_context_of(table) for name, table in self.tables.items()}
@@ -238,8 +249,14 @@ class Controller:
         business_deadline_at: str | None = None,
         max_status_requests: int | None = None,
         idempotency_key: str | None = None,
+        resubmission_answer: resubmission.Answer = resubmission.NOT_ASKED,
     ) -> OperationView:
-        """Record a new operation before any status request (or return the existing one)."""
+        """Record a new operation before any status request (or return the existing one).
+
+        A payload whose earlier operation ended or escalated is recorded held:
+        nothing is sent until a person approves (`resubmission_answer`, or an
+        operator's decision found by `resubmission.clear`).
+        """
         if operation_id is not None and (problem := operation_id_problem(operation_id)) is not None:
             raise InvalidRequest(f"operation_id {problem}")
         if provider_job_id is not None and (problem := invisible_text_problem(provider_job_id)) is not None:
@@ -309,7 +326,17 @@ class Controller:
             request_fingerprint = fingerprint(provider, account, payload)
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"submit must be a JSON object of plain values: {exc}") from exc
-        operation_id = operation_id or f"{provider}-{uuid.uuid4().hex[:12]}"
+        earlier = (
+            await resubmission.earlier_outcome(self.store, request_fingerprint, exclude=operation_id)
+            if submit is not None
+            else None
+        )
+        if operation_id is None:
+            operation_id = (
+                resubmission.held_operation_id(provider, request_fingerprint, earlier)
+                if earlier is not None
+                else f"{provider}-{uuid.uuid4().hex[:12]}"
+            )
 
         key = None
         if submit is not None and table.submit is not None and table.submit.idempotency_header:
@@ -336,6 +363,7 @@ class Controller:
             "submit_payload_json": json.dumps(submit, sort_keys=True) if submit is not None else None,
             "created_at": now,
             "updated_at": now,
+            "resubmission_of": earlier.operation_id if earlier is not None else None,
         }
         record, created = await self.store.create_operation(
             values, kind="tracking" if submit is None else "submission_recorded", at=now
@@ -379,6 +407,10 @@ class Controller:
                     "call again without idempotency_key (the recorded one is re-used) or use a new operation_id"
                 )
             log.info("start_operation %s: existing record returned", operation_id)
+        if record.held_for_approval:
+            record = await resubmission.clear(self, record, resubmission_answer)
+            if record.held_for_approval:
+                return self.view(record)  # nothing is sent before a person approves
         if record.duplicate_of is not None:
             return await self._job_holder_view(record, operation_id)
         if record.status == Status.SUBMITTING:
@@ -395,8 +427,13 @@ class Controller:
         *,
         wait_seconds: float = 0.0,
         progress: ProgressCallback | None = None,
+        person_approved: bool = False,
     ) -> OperationView:
-        """One bounded status check (README "How a check decides"). Never sends more than one request."""
+        """One bounded status check (README "How a check decides"). Never sends more than one request.
+
+        For a provider whose table requires a person for every status request,
+        a request goes out only with `person_approved` (see `status_approval`).
+        """
         if not math.isfinite(wait_seconds) or wait_seconds < 0:
             raise InvalidRequest(f"wait_seconds must be between 0 and {self.config.max_wait_seconds:g}")
         # Past this, a request could not finish inside the client's timeout: answer not_yet instead.
@@ -423,6 +460,7 @@ class Controller:
                 apply_approvals=apply_approvals,
                 clock=self.clock.now,  # the gate's time is read once the write lock is held
                 accounts=self._accounts,
+                needs_person=frozenset() if person_approved else self.per_request_providers,
             )
             if start is None:
                 raise self._not_found(operation_id)
@@ -439,6 +477,9 @@ class Controller:
                     return self.view(record, Outcome.STOPPED)
                 case Step.NOT_YET:
                     return self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
+                case Step.NEEDS_PERSON:
+                    shown = self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
+                    return shown.model_copy(update={"message": NEEDS_PERSON_MESSAGE.format(record.provider)})
                 case Step.WAIT | Step.PACED:
                     # Too early (or the provider's shared pace is used up and a slot is booked).
                     allowed_at = decision.allowed_at or now

@@ -151,6 +151,8 @@ def _keep_waiting(
             stop_detail=(
                 f"all {record.max_status_requests} status requests are used and the job is not finished"
             ),
+            # Kept so that an approved extension still waits for it (a minimum; README "How a check decides").
+            retry_after_seconds=retry_after.seconds,
             rejected_hints=rejected,
         )
     plan = plan_next_check(

@@ -206,25 +206,54 @@ def extension_question(record: OperationRecord, plan: ExtensionPlan) -> str:
     return "\n".join(lines)
 
 
+def earliest_next_request(record: OperationRecord, table: ProviderTable, *, now: float) -> tuple[float, bool]:
+    """The earliest a status request may follow an approval, and whether a Retry-After decides it.
+
+    Never before `now`, never before a `Retry-After` still in force (counted from
+    the answer that carried it), and never sooner than the table's base delay
+    after the last request: an approval grants more requests, not a faster pace.
+    """
+    earliest = now
+    last = record.last_http_at
+    if last is not None:
+        earliest = max(earliest, last + table.schedule.base_delay_seconds)
+    provider_says = (
+        last + record.retry_after_seconds
+        if last is not None and record.retry_after_seconds is not None
+        else None
+    )
+    if provider_says is not None and provider_says >= earliest:
+        return provider_says, True
+    return earliest, False
+
+
 def extension_changes(
     record: OperationRecord, table: ProviderTable, plan: ExtensionPlan, *, now: float
 ) -> dict[str, object]:
-    """The columns an approved plan changes. Counters are kept; only limits and the schedule move."""
+    """The columns an approved plan changes. Counters are kept; only limits and the schedule move.
+
+    New deadline = max(old deadline, approval time) + extra (within the table's
+    max_deadline_seconds); budget = old + extra; the next request waits for
+    `earliest_next_request` (its delay source is provider_retry_after when a
+    Retry-After decides it, manual_extension otherwise).
+    """
     start_from = max(record.deadline_at, now)
     max_deadline = record.started_at + table.limits.max_deadline_seconds
+    next_at, by_provider = earliest_next_request(record, table, now=now)
     changes: dict[str, object] = {
         "status": "waiting",
         "stop_reason": None,
         "stop_detail": None,
         "stopped_at": None,
         "max_status_requests": record.max_status_requests + plan.extra_status_requests,
-        "delay_source": "manual_extension",
-        "next_check_at": now,
+        "delay_source": "provider_retry_after" if by_provider else "manual_extension",
+        "next_check_at": next_at,
     }
     if record.stop_reason == "unknown_state":
         # A bounded pause: no check before it ends, then the granted checks.
-        pause_end = now + plan.extra_seconds
+        pause_end = max(next_at, now + plan.extra_seconds)
         changes["next_check_at"] = pause_end
+        changes["delay_source"] = "manual_extension" if pause_end > next_at else changes["delay_source"]
         changes["deadline_at"] = min(
             max_deadline, max(record.deadline_at, pause_end + table.schedule.max_delay_seconds)
         )
@@ -237,7 +266,10 @@ def extension_changes(
     if record.stop_reason == "rate_limited":
         changes["max_rate_limited"] = record.rate_limited_used + table.limits.max_rate_limited
         # The provider asked us to slow down: the first check after approval waits a base delay.
-        changes["next_check_at"] = now + table.schedule.base_delay_seconds
+        slowed = now + table.schedule.base_delay_seconds
+        if slowed > next_at:
+            changes["next_check_at"] = slowed
+            changes["delay_source"] = "manual_extension"
     return changes
 
 

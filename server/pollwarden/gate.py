@@ -36,6 +36,9 @@ class Step(StrEnum):
     WAIT = "wait"  # too early, but the caller waits until `allowed_at`: nothing written
     NOT_YET = "not_yet"  # too early: refused (counted), nothing sent
     RESERVE = "reserve"  # count the request and take the lease
+    # A request may go out now (or within the caller's wait), but the provider table requires a person
+    # for every status request and none approved this one: nothing written, nothing sent.
+    NEEDS_PERSON = "needs_person"
     # Written by the store, not the gate: RESERVE found the provider's shared pace used up,
     # so the operation was booked the next free slot (at `allowed_at`) instead; nothing counted.
     PACED = "paced"
@@ -58,7 +61,7 @@ class GateDecision:
     @property
     def writes(self) -> bool:
         """Whether carrying this verdict out changes the database."""
-        return self.step not in (Step.NO_TABLE, Step.APPLY_APPROVALS, Step.WAIT)
+        return self.step not in (Step.NO_TABLE, Step.APPLY_APPROVALS, Step.WAIT, Step.NEEDS_PERSON)
 
     @property
     def refusal(self) -> Outcome | None:
@@ -79,12 +82,15 @@ def decide_check(
     has_table: bool,
     approvals_due: bool,
     account_context: str | None = None,
+    may_send: bool = True,
 ) -> GateDecision:
     """What this round of check_status does; `approvals_due` says an operator's decision waits.
 
     `account_context` is the provider table's account context now (None: not
     compared); a waiting operation recorded under another one stops, and so
     does one marked a duplicate of the operation holding its job.
+    `may_send=False` (a table that requires a person for every status request, and
+    none approved this call): where a request would go out now or after a wait, nothing is.
     """
     if not has_table:
         return GateDecision(Step.NO_TABLE)
@@ -122,7 +128,11 @@ def decide_check(
         allowed_at = max(allowed_at, min(record.lease_expires_at or now, now + IN_FLIGHT_RECHECK_SECONDS))
     if now < allowed_at:
         step = Step.WAIT if allowed_at <= wait_until else Step.NOT_YET
+        if step == Step.WAIT and not may_send:
+            step = Step.NEEDS_PERSON
         return GateDecision(step, allowed_at=allowed_at, lease_busy=busy)
+    if not may_send:
+        return GateDecision(Step.NEEDS_PERSON, allowed_at=allowed_at)
     return GateDecision(Step.RESERVE)
 
 

@@ -102,6 +102,10 @@ class OperationRecord:
     duplicate_of: str | None = None
     # When the last status request was sent (`last_http_at`: when its answer came).
     request_sent_at: float | None = None
+    # A resubmission of a payload whose earlier operation ended or escalated: that operation's id,
+    # and who approved sending it (nothing is sent while this is None).
+    resubmission_of: str | None = None
+    resubmission_approved_by: str | None = None
     # When a verified provider webhook last brought next_check_at forward (to this time); see webhooks.py.
     woken_at: float | None = None
 
@@ -114,6 +118,15 @@ class OperationRecord:
     def is_waiting(self) -> bool:
         """True while status requests may still be sent."""
         return self.status == Status.WAITING
+
+    @property
+    def held_for_approval(self) -> bool:
+        """A resubmission not yet approved by a person: nothing may be sent for it."""
+        return (
+            self.status == Status.SUBMITTING
+            and self.resubmission_of is not None
+            and self.resubmission_approved_by is None
+        )
 
     @property
     def woken_by_webhook(self) -> bool:

@@ -50,7 +50,7 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
-from pollwarden import approvals, followups
+from pollwarden import approvals, followups, resubmission, status_approval
 from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
@@ -328,6 +328,81 @@ async def _ask_person(
     )
 
 
+async def _plan_resubmission(
+    provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Context[Any, Any]
+) -> resubmission.ResubmissionPlan:
+    return await _run(
+        resubmission.plan(_controller(ctx), provider=provider, operation_id=operation_id, submit=submit)
+    )
+
+
+async def _ask_resubmission(
+    plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)], ctx: Context[Any, Any]
+) -> Elicit[resubmission.ResubmitDecision] | _Answered | None:
+    """Ask only for a resubmission not yet approved, when the operator wants a prompt and the client can show one."""
+    controller = _controller(ctx)
+    if (
+        not plan.needed
+        or plan.operator_approved
+        or controller.config.approval_mode == "tool-confirmation"
+        or not _client_can_elicit(ctx)
+    ):
+        return None
+    if not _has_back_channel(ctx):
+        return Elicit(plan.question, resubmission.ResubmitDecision)
+
+    async def late(outcome: ElicitationResult[resubmission.ResubmitDecision] | None, missing: str) -> None:
+        await resubmission.record_late_answer(controller, plan, _yes(outcome, "resubmit"))
+
+    return await _ask_on_back_channel(
+        ctx, plan.question, resubmission.ResubmitDecision, tool="start_operation", late=late
+    )
+
+
+async def _plan_status_request(
+    operation_id: str, wait_seconds: float, ctx: Context[Any, Any]
+) -> status_approval.StatusRequestPlan:
+    controller = _controller(ctx)
+    if not controller.per_request_providers:
+        return status_approval.StatusRequestPlan()  # the common case: no table asks for it, nothing read
+    bounded = wait_bound(
+        wait_seconds,
+        max_wait=controller.config.max_wait_seconds,
+        request_timeout=controller.http.limits.total_timeout_seconds,
+    )
+    return await _run(status_approval.plan(controller, operation_id, wait_seconds=bounded))
+
+
+async def _ask_status_request(
+    plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)], ctx: Context[Any, Any]
+) -> Elicit[status_approval.SendDecision] | _Answered | None:
+    """Ask before a status request only where the table requires it, a request would go out, and nobody approved."""
+    controller = _controller(ctx)
+    if (
+        not plan.needed
+        or plan.operator_approval_id is not None
+        or controller.config.approval_mode == "tool-confirmation"
+        or not _client_can_elicit(ctx)
+    ):
+        return None
+    if not _has_back_channel(ctx):
+        return Elicit(plan.question, status_approval.SendDecision)
+
+    async def late(outcome: ElicitationResult[status_approval.SendDecision] | None, missing: str) -> None:
+        # Too late to send with this call: told in the story, nothing sent (the next call asks again).
+        await controller.store.audit_event(
+            plan.operation_id,
+            kind="status_request_unanswered",
+            at=controller.clock.now(),
+            note=f"the answer came after the client stopped waiting ({missing}); nothing was sent",
+            extra={},
+        )
+
+    return await _ask_on_back_channel(
+        ctx, plan.question, status_approval.SendDecision, tool="check_status", late=late
+    )
+
+
 async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
     return await _run(followups.plan_cancel(_controller(ctx), operation_id))
 
@@ -520,6 +595,9 @@ def build_server(
             ),
         ],
         ctx: Context[Any, Any],
+        # A resubmission of a payload that ended or escalated: a person approves it first.
+        plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)],
+        decision: Annotated[ElicitationResult[resubmission.ResubmitDecision], Resolve(_ask_resubmission)],
         operation_id: Annotated[
             str | None, Field(description="Your id for this wait; reuse it to get the same record back.")
         ] = None,
@@ -549,10 +627,17 @@ def build_server(
             str | None, Field(description="Your own idempotency key for submit (one is generated otherwise).")
         ] = None,
     ) -> OperationView:
+        outcome = _outcome(decision) if plan.needed else None
+        answer = (
+            resubmission.NOT_ASKED
+            if outcome is None
+            else resubmission.Answer(asked=True, approve=_yes(outcome, "resubmit"))
+        )
         return await _run(
             _controller(ctx).start_operation(
                 provider=provider,
-                operation_id=operation_id,
+                operation_id=plan.operation_id if plan.needed else operation_id,
+                resubmission_answer=answer,
                 provider_job_id=provider_job_id,
                 submit=submit,
                 deadline_seconds=deadline_seconds,
@@ -579,14 +664,34 @@ def build_server(
     async def check_status(
         operation_id: OperationIdArg,
         ctx: Context[Any, Any],
+        # A provider whose table requires a person for every status request: asked before each one.
+        plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)],
+        decision: Annotated[ElicitationResult[status_approval.SendDecision], Resolve(_ask_status_request)],
         wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
     ) -> OperationView:
+        controller = _controller(ctx)
+
         async def progress(done: float, total: float | None, message: str) -> None:
             await ctx.report_progress(done, total, message)
 
-        return await _run(
-            _controller(ctx).check_status(operation_id, wait_seconds=wait_seconds, progress=progress)
-        )
+        async def work() -> OperationView:
+            refusal: str | None = None
+            if plan.needed:
+                outcome = _outcome(decision)
+                refusal = await status_approval.permission(
+                    controller, plan, _yes(outcome, "send"), asked=outcome is not None
+                )
+            shown = await controller.check_status(
+                operation_id,
+                wait_seconds=wait_seconds,
+                progress=progress,
+                person_approved=plan.needed and refusal is None,
+            )
+            if refusal is not None and shown.outcome == "not_yet":
+                shown = shown.model_copy(update={"message": refusal})
+            return shown
+
+        return await _run(work())
 
     @mcp.tool(
         description="Ask a person for more time and/or status requests after waiting stopped "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from pydantic import BaseModel, Field
@@ -85,11 +86,35 @@ def allowed_actions(record: OperationRecord, table: ProviderTable | None) -> lis
     ]
     if record.stop_reason in END_STATES_WITH_RESULTS and decode_result(record.result_json).fields:
         actions.append("fetch_result")  # the result fields the provider documents for this end state
+    if may_resubmit(record, table):
+        actions.append("start_operation")  # the same payload again: only after a person approves it
     return actions
+
+
+def may_resubmit(record: OperationRecord, table: ProviderTable | None) -> bool:
+    """Whether a person may approve resubmitting this operation's payload (README "Stop reasons").
+
+    Only after the job ended (failed, cancelled, expired), only for a payload
+    pollwarden submitted (so it has it), and only where the provider takes an
+    idempotency key, which the new operation persists before it sends anything.
+    """
+    return (
+        record.stop_reason in END_STATES_WITH_RESULTS
+        and record.submit_payload_json is not None
+        and table is not None
+        and table.submit is not None
+        and table.submit.idempotency_header is not None
+    )
+
+
+# A payload shown as the resubmission option's argument up to this size; larger ones are described.
+RESUBMIT_ARGUMENT_LIMIT = 2000
 
 
 # Stops after which fetch_result hands over the fields the table documents for that end state.
 END_STATES_WITH_RESULTS = frozenset({"provider_failure", "cancelled", "expired"})
+# End states that carry the escalation block too: a terminal failure needs a person's decision.
+ESCALATED_END_STATES = frozenset({"provider_failure"})
 
 
 def person_must_act_at(record: OperationRecord, table: ProviderTable | None) -> str | None:
@@ -261,6 +286,18 @@ def escalation_options(
                 arguments={"operation_id": record.operation_id},
             )
         )
+    if "start_operation" in actions and record.submit_payload_json is not None:
+        arguments: dict[str, object] = {"provider": record.provider}
+        if len(record.submit_payload_json) <= RESUBMIT_ARGUMENT_LIMIT:
+            arguments["submit"] = json.loads(record.submit_payload_json)
+        options.append(
+            EscalationOption(
+                action="start_operation",
+                label="resubmit the same payload as a new operation (a person must approve it first and sees "
+                "this outcome; nothing is sent before)",
+                arguments=arguments,
+            )
+        )
     if "fetch_result" in actions:
         options.append(
             EscalationOption(
@@ -319,6 +356,8 @@ def escalation_message(record: OperationRecord, options: list[EscalationOption],
     ]
     if record.stop_detail:
         lines.append(f"Detail: {one_line(record.stop_detail)}")
+    if record.error:
+        lines.append(f"Provider error (untrusted): {quoted(record.error, bare_tokens=False)}")
     lines.append(f"Safe options: {safe}")
     return "\n".join(lines)
 
@@ -331,6 +370,8 @@ def _short_option(option: EscalationOption) -> str:
         return "cancel at provider"
     if option.action == "fetch_result":
         return "fetch result"
+    if option.action == "start_operation":
+        return "resubmit once a person approves"
     if option.action == "operator_reopen":
         return "fix the cause and reopen"
     return "inspect provider console"
@@ -382,6 +423,8 @@ def _next_step_message(
             "See escalation.options for what may be done."
         )
     ended = f"The job ended ({record.status}: {record.stop_reason}). Nothing more will be sent for it."
+    if record.stop_reason in ESCALATED_END_STATES:
+        ended += " Do not poll again; a person decides: see escalation.options."
     if record.stop_reason in END_STATES_WITH_RESULTS and decode_result(record.result_json).fields:
         ended += " The provider kept some result fields for this end state: fetch_result returns them."
     return ended
@@ -401,7 +444,9 @@ def operation_view(
     next_at = record.next_check_at if retry_at is None else max(record.next_check_at, retry_at)
     wait = max(0.0, next_at - now) if waiting else None
     escalation: Escalation | None = None
-    if record.status == "escalated" and record.stop_reason is not None:
+    if record.stop_reason is not None and (
+        record.status == "escalated" or record.stop_reason in ESCALATED_END_STATES
+    ):
         options = escalation_options(record, table, suggestion)
         escalation = Escalation(
             reason=record.stop_reason, message=escalation_message(record, options, now), options=options

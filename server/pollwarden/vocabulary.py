@@ -88,6 +88,8 @@ class ApprovalKind(StrEnum):
     EXTENSION = "extension"
     CANCEL = "cancel"
     REOPEN = "reopen"  # an operator's reopen, applied by the server only once it verified who decided
+    RESUBMISSION = "resubmission"
+    STATUS_REQUEST = "status_request"
 
 
 class ApprovalStatus(StrEnum):

@@ -101,7 +101,9 @@ async def test_an_approved_extension_adds_time_and_requests_and_keeps_the_counte
             "Resulting deadline",
         ):
             assert fact in question
-        after = view(await client.call_tool("check_status", {"operation_id": "op-ext1"}))
+        early = view(await client.call_tool("check_status", {"operation_id": "op-ext1"}))
+        assert early["outcome"] == "not_yet"  # the table's base delay after the last request first
+        after = view(await client.call_tool("check_status", {"operation_id": "op-ext1", "wait_seconds": 50}))
         assert after["outcome"] == "polled"
         assert after["status_requests_used"] == 3
     assert len(fake.status_requests("ext1")) == 3
@@ -250,7 +252,9 @@ async def test_a_client_without_elicitation_gets_an_operator_approval_applied_on
         assert decided.returncode == 0, decided.stderr
         assert "approved" in decided.stdout
 
-        applied = view(await client.call_tool("check_status", {"operation_id": "op-cli1"}))
+        applied = view(
+            await client.call_tool("check_status", {"operation_id": "op-cli1", "wait_seconds": 50})
+        )
         assert applied["outcome"] == "polled"
         assert applied["max_status_requests"] == 6
         assert applied["status_requests_used"] == 3

@@ -89,20 +89,17 @@ async def test_every_decision_row_carries_the_fields_an_operator_needs(
         view(await client.call_tool("check_status", {"operation_id": "op-j1", "wait_seconds": 50}))
     polled = next(r for r in read_rows(h.db_path, "op-j1") if r.kind == "polled")
     payload: dict[str, Any] = polled.payload_obj
-    for key in (
-        "state",
-        "outcome",
-        "next_check_at",
-        "delay_source",
-        "status_requests_used",
-        "max_status_requests",
-        "deadline_at",
-        "http_status",
-        "category",
-        "provider_request_id",
-        "decision",
-    ):
-        assert key in payload, key
+    # The values, not just the keys: a row that recorded the wrong state, deadline or delay source fails here.
+    assert {key: payload[key] for key in ("decision", "outcome", "status", "state", "category")} == {
+        "decision": "polled",
+        "outcome": "polled",
+        "status": "waiting",
+        "state": None,  # a 503 carries no job state
+        "category": None,
+    }
+    assert payload["next_check_at"] == "2025-04-18T10:20:35.000Z"  # polled at 10:20:05, Retry-After 30
+    assert payload["deadline_at"] == "2025-04-18T11:00:00.000Z"
+    assert (payload["stop_reason"], payload["transport_failures_used"]) == (None, 1)
     assert payload["http_status"] == 503
     assert payload["delay_source"] == "provider_retry_after"
     assert payload["retry_after_seconds"] == 30

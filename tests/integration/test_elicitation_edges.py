@@ -129,7 +129,10 @@ async def test_an_answer_that_arrives_after_the_client_timed_out_is_recorded_and
 
         await eventually(recorded)
         if tool == "request_extension":
-            applied = view(await client.call_tool("check_status", {"operation_id": "op-late"}))
+            # wait_seconds: the approval keeps the table's base delay after the last request.
+            applied = view(
+                await client.call_tool("check_status", {"operation_id": "op-late", "wait_seconds": 30})
+            )
             assert (applied["outcome"], applied["max_status_requests"]) == ("polled", 3)
             # As the README says: the check that applies the extension goes straight on to the check it
             # allows; the extension's own row carries manual_extension, the view the schedule after the poll.

@@ -35,6 +35,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pollwarden.approvals import describe_request
 from pollwarden.audit import (
     Anchor,
     AuditError,
@@ -508,6 +509,8 @@ def _impact(approval: ApprovalRecord) -> str:
         return "one cancel call to the provider; the job's work is lost"
     if approval.kind == "reopen":
         return "it waits again inside the same budget and deadline once the server verified who decided"
+    if approval.kind in ("resubmission", "status_request"):
+        return describe_request(approval).removeprefix("asks to ")  # one submission, or one status request
     seconds = float(request.get("extra_seconds", 0) or 0)
     checks = int(request.get("extra_status_requests", 0) or 0)
     return (

@@ -64,6 +64,10 @@ class Store(Protocol):
         """Most recent operations first."""
         ...
 
+    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
+        """The operations recorded with this request fingerprint (one payload, one account), newest first."""
+        ...
+
     async def count_operations(self) -> int:
         """How many operations the database holds."""
         ...
@@ -96,8 +100,12 @@ class Store(Protocol):
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
+        needs_person: frozenset[str] = frozenset(),
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
+
+        `needs_person`: providers whose every status request a person approves, and none approved
+        this call: where a request would go out, the gate answers NEEDS_PERSON and nothing is written.
 
         Loads the operation, lets `pollwarden.gate.decide_check` decide, and
         writes that: a counted refusal (not_yet, stopped), a stop before any

@@ -115,6 +115,11 @@ class PostgresStore:
         found = await self._pool.read(query, {"status": status, "provider": provider, "limit": limit})
         return [stored(row).record for row in found]
 
+    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
+        """The operations recorded with this request fingerprint, newest first."""
+        found = await self._pool.read(sql.LIST_BY_FINGERPRINT, {"fingerprint": fingerprint, "limit": limit})
+        return [stored(row).record for row in found]
+
     async def count_operations(self) -> int:
         """How many operations the database holds."""
         row = await self._pool.read_one(sql.COUNT_OPERATIONS)
@@ -155,6 +160,7 @@ class PostgresStore:
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
+        needs_person: frozenset[str] = frozenset(),
     ) -> CheckStart | None:
         """Decide one round of check_status and write it (None: no such operation).
 
@@ -169,7 +175,7 @@ class PostgresStore:
             return None
         current = stored(row)
         decision = await self._decide(
-            None, current.record, now, wait_until, fleets, apply_approvals, accounts
+            None, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
         )
         if not decision.writes:
             return CheckStart(current.record, decision)
@@ -190,7 +196,7 @@ class PostgresStore:
             tat = None if tat_row is None or tat_row[0] is None else float(tat_row[0])
             now = clock() if clock is not None else now
             decision = await self._decide(
-                tx, current.record, now, wait_until, fleets, apply_approvals, accounts
+                tx, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
             )
             if not decision.writes:
                 return CheckStart(current.record, decision)
@@ -205,6 +211,7 @@ class PostgresStore:
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool,
         accounts: Mapping[str, str] | None,
+        needs_person: frozenset[str] = frozenset(),
     ) -> GateDecision:
         due = False
         if apply_approvals and record.status == Status.ESCALATED:
@@ -221,6 +228,7 @@ class PostgresStore:
             has_table=record.provider in fleets,
             approvals_due=due,
             account_context=None if accounts is None else accounts.get(record.provider),
+            may_send=record.provider not in needs_person,
         )
 
     async def _one_statement(
@@ -303,6 +311,7 @@ class PostgresStore:
         concurrent insert of either to commit; then the operation holding the id,
         else the job's holder, is returned (pollwarden.job_identity).
         """
+        values = {"resubmission_of": None, **values}  # a new operation is no resubmission unless it says so
         missing = set(sql.NEW_OPERATION_COLUMNS) - set(values)
         extra = set(values) - set(sql.NEW_OPERATION_COLUMNS)
         if missing or extra:
@@ -341,6 +350,8 @@ class PostgresStore:
             stale = allow_stale and (record.lease_expires_at or 0.0) <= now
             if record.status != Status.SUBMITTING or not (record.lease_owner is None or stale):
                 return None
+            if record.held_for_approval:
+                return None  # a resubmission a person has not approved is never sent
             claimed = await writer.write(
                 current, {"lease_owner": owner, "lease_expires_at": now + lease_seconds}, at=now
             )

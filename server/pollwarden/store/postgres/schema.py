@@ -215,6 +215,16 @@ _THROUGH_6: tuple[Migration, ...] = (
 # SQLite step 9 (signed provider webhooks): the event ids seen, when a webhook last woke an operation.
 MIGRATIONS: tuple[Migration, ...] = (
     *_THROUGH_6,
+    # SQLite step 7: a resubmission held until a person approves; a payload's operations by fingerprint.
+    Migration(
+        7,
+        "resubmissions held for a person",
+        (
+            "ALTER TABLE operations ADD COLUMN resubmission_of text",
+            "ALTER TABLE operations ADD COLUMN resubmission_approved_by text",
+            "CREATE INDEX operations_by_fingerprint ON operations(request_fingerprint, created_at DESC)",
+        ),
+    ),
     Migration(
         9,
         "webhook events and wake-ups",

@@ -37,6 +37,10 @@ LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = _LIST.format(
     where="WHERE status = %(status)s AND provider = %(provider)s"
 )
 COUNT_OPERATIONS = "SELECT count(*) FROM operations"
+LIST_BY_FINGERPRINT = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(fingerprint)s "
+    "ORDER BY created_at DESC, operation_id LIMIT %(limit)s"
+)
 
 INSERT_OPERATION = (
     f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "

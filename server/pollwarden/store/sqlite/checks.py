@@ -48,6 +48,7 @@ def begin_check(
     key: bytes | None,
     clock: Callable[[], float] | None = None,
     accounts: Mapping[str, str] | None = None,
+    needs_person: frozenset[str] = frozenset(),
 ) -> CheckStart | None:
     """Decide one round of check_status and write what it decided; None when there is no such operation.
 
@@ -59,7 +60,9 @@ def begin_check(
     current = rows.fetch(conn, operation_id)  # a snapshot read, outside any transaction
     if current is None:
         return None
-    decision = _decide(session, current.record, now, wait_until, fleets, apply_approvals, accounts)
+    decision = _decide(
+        session, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
+    )
     if not decision.writes:
         return CheckStart(current.record, decision)
     try:
@@ -72,7 +75,9 @@ def begin_check(
     with session.transaction(durable=True):
         now = clock() if clock is not None else now
         current = rows.must_fetch(conn, operation_id)
-        decision = _decide(session, current.record, now, wait_until, fleets, apply_approvals, accounts)
+        decision = _decide(
+            session, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
+        )
         if not decision.writes:
             return CheckStart(current.record, decision)
         return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key)
@@ -86,6 +91,7 @@ def _decide(
     fleets: Mapping[str, FleetSpec | None],
     apply_approvals: bool,
     accounts: Mapping[str, str] | None,
+    needs_person: frozenset[str],
 ) -> GateDecision:
     due = False
     if apply_approvals and record.status == Status.ESCALATED:
@@ -100,6 +106,7 @@ def _decide(
         has_table=record.provider in fleets,
         approvals_due=due,
         account_context=None if accounts is None else accounts.get(record.provider),
+        may_send=record.provider not in needs_person,
     )
 
 

@@ -73,6 +73,16 @@ class SQLiteStore:
 
         return await self._db.run(work)
 
+    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
+        """The operations recorded with this request fingerprint, newest first."""
+        params = {"fingerprint": fingerprint, "limit": limit}
+
+        def work(s: Session) -> list[OperationRecord]:
+            found = s.conn.execute(queries.LIST_BY_FINGERPRINT, params).fetchall()
+            return [rows.stored(row).record for row in found]
+
+        return await self._db.run(work)
+
     async def count_operations(self) -> int:
         """How many operations the database holds."""
 
@@ -129,11 +139,13 @@ class SQLiteStore:
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
+        needs_person: frozenset[str] = frozenset(),
     ) -> CheckStart | None:
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
             partial(
                 checks.begin_check,
+                needs_person=needs_person,
                 operation_id=operation_id,
                 now=now,
                 wait_until=wait_until,

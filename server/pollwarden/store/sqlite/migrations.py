@@ -357,6 +357,18 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
         WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL;
     """,
     ),
+    # A payload submitted again after its earlier operation ended or escalated is held until a
+    # person approves (resubmission_of names that operation; resubmission_approved_by who approved);
+    # the earlier operations of a payload are found by its fingerprint.
+    Migration(
+        7,
+        "resubmissions held for a person",
+        """
+    ALTER TABLE operations ADD COLUMN resubmission_of TEXT;
+    ALTER TABLE operations ADD COLUMN resubmission_approved_by TEXT;
+    CREATE INDEX operations_by_fingerprint ON operations(request_fingerprint, created_at DESC);
+    """,
+    ),
     # Signed provider webhooks (issue 21): the event ids seen (a replay is acknowledged and
     # ignored; rows older than the replay window are pruned), the time a webhook last brought
     # an operation's next check forward (a column of its own, so `delay_source` keeps its CHECK

@@ -51,6 +51,12 @@ LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = _LIST.format(where="WHERE status = :sta
 
 COUNT_OPERATIONS = "SELECT count(*) FROM operations"
 
+# The operations of one request fingerprint (one payload to one provider account), newest first.
+LIST_BY_FINGERPRINT = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = :fingerprint "
+    "ORDER BY created_at DESC, operation_id LIMIT :limit"
+)
+
 NEW_OPERATION_COLUMNS = (
     "operation_id",
     "provider",
@@ -71,6 +77,7 @@ NEW_OPERATION_COLUMNS = (
     "submit_payload_json",
     "created_at",
     "updated_at",
+    "resubmission_of",
 )
 INSERT_OPERATION = (
     f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
@@ -140,18 +147,20 @@ RESET_REFUSALS = (
     "refused_last_at = NULL WHERE operation_id = ?"
 )
 
+# A resubmission a person has not approved is never claimed for sending.
+_NOT_HELD = "AND (resubmission_of IS NULL OR resubmission_approved_by IS NOT NULL) "
 CLAIM_SUBMISSION = (
     "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, "
     "version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND status = 'submitting' AND lease_owner IS NULL "
-    f"RETURNING {OPERATION_ROW}"
+    f"{_NOT_HELD}RETURNING {OPERATION_ROW}"
 )
 # With idempotency an expired lease (a call that died mid-send) may be taken over: a resend is safe.
 CLAIM_SUBMISSION_TAKING_OVER = (
     "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, "
     "version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND status = 'submitting' "
-    f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
+    f"AND (lease_owner IS NULL OR lease_expires_at <= :now) {_NOT_HELD}RETURNING {OPERATION_ROW}"
 )
 
 # The fields a decision may change (never the identity, the fingerprint or the start).
@@ -167,6 +176,7 @@ MUTABLE_COLUMNS = frozenset(OPERATION_COLUMNS) - {
     "created_at",
     "updated_at",
     "version",
+    "resubmission_of",
 }
 
 

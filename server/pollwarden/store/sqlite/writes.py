@@ -26,6 +26,9 @@ from pollwarden.vocabulary import (
     FollowupStatus,
 )
 
+# New columns a caller may leave out: a new operation is no resubmission unless it says so.
+OPTIONAL_NEW_COLUMNS: Mapping[str, object] = {"resubmission_of": None}
+
 
 def create_operation(
     session: Session, values: Mapping[str, object], *, kind: str, at: float, key: bytes | None
@@ -38,6 +41,7 @@ def create_operation(
     created (pollwarden.job_identity). The first audit row names the account
     context's origin and credential variable.
     """
+    values = {**OPTIONAL_NEW_COLUMNS, **values}
     missing = set(queries.NEW_OPERATION_COLUMNS) - set(values)
     extra = set(values) - set(queries.NEW_OPERATION_COLUMNS)
     if missing or extra:
