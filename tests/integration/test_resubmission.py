@@ -154,6 +154,7 @@ async def test_without_elicitation_an_operator_approves_and_the_next_call_sends_
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     h = make_harness(tmp_path, fake, clock=FakeClock(time.time()))
+    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
     async with h.client() as client:
         await ended(h, client, [failed("disk full")])
         held = view(await client.call_tool("start_operation", again(None)))
@@ -185,6 +186,7 @@ async def test_without_elicitation_an_operator_approves_and_the_next_call_sends_
 
 async def test_an_operator_denial_keeps_the_resubmission_unsent(tmp_path: Path, fake: FakeProvider) -> None:
     h = make_harness(tmp_path, fake, clock=FakeClock(time.time()))
+    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
     async with h.client() as client:
         await ended(h, client, [failed("disk full")])
         view(await client.call_tool("start_operation", again()))

@@ -136,6 +136,7 @@ async def test_without_elicitation_an_operator_approves_one_request_at_a_time(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     h = make_harness(tmp_path, fake, table=EVERY, clock=FakeClock(time.time()))
+    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
     fake.script("op", [pending("running")])
     async with h.client() as client:
         await started(client, "op")
