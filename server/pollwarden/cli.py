@@ -11,14 +11,23 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
+from pollwarden.auth import (
+    TOKENS_ENV,
+    AuthOptions,
+    add_token_commands,
+    auth_settings,
+    build_verifier,
+    resource_url_for,
+)
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
-from pollwarden.http_serve import HttpOptions, run_http, transport_security
+from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.untrusted import OneLineFormatter
@@ -50,14 +59,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the MCP server over stdio (default) or streamable HTTP on 127.0.0.1."""
     from pollwarden.server import build_server, controller_factory
 
-    http = _http_options(args) if args.transport == "http" else None
+    auth = _auth_options(args)
+    http = _http_options(args, auth) if args.transport == "http" else None
+    if http is None and auth.configured:
+        raise ConfigError(
+            "--auth-tokens and --jwt-issuer apply to --transport http (stdio is the local user)"
+        )
+    settings = verifier = None
     if http is not None:
         transport_security(
             http
         )  # refuse a host or name list that would serve unprotected, before anything else
+        if auth.configured:
+            if not is_loopback(http.host) and not auth.resource_url:
+                raise ConfigError(
+                    "beyond loopback, --resource-url must give the URL clients use, e.g. "
+                    "https://mcp.example.com/mcp (tokens are issued for it, and the metadata names it)"
+                )
+            resource = resource_url_for(auth, host=http.host, port=http.port)
+            settings = auth_settings(auth, resource_url=resource)
+            verifier = build_verifier(auth, resource_url=resource)
     config = _serve_config(args)
     factory = controller_factory(config)  # refuses a wrong provider table before serving
-    server = build_server(factory)
+    server = build_server(factory, auth=settings, token_verifier=verifier)
     log.info("pollwarden serving (%s), database %s", args.transport, config.db_path)
     if http is not None:
         run_http(server, http)
@@ -66,7 +90,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _http_options(args: argparse.Namespace) -> HttpOptions:
+def _auth_options(args: argparse.Namespace) -> AuthOptions:
+    tokens = (
+        (args.auth_tokens or os.environ.get(TOKENS_ENV)) if args.transport == "http" else args.auth_tokens
+    )
+    return AuthOptions(
+        token_file=Path(tokens).expanduser() if tokens else None,
+        jwt_issuer=args.jwt_issuer,
+        jwt_jwks_url=args.jwt_jwks_url,
+        jwt_audience=args.jwt_audience,
+        jwt_principal_claim=args.jwt_principal_claim,
+        resource_url=args.resource_url,
+    )
+
+
+def _http_options(args: argparse.Namespace, auth: AuthOptions) -> HttpOptions:
     if args.max_connections < 1:
         raise ConfigError("--max-connections must be 1 or more")
     if not args.request_timeout > 0:
@@ -79,6 +117,7 @@ def _http_options(args: argparse.Namespace) -> HttpOptions:
         allowed_origins=tuple(args.allowed_origin or ()),
         max_connections=args.max_connections,
         request_timeout_seconds=args.request_timeout,
+        verifier_configured=auth.configured,
     )
 
 
@@ -142,6 +181,39 @@ def build_parser() -> argparse.ArgumentParser:
         f"is closed (default {HttpOptions.request_timeout_seconds:g})",
     )
     serve.add_argument(
+        "--auth-tokens",
+        metavar="FILE",
+        help=f"HTTP only: require a bearer token listed (by hash) in FILE, made with `pollwarden tokens add` "
+        f"(env {TOKENS_ENV})",
+    )
+    serve.add_argument(
+        "--jwt-issuer",
+        metavar="URL",
+        help="HTTP only: require a JWT access token from this issuer (its iss), verified against its JWKS",
+    )
+    serve.add_argument(
+        "--jwt-jwks-url",
+        metavar="URL",
+        help="HTTP only: the issuer's JWKS (default ISSUER/.well-known/jwks.json)",
+    )
+    serve.add_argument(
+        "--jwt-audience",
+        metavar="AUD",
+        help="HTTP only: the aud tokens must carry (default: the resource URL)",
+    )
+    serve.add_argument(
+        "--jwt-principal-claim",
+        default="sub",
+        metavar="CLAIM",
+        help="HTTP only: the claim naming the principal operations belong to (default sub)",
+    )
+    serve.add_argument(
+        "--resource-url",
+        metavar="URL",
+        help="HTTP only: this server's URL as clients reach it, e.g. https://mcp.example.com/mcp (the "
+        "audience of its tokens; default http://HOST:PORT/mcp on loopback)",
+    )
+    serve.add_argument(
         "--approval",
         choices=["elicitation", "tool-confirmation"],
         help="how extensions are approved (env POLLWARDEN_APPROVAL); see README before using tool-confirmation",
@@ -165,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_approval_commands(sub)
     add_audit_commands(sub)
     add_provider_commands(sub)
+    add_token_commands(sub)
     return parser
 
 

@@ -19,6 +19,8 @@ from typing import Annotated, Any, TypeVar
 import anyio
 import anyio.lowlevel
 import httpx2
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import (
     AcceptedElicitation,
     Context,
@@ -438,9 +440,18 @@ def _reader_of(context: object) -> Reader | None:
 
 
 def build_server(
-    factory: ControllerFactory, *, name: str = "pollwarden", watch_interval: float = WATCH_INTERVAL_SECONDS
+    factory: ControllerFactory,
+    *,
+    name: str = "pollwarden",
+    watch_interval: float = WATCH_INTERVAL_SECONDS,
+    auth: AuthSettings | None = None,
+    token_verifier: TokenVerifier | None = None,
 ) -> MCPServer[ServerContext]:
-    """The MCP server with its tools, resources and resource subscriptions."""
+    """The MCP server with its tools, resources and resource subscriptions.
+
+    With `auth` and `token_verifier`, streamable HTTP needs a bearer token (the SDK's middleware
+    and RFC 9728 metadata route); stdio is unaffected.
+    """
     bus = InMemorySubscriptionBus()
     subscriptions = Subscriptions()
 
@@ -466,7 +477,13 @@ def build_server(
                 watchers.cancel_scope.cancel()
 
     mcp = PollwardenServer(
-        name, instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0", subscriptions=bus
+        name,
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        version="0.1.0",
+        subscriptions=bus,
+        auth=auth,
+        token_verifier=token_verifier,
     )
     mcp.middleware.append(surface_middleware)
     mcp.middleware.append(listen_middleware(subscriptions, _reader_of))
