@@ -44,6 +44,7 @@ from pollwarden.files import create_private_file
 
 __all__ = [
     "METHOD_ELICITATION",
+    "METHOD_HTTP_OPERATOR",
     "METHOD_TOOL_CONFIRMATION",
     "METHOD_TTY",
     "PUBKEYS_ENV",
@@ -69,6 +70,7 @@ REQUIRE_ENV = "POLLWARDEN_REQUIRE_OPERATOR_KEY"
 METHOD_ELICITATION = "elicitation"
 METHOD_TOOL_CONFIRMATION = "tool-confirmation"
 METHOD_TTY = "tty"
+METHOD_HTTP_OPERATOR = "http-operator"  # an authenticated pollwarden:operator over HTTP (issue 19)
 _KEY_METHOD = "operator-key:"
 _PUBLIC_KEY_TYPE = "pollwarden-ed25519"
 _SIGNED_FORMAT = "pollwarden-decision/1"
@@ -205,7 +207,9 @@ def authenticate(
     if claimed == METHOD_ELICITATION:
         # A person's answer that reached this server after the client stopped waiting.
         return Verdict(True, f"{METHOD_ELICITATION} (answered after the client stopped waiting)")
-    return Verdict(True, claimed if claimed == METHOD_TTY else f"cli ({claimed})")
+    if claimed in (METHOD_TTY, METHOD_HTTP_OPERATOR):
+        return Verdict(True, claimed)
+    return Verdict(True, f"cli ({claimed})")
 
 
 # -- files ------------------------------------------------------------------------------------

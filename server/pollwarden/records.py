@@ -95,6 +95,7 @@ class OperationRecord:
     updated_at: float
     version: int
     fleet_slot_at: float | None
+    owner: str = "local"  # the principal that started it (issue 19); stdio is `local`
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> OperationRecord:

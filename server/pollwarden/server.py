@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -52,7 +52,7 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
-from pollwarden import approvals, followups
+from pollwarden import approvals, followups, operator_tools, ownership
 from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
@@ -61,6 +61,7 @@ from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
+from pollwarden.principals import current_principal
 from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
@@ -79,6 +80,7 @@ from pollwarden_providers.table import ProviderTable
 log = logging.getLogger("pollwarden")
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 INSTRUCTIONS = """\
 pollwarden waits on external asynchronous jobs for you, within bounds a person approved.
@@ -195,13 +197,24 @@ async def _read(work: Awaitable[T]) -> T:
         raise ResourceError(str(exc)) from exc
 
 
+async def _resolve(ctx: Context[Any, Any], operation_id: str) -> str:
+    """The stored id of the caller's operation (another principal's is answered as unknown)."""
+    return await _run(ownership.resolve(_controller(ctx), current_principal(), operation_id))
+
+
+def _shown(model: M) -> M:
+    """The result with the caller's own operation ids as it chose them."""
+    return ownership.renamed(model, current_principal())
+
+
 async def _plan(
     operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Context[Any, Any]
 ) -> ExtensionPlan:
+    stored = await _resolve(ctx, operation_id)
     return await _run(
         approvals.plan_extension(
             _controller(ctx),
-            operation_id,
+            stored,
             extra_seconds=extra_seconds,
             extra_status_requests=extra_status_requests,
             reason=reason,
@@ -301,6 +314,8 @@ async def _ask_person(
     controller = _controller(ctx)
     if not plan.allowed or controller.config.approval_mode == "tool-confirmation":
         return None
+    if current_principal().authenticated:
+        return None  # over authenticated HTTP the agent's own client never answers: an operator decides
     if not _client_can_elicit(ctx):
         return None
     if not _has_back_channel(ctx):
@@ -323,7 +338,8 @@ async def _ask_person(
 
 
 async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
-    return await _run(followups.plan_cancel(_controller(ctx), operation_id))
+    stored = await _resolve(ctx, operation_id)
+    return await _run(followups.plan_cancel(_controller(ctx), stored))
 
 
 async def _ask_cancel(
@@ -335,6 +351,7 @@ async def _ask_cancel(
         not plan.allowed
         or plan.approved_id is not None
         or controller.config.approval_mode == "tool-confirmation"
+        or current_principal().authenticated
     ):
         return None
     if not _client_can_elicit(ctx):
@@ -539,8 +556,11 @@ def build_server(
             str | None, Field(description="Your own idempotency key for submit (one is generated otherwise).")
         ] = None,
     ) -> OperationView:
-        return await _run(
+        principal = current_principal()
+        view = await _run(
             _controller(ctx).start_operation(
+                owner=principal.name,
+                stored_id=partial(ownership.stored_id, principal),
                 provider=provider,
                 operation_id=operation_id,
                 provider_job_id=provider_job_id,
@@ -551,6 +571,7 @@ def build_server(
                 idempotency_key=idempotency_key,
             )
         )
+        return _shown(view)
 
     @mcp.tool(
         description="One bounded status check. Sends at most one status request, and only when the "
@@ -574,8 +595,9 @@ def build_server(
         async def progress(done: float, total: float | None, message: str) -> None:
             await ctx.report_progress(done, total, message)
 
-        return await _run(
-            _controller(ctx).check_status(operation_id, wait_seconds=wait_seconds, progress=progress)
+        stored = await _resolve(ctx, operation_id)
+        return _shown(
+            await _run(_controller(ctx).check_status(stored, wait_seconds=wait_seconds, progress=progress))
         )
 
     @mcp.tool(
@@ -600,11 +622,15 @@ def build_server(
         ctx: Context[Any, Any],
     ) -> ExtensionResult:
         controller = _controller(ctx)
+        principal = current_principal()
 
         async def work() -> ExtensionResult:
-            record = await controller.load(operation_id)
+            record = await controller.load(plan.operation_id)
             if not plan.allowed:
                 return approvals.refused(controller, plan, record)
+            if principal.authenticated:
+                # An agent never approves its own extension: over HTTP an operator decides, whatever the client.
+                return await approvals.request_operator_approval(controller, plan)
             if controller.config.approval_mode == "tool-confirmation":
                 return await approvals.apply_extension(
                     controller, plan, by="client tool confirmation", method=METHOD_TOOL_CONFIRMATION
@@ -621,7 +647,7 @@ def build_server(
                 controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
             )
 
-        return await _run(work())
+        return _shown(await _run(work()))
 
     @mcp.tool(
         description="The validated result fields of a succeeded operation, recorded as its own follow-up. "
@@ -631,7 +657,8 @@ def build_server(
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def fetch_result(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> FollowUpResult:
-        return await _run(followups.fetch_result(_controller(ctx), operation_id))
+        stored = await _resolve(ctx, operation_id)
+        return _shown(await _run(followups.fetch_result(_controller(ctx), stored)))
 
     @mcp.tool(
         description="Cancel the job at the provider with its documented cancel call, after a person approves. "
@@ -648,10 +675,11 @@ def build_server(
         ctx: Context[Any, Any],
     ) -> FollowUpResult:
         controller = _controller(ctx)
+        principal = current_principal()
 
         async def work() -> FollowUpResult:
             if not plan.allowed:
-                record = await controller.load(operation_id)
+                record = await controller.load(plan.operation_id)
                 return followups.refused_cancel(controller, record, plan)
             if plan.approved_id is not None:
                 return await followups.send_cancel(
@@ -661,6 +689,8 @@ def build_server(
                     by=plan.approved_by or "operator",
                     method=plan.approved_method or "cli",
                 )
+            if principal.authenticated:
+                return await followups.request_cancel_approval(controller, plan)
             if controller.config.approval_mode == "tool-confirmation":
                 return await followups.send_cancel(
                     controller,
@@ -681,14 +711,15 @@ def build_server(
                 controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
             )
 
-        return await _run(work())
+        return _shown(await _run(work()))
 
     @mcp.tool(
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def get_operation(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> OperationView:
-        return await _run(_controller(ctx).get_operation(operation_id))
+        stored = await _resolve(ctx, operation_id)
+        return _shown(await _run(_controller(ctx).get_operation(stored)))
 
     @mcp.tool(
         description="Recent operations, newest first, optionally filtered by status or provider. No provider call.",
@@ -702,8 +733,45 @@ def build_server(
         ] = None,
         limit: Annotated[int, Field(ge=1, le=500)] = 50,
     ) -> OperationList:
-        views = await _run(_controller(ctx).list_operations(status=status, provider=provider, limit=limit))
-        return OperationList(operations=views, count=len(views))
+        principal = current_principal()
+        owner = None if principal.sees_everything else principal.name
+        views = await _run(
+            _controller(ctx).list_operations(status=status, provider=provider, limit=limit, owner=owner)
+        )
+        shown = [ownership.renamed(v, principal) for v in views]
+        return OperationList(operations=shown, count=len(shown))
+
+    @mcp.tool(
+        description="Operators only (a bearer token with pollwarden:operator over HTTP): the approvals waiting "
+        "for a person, or every one with all=true. Agents cannot use it.",
+        annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    )
+    async def list_approvals(
+        ctx: Context[Any, Any],
+        all: Annotated[bool, Field(description="Every approval, not only the pending ones.")] = False,
+    ) -> operator_tools.ApprovalList:
+        return await _run(
+            operator_tools.list_approvals(_controller(ctx), current_principal(), everything=all)
+        )
+
+    @mcp.tool(
+        description="Operators only (a bearer token with pollwarden:operator over HTTP): approve or deny a "
+        "pending approval about another principal's operation. Nobody decides about their own operation; "
+        "agents cannot use it.",
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+        ),
+    )
+    async def decide_approval(
+        approval_id: Annotated[
+            str, Field(min_length=1, max_length=100, description="As list_approvals shows it.")
+        ],
+        decision: Annotated[Literal["approve", "deny"], Field(description="approve or deny.")],
+        ctx: Context[Any, Any],
+    ) -> operator_tools.DecisionResult:
+        return await _run(
+            operator_tools.decide_approval(_controller(ctx), current_principal(), approval_id, decision)
+        )
 
     @mcp.resource(
         "pollwarden://operations/{operation_id}",
@@ -712,7 +780,9 @@ def build_server(
         mime_type="application/json",
     )
     async def operation_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
-        view = await _read(_controller(ctx).get_operation(operation_id))
+        controller = _controller(ctx)
+        stored = await _read(ownership.resolve(controller, current_principal(), operation_id))
+        view = _shown(await _read(controller.get_operation(stored)))
         return view.model_dump_json(indent=2)
 
     @mcp.resource(
@@ -723,10 +793,11 @@ def build_server(
     )
     async def audit_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
         controller = _controller(ctx)
-        await _read(controller.load(operation_id))
-        await _read(controller.store.flush_refusals(operation_id))  # the story is told up to now
+        stored = await _read(ownership.resolve(controller, current_principal(), operation_id))
+        await _read(controller.load(stored))
+        await _read(controller.store.flush_refusals(stored))  # the story is told up to now
         db: Path = controller.store.location.path
-        rows = await anyio.to_thread.run_sync(lambda: read_rows(db, operation_id))
+        rows = await anyio.to_thread.run_sync(lambda: read_rows(db, stored))
         return "\n".join(render_story(rows)) + "\n"
 
     return mcp

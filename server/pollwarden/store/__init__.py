@@ -43,9 +43,14 @@ class Store(Protocol):
         ...
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationRecord]:
-        """Most recent operations first."""
+        """Most recent operations first (only `owner`'s when given)."""
         ...
 
     async def count_operations(self) -> int:

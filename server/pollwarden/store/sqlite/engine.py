@@ -55,18 +55,18 @@ class SQLiteStore:
         return await self._db.run(work)
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationRecord]:
-        """Most recent operations first."""
-        if status is not None and provider is not None:
-            sql = queries.LIST_OPERATIONS_BY_STATUS_AND_PROVIDER
-        elif status is not None:
-            sql = queries.LIST_OPERATIONS_BY_STATUS
-        elif provider is not None:
-            sql = queries.LIST_OPERATIONS_BY_PROVIDER
-        else:
-            sql = queries.LIST_OPERATIONS
-        params = {"status": status, "provider": provider, "limit": limit}
+        """Most recent operations first (only `owner`'s when given)."""
+        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
+        sql = queries.list_operations(
+            *(name for name in ("status", "provider", "owner") if params[name] is not None)
+        )
 
         def work(s: Session) -> list[OperationRecord]:
             return [rows.stored(row).record for row in s.conn.execute(sql, params).fetchall()]

@@ -243,6 +243,16 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE approvals ADD COLUMN decision_signature TEXT;
     """,
     ),
+    # Issue 19: every operation belongs to a principal (stdio and earlier rows: the local user).
+    # Per-principal ids are kept unique by the stored id itself (`pollwarden.ownership`).
+    Migration(
+        8,
+        "operation owners",
+        """
+    ALTER TABLE operations ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
+    CREATE INDEX operations_by_owner ON operations(owner, created_at DESC, operation_id);
+    """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].number
@@ -274,7 +284,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                     f"the database is at schema version {current}, newer than this pollwarden knows "
                     f"({LATEST}); upgrade pollwarden, or point --db at another file"
                 )
-            for step in MIGRATIONS[current:]:
+            # By number, not position: numbers are reserved per change, and one may land before a lower one.
+            for step in (step for step in MIGRATIONS if step.number > current):
                 for statement in split_sql(step.script):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {step.number}")

@@ -44,10 +44,20 @@ SELECT_OPERATION = f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id =
 _LIST = (
     f"SELECT {OPERATION_ROW} FROM operations {{where}} ORDER BY created_at DESC, operation_id LIMIT :limit"
 )
-LIST_OPERATIONS = _LIST.format(where="")
-LIST_OPERATIONS_BY_STATUS = _LIST.format(where="WHERE status = :status")
-LIST_OPERATIONS_BY_PROVIDER = _LIST.format(where="WHERE provider = :provider")
-LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = _LIST.format(where="WHERE status = :status AND provider = :provider")
+_LIST_FILTERS = {"status": "status = :status", "provider": "provider = :provider", "owner": "owner = :owner"}
+
+
+@cache
+def list_operations(*filters: str) -> str:
+    """The listing with these filters (names from `_LIST_FILTERS`, in that order)."""
+    where = " AND ".join(_LIST_FILTERS[f] for f in filters)
+    return _LIST.format(where=f"WHERE {where}" if where else "")
+
+
+LIST_OPERATIONS = list_operations()
+LIST_OPERATIONS_BY_STATUS = list_operations("status")
+LIST_OPERATIONS_BY_PROVIDER = list_operations("provider")
+LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = list_operations("status", "provider")
 
 COUNT_OPERATIONS = "SELECT count(*) FROM operations"
 
@@ -71,6 +81,7 @@ NEW_OPERATION_COLUMNS = (
     "submit_payload_json",
     "created_at",
     "updated_at",
+    "owner",
 )
 INSERT_OPERATION = (
     f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
