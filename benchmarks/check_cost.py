@@ -52,13 +52,14 @@ from mcp.client import Client
 if not __package__:  # run as `python benchmarks/check_cost.py`: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.live import (
+from tests.support.live import (
     call,
     fake_provider_workdir,
     script_running,
     structured,
     timing_controller_factory,
 )
+
 from benchmarks.measure import (
     RESULTS_DIR,
     dump_json,

@@ -33,12 +33,13 @@ import anyio
 if not __package__:  # run as `python benchmarks/contention.py`: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.live import (
+from tests.support.live import (
     fake_provider_workdir,
     in_process_client,
     script_running,
     write_fast_and_slow_tables,
 )
+
 from benchmarks.measure import RESULTS_DIR, dump_json, machine, percentile_ms, quiet_logs
 from pollwarden.config import ServerConfig
 from pollwarden.server import controller_factory

@@ -1,7 +1,7 @@
 """The numbers side of the benchmarks: percentiles, where a run happened, quiet logs, the JSON file.
 
 Shared by every script in `benchmarks/`; the processes, tables and clients they
-measure are in `benchmarks/live.py`.
+measure are in `tests/support/live.py` (shared with the tests).
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import logging
 import math
 import os
 import platform
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -58,3 +61,19 @@ def dump_json(path: Path, value: object, *, sort_keys: bool = True) -> None:
     """Write pretty JSON, creating the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
+
+
+def run_and_report(
+    run: Callable[[Path], Awaitable[dict[str, Any]]],
+    *,
+    workdir_prefix: str,
+    out: Path,
+    print_table: Callable[[dict[str, Any]], None],
+) -> int:
+    """Run a check in a temporary directory, write its summary as JSON, print it; 1 on any violation."""
+    with tempfile.TemporaryDirectory(prefix=workdir_prefix) as tmp:
+        summary = anyio.run(run, Path(tmp))
+    dump_json(out, summary)
+    print_table(summary)
+    print(f"JSON: {out}")
+    return 1 if summary["violations"] else 0

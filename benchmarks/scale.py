@@ -34,7 +34,7 @@ from mcp.client import Client
 if not __package__:  # run as `python benchmarks/scale.py`: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.live import (
+from tests.support.live import (
     call,
     fake_provider_workdir,
     in_process_client,
@@ -42,6 +42,7 @@ from benchmarks.live import (
     structured,
     timing_controller_factory,
 )
+
 from benchmarks.measure import RESULTS_DIR, dump_json, machine, median_p95_ms, quiet_logs
 
 SMALL = 10

@@ -30,9 +30,9 @@ from typing import Any
 import anyio
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # the repository's benchmarks/ holds the fake-provider set-up
+sys.path.insert(0, str(HERE.parent))  # the repository root: tests/support holds the fake-provider set-up
 
-from benchmarks.live import fake_provider_workdir, script_running, write_provider_table  # noqa: E402
+from tests.support.live import fake_provider_workdir, script_running, write_provider_table  # noqa: E402
 
 BIN = HERE / "node_modules" / ".bin"
 PYTHON = sys.executable

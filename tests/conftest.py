@@ -5,8 +5,8 @@ from collections.abc import Iterator
 import pytest
 
 import harness
-from pollwarden.fake_provider import FakeProvider, running_fake_provider
 from pollwarden.store import Engine
+from tests.support.fake_provider import FakeProvider, running_fake_provider
 
 # Every store-touching test runs once per engine here. Adding PostgreSQL is adding
 # its Engine member here and its URL in `harness.database_in`.

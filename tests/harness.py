@@ -9,18 +9,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.live import ALL_RESPONSE_FIELDS, fake_provider_table, table_toml, write_table
 from mcp.client import Client
 from mcp_types import CallToolResult
 
 from pollwarden.clock import FakeClock, RandomSource
 from pollwarden.config import ServerConfig
-from pollwarden.fake_provider import FakeProvider
 from pollwarden.operator_keys import PUBKEYS_ENV, OperatorPolicy, generate_key_file, load_public_keys
 from pollwarden.provider_http import HttpLimits
 from pollwarden.server import build_server, controller_factory
 from pollwarden.store import DatabaseLocation, Engine
 from pollwarden_providers import ProviderTable, TableError, load_table
+from tests.support.fake_provider import FakeProvider
+from tests.support.live import ALL_RESPONSE_FIELDS, fake_provider_table, table_toml, write_table
 
 # The engine the running test stores its records in: conftest's `database_engine`
 # fixture sets it, once per engine, for every store-touching test.

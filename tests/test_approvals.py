@@ -15,7 +15,7 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, make_harness, make_operator, view
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 
@@ -208,7 +208,7 @@ async def test_the_number_of_extensions_per_operation_is_capped(tmp_path: Path, 
 async def test_extension_refused_without_asking_after_authorization_denied(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
-    from pollwarden.fake_provider import http
+    from tests.support.fake_provider import http
 
     person = Person("accept", {"decision": "approve"})
     h = make_harness(tmp_path, fake)
@@ -337,7 +337,7 @@ async def test_tool_confirmation_mode_trusts_the_clients_own_prompt(
 async def test_fetch_result_is_refused_before_success_and_recorded_after(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
-    from pollwarden.fake_provider import succeeded
+    from tests.support.fake_provider import succeeded
 
     h = make_harness(tmp_path, fake)
     fake.script("fr1", [pending("running"), succeeded()])

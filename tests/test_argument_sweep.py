@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from mcp.client import Client
 
 from harness import make_harness, track, view
-from pollwarden.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

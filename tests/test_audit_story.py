@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.live import pollwarden_cli
 
 from harness import error_text, make_harness, view
 from pollwarden.audit import read_rows, render_story, verify_chain
-from pollwarden.fake_provider import FakeProvider, http, pending, succeeded
+from tests.support.fake_provider import FakeProvider, http, pending, succeeded
+from tests.support.live import pollwarden_cli
 
 pytestmark = pytest.mark.anyio
 

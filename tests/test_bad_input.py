@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from harness import Harness, base_table, error_text, make_harness, merge, to_toml, view
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.timefmt import iso
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from harness import check, make_harness, track
 from pollwarden.config import MAX_WAIT_SECONDS
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.provider_http import HttpLimits
 from pollwarden.schedule import (
     CALL_BUDGET_SECONDS,
@@ -25,6 +24,7 @@ from pollwarden.schedule import (
     wait_bound,
 )
 from pollwarden.timefmt import parse_iso
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

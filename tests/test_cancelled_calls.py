@@ -14,12 +14,12 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-from benchmarks.live import audit_verify, read_record
 
 from harness import check, make_harness, track
 from pollwarden.audit import read_rows
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.server import controller_factory
+from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import audit_verify, read_record
 
 pytestmark = pytest.mark.anyio
 

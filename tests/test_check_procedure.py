@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from harness import error_text, make_harness, view
-from pollwarden.fake_provider import FakeProvider, http, pending, succeeded
+from tests.support.fake_provider import FakeProvider, http, pending, succeeded
 
 pytestmark = pytest.mark.anyio
 

@@ -1,7 +1,7 @@
 """Crash injection: a real `pollwarden serve` is SIGKILLed at each step of a check, then another one recovers.
 
-The test-only hook POLLWARDEN_FAULT_STEP kills the process at the named step;
-POLLWARDEN_LEASE_SECONDS shortens the lease so recovery is seen in seconds.
+The server is built by tests/support/serve_with_faults.py: a step hook kills the process at the named
+step, and a shorter lease lets recovery be seen in seconds.
 The full matrix (20 runs per step) is `python -m benchmarks.crash_matrix`.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from benchmarks.crash_matrix import SENT_AT_CRASH, CrashRun, crash_once
-from benchmarks.live import FakeControl, stdio_server, write_provider_table
 
-from pollwarden.fake_provider import FakeProvider
-from pollwarden.faults import FAULT_STEPS
+from pollwarden.steps import CHECK_STEPS, CheckStep
+from tests.support.crash import SENT_AT_CRASH, CrashRun, crash_once
+from tests.support.fake_provider import FakeProvider
+from tests.support.live import FakeControl, stdio_server, write_provider_table
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 LEASE_SECONDS = 6.0
 
 
-async def _crash(tmp_path: Path, fake: FakeProvider, step: str, *, budget: int) -> CrashRun:
+async def _crash(tmp_path: Path, fake: FakeProvider, step: CheckStep, *, budget: int) -> CrashRun:
     tables = tmp_path / "tables"
     write_provider_table(tables, "crash", fake.base_url)
     db = tmp_path / "pollwarden.db"
@@ -46,9 +46,9 @@ async def _crash(tmp_path: Path, fake: FakeProvider, step: str, *, budget: int) 
         await control.aclose()
 
 
-@pytest.mark.parametrize("step", FAULT_STEPS)
+@pytest.mark.parametrize("step", CHECK_STEPS)
 async def test_a_server_killed_at_any_step_loses_no_count_and_a_fresh_one_recovers_after_the_lease(
-    tmp_path: Path, fake: FakeProvider, step: str
+    tmp_path: Path, fake: FakeProvider, step: CheckStep
 ) -> None:
     run = await _crash(tmp_path, fake, step, budget=3)
 

@@ -18,20 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.live import audit_verify, call, pollwarden_cli, read_record, stdio_server
 
 from harness import base_table, error_text, make_operator, merge, write_table
 from pollwarden.clock import SystemClock
-from pollwarden.config import BUSY_TIMEOUT_ENV, ServerConfig
+from pollwarden.config import ServerConfig
 from pollwarden.controller import Controller
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.store import DatabaseLocation, open_store
 from pollwarden_providers.table import ProviderTable
+from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import Rigging, audit_verify, call, pollwarden_cli, read_record, stdio_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-BUSY = {BUSY_TIMEOUT_ENV: "0.3"}
+# A short --busy-timeout, so a locked database is reported within the test.
+BUSY_TIMEOUT = 0.3
 # Holds the write lock from another process until its stdin closes.
 LOCK_HOLDER = """
 import sqlite3, sys
@@ -134,7 +135,9 @@ async def test_a_database_locked_past_the_busy_timeout_is_a_clear_error_for_agen
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     db, tables, _ = _setup(tmp_path, fake, "lock-job")
-    async with stdio_server(db, tables, errlog=tmp_path / "server.log", env=BUSY) as client:
+    async with stdio_server(
+        db, tables, errlog=tmp_path / "server.log", rigging=Rigging(busy_timeout_seconds=BUSY_TIMEOUT)
+    ) as client:
         await call(
             client, "start_operation", provider="acme", operation_id="op-lock", provider_job_id="lock-job"
         )
@@ -145,7 +148,9 @@ async def test_a_database_locked_past_the_busy_timeout_is_a_clear_error_for_agen
             started = await client.call_tool(
                 "start_operation", {"provider": "acme", "operation_id": "op-lock-2", "provider_job_id": "x"}
             )
-            operator = pollwarden_cli("approvals", "list", "--db", str(db), env=BUSY)
+            operator = pollwarden_cli(
+                "approvals", "list", "--db", str(db), "--busy-timeout", str(BUSY_TIMEOUT)
+            )
 
             for text in (error_text(checked), error_text(started), operator.stderr):
                 assert f"the database {db} stayed locked by another process for more than 0.3 s" in text

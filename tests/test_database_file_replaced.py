@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import error_text, make_harness, track
-from pollwarden.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, error_text, make_harness, view
 from pollwarden.audit import read_rows, render_story
-from pollwarden.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

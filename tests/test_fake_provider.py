@@ -18,7 +18,7 @@ import httpx2
 import pytest
 from pydantic import ValidationError
 
-from pollwarden.fake_provider import (
+from tests.support.fake_provider import (
     FakeProvider,
     Step,
     drop_connection,
@@ -324,10 +324,11 @@ def test_serve_fake_provider_runs_inside_a_task_group() -> None:
 def test_the_module_runs_standalone_and_prints_its_base_url() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "server"), str(REPO / "providers")])}
     with subprocess.Popen(
-        [sys.executable, "-m", "pollwarden.fake_provider", "--port", "0"],
+        [sys.executable, "-m", "tests.support.fake_provider", "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=REPO,
     ) as proc:
         try:
             assert proc.stderr is not None

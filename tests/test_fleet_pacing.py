@@ -24,12 +24,12 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from harness import make_harness, merge, view, write_table
-from pollwarden.fake_provider import FakeProvider, pending, succeeded
 from pollwarden.gate import Step
 from pollwarden.schedule import FLEET_SLOT_ON_TIME_SECONDS, pace, slot_on_time_seconds, slot_still_held
 from pollwarden.store import open_store
 from pollwarden.timefmt import iso
 from pollwarden_providers import load_tables
+from tests.support.fake_provider import FakeProvider, pending, succeeded
 
 # ----- helpers -------------------------------------------------------------------------------
 

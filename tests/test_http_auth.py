@@ -18,7 +18,6 @@ from typing import Any, cast
 import httpx2
 import jwt
 import pytest
-from benchmarks.live import pollwarden_cli
 from cryptography.hazmat.primitives import serialization
 from mcp.server.auth.provider import TokenVerifier
 from mcp.shared.exceptions import MCPError
@@ -35,10 +34,11 @@ from pollwarden.auth import (
     read_token_file,
 )
 from pollwarden.errors import ConfigError
-from pollwarden.fake_provider import FakeProvider
 from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.server import build_server, controller_factory
 from test_restart_and_transports import FAST
+from tests.support.fake_provider import FakeProvider
+from tests.support.live import pollwarden_cli
 
 pytestmark = pytest.mark.anyio
 

@@ -13,14 +13,14 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from benchmarks.live import pollwarden_cli
 from mcp.client import Client
 
 from harness import make_harness
 from pollwarden.errors import ConfigError
-from pollwarden.fake_provider import FakeProvider
 from pollwarden.http_serve import HttpOptions, is_loopback, transport_security
 from test_restart_and_transports import FAST, child_process, free_port, serve_args, wait_until_listening
+from tests.support.fake_provider import FakeProvider
+from tests.support.live import pollwarden_cli
 
 pytestmark = pytest.mark.anyio
 

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.live import pollwarden_cli
 
 from harness import Harness, Operator, make_harness, make_operator, view
 from pollwarden.audit import read_rows, render_story
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.operator_keys import REQUIRE_ENV, load_operator_key
+from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import pollwarden_cli
 
 pytestmark = pytest.mark.anyio
 

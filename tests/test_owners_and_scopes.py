@@ -20,8 +20,8 @@ from mcp_types import ElicitRequestParams, ElicitResult
 from auth_helpers import bearer_client
 from harness import make_harness, view
 from pollwarden.auth import TokenFileVerifier
-from pollwarden.fake_provider import FakeProvider, pending, succeeded
 from test_http_auth import AGENT, OPERATOR, Served, add_token, served
+from tests.support.fake_provider import FakeProvider, pending, succeeded
 
 pytestmark = pytest.mark.anyio
 

@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmarks.live import call, pollwarden_cli, stdio_server
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from harness import error_text, make_harness, view, write_table
 from pollwarden.errors import StoreError
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.files import prepare_database_file, private_file_problem, write_private_file
+from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import call, pollwarden_cli, stdio_server
 
 pytestmark = pytest.mark.anyio
 

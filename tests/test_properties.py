@@ -23,7 +23,6 @@ from typing import Any
 
 import anyio
 import pytest
-from benchmarks.live import STOP_REASONS, record_problems
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +32,6 @@ from pollwarden.clock import FakeClock
 from pollwarden.config import ServerConfig
 from pollwarden.controller import Controller, transition_changes
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
-from pollwarden.fake_provider import FakeProvider, Step
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import (
@@ -46,6 +44,8 @@ from pollwarden.schedule import (
 from pollwarden.store import DatabaseLocation, open_store
 from pollwarden_providers.interpret import parse_retry_after
 from pollwarden_providers.table import ProviderTable
+from tests.support.fake_provider import FakeProvider, Step
+from tests.support.live import STOP_REASONS, record_problems
 
 T0 = 1_744_971_600.0  # 2025-04-18T10:20:00Z, the fake clock's start
 STATUSES = ("waiting", "succeeded", "failed", "cancelled", "expired", "escalated")

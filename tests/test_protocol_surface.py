@@ -35,7 +35,6 @@ from mcp_types import (
 )
 
 from harness import Harness, make_harness, track, view
-from pollwarden.fake_provider import FakeProvider, pending, succeeded
 from pollwarden.protocol import BoundedEventStore, surface_middleware
 from pollwarden.watch import Subscriptions, Watched, changed, parse_uri, watch_key
 from test_restart_and_transports import (
@@ -46,6 +45,7 @@ from test_restart_and_transports import (
     serve_args,
     wait_until_listening,
 )
+from tests.support.fake_provider import FakeProvider, pending, succeeded
 
 pytestmark = [
     pytest.mark.anyio,

@@ -23,10 +23,10 @@ from harness import (
     view,
 )
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, Step, http, pending, succeeded
 from pollwarden_providers import ProviderTable, TableError, load_table, shipped_tables_dir
 from pollwarden_providers.interpret import field_problem
 from pollwarden_providers.table import FieldSpec, pattern_problem
+from tests.support.fake_provider import FakeProvider, Step, http, pending, succeeded
 
 pytestmark = pytest.mark.anyio
 

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmarks.live import pollwarden_cli
 
 from harness import base_table, merge, to_toml
 from pollwarden.cli import main
 from pollwarden_providers import shipped_samples_dir
+from tests.support.live import pollwarden_cli
 
 AT = "2026-11-30T12:00:00Z"
 

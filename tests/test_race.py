@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from benchmarks.stress_race import run_stress
+
+from tests.support.race import run_stress
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.live import audit_verify, pollwarden_cli
 
 from harness import check, make_harness, track
 from pollwarden.audit import read_rows, render_story
-from pollwarden.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import audit_verify, pollwarden_cli
 
 pytestmark = pytest.mark.anyio
 

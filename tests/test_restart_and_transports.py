@@ -29,8 +29,8 @@ from mcp_types import INVALID_PARAMS, TextResourceContents
 
 from harness import Harness, error_text, make_harness, view, write_table
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, http, pending, succeeded
 from pollwarden.schedule import wait_bound
+from tests.support.fake_provider import FakeProvider, http, pending, succeeded
 
 pytestmark = pytest.mark.anyio
 

@@ -18,7 +18,7 @@ from mcp_types import CallToolResult
 
 from harness import Harness, error_text, make_harness, view
 from pollwarden.audit import export_jsonl
-from pollwarden.fake_provider import FakeProvider, Step, failed, http, pending
+from tests.support.fake_provider import FakeProvider, Step, failed, http, pending
 
 pytestmark = pytest.mark.anyio
 

@@ -11,10 +11,10 @@ import pytest
 
 from harness import Harness, SteppedRandom, view
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, Step
 from pollwarden.table_check import preview_answer, read_sample
 from pollwarden.timefmt import parse_iso
 from pollwarden_providers import ProviderTable, load_tables, shipped_samples_dir, shipped_tables_dir
+from tests.support.fake_provider import FakeProvider, Step
 
 SHIPPED = (
     "openai-batch",

@@ -16,13 +16,13 @@ import pytest
 
 from harness import check, make_harness, track
 from pollwarden.errors import StoreError
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.server import controller_factory
 from pollwarden.store import open_store
 from pollwarden.store.sqlite import queries
 from pollwarden.store.sqlite.engine import SQLiteStore
 from pollwarden.store.sqlite.migrations import LATEST, MIGRATIONS, split_sql
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
 

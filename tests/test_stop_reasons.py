@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from harness import Harness, check, make_harness, track, view
-from pollwarden.fake_provider import FakeProvider, Step, drop_connection, failed, http, pending, succeeded
 from pollwarden.timefmt import iso
+from tests.support.fake_provider import FakeProvider, Step, drop_connection, failed, http, pending, succeeded
 
 pytestmark = pytest.mark.anyio
 

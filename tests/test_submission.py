@@ -18,7 +18,10 @@ import pytest
 from harness import Harness, error_text, make_harness, view, write_table
 from pollwarden.audit import read_rows
 from pollwarden.controller import account_context_of, fingerprint
-from pollwarden.fake_provider import (
+from pollwarden.provider_http import HttpLimits
+from pollwarden.server import controller_factory
+from pollwarden_providers.loader import load_table
+from tests.support.fake_provider import (
     FakeProvider,
     RequestLogEntry,
     Step,
@@ -26,9 +29,6 @@ from pollwarden.fake_provider import (
     http,
     running_fake_provider,
 )
-from pollwarden.provider_http import HttpLimits
-from pollwarden.server import controller_factory
-from pollwarden_providers.loader import load_table
 
 pytestmark = pytest.mark.anyio
 

@@ -9,12 +9,12 @@ import pytest
 
 from harness import acme_refusal, acme_table, check, make_harness, track, view
 from pollwarden.decide import ProviderAnswer
-from pollwarden.fake_provider import FakeProvider, Step, pending
 from pollwarden.table_check import preview_answer
 from pollwarden.timefmt import iso
 from pollwarden_providers import ProviderTable, TableError
 from pollwarden_providers.interpret import read_status_body
 from pollwarden_providers.request_building import job_id_from_location, split_job_id, status_url
+from tests.support.fake_provider import FakeProvider, Step, pending
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks.live import write_table
 from mcp.client import Client, ClientRequestContext
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import ElicitRequestParams, ElicitResult
@@ -24,8 +23,9 @@ from mcp_types import ElicitRequestParams, ElicitResult
 from harness import make_harness, view
 from pollwarden.audit import read_rows, render_story
 from pollwarden.clock import FakeClock
-from pollwarden.fake_provider import FakeProvider, pending
 from pollwarden.untrusted import escape_controls, one_line, quoted
+from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import write_table
 
 pytestmark = pytest.mark.anyio
 

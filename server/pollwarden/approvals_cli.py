@@ -27,6 +27,7 @@ import anyio
 
 from pollwarden.approvals import decision_facts, describe_request, what_happens_next
 from pollwarden.audit import audit_key_from_env
+from pollwarden.cli_options import add_database_options
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError, StoreError
@@ -56,6 +57,7 @@ NOT_A_PERSON = (
 def _config(args: argparse.Namespace) -> ServerConfig:
     return load_config(
         db=args.db,
+        busy_timeout=args.busy_timeout,
         operator_pubkeys=getattr(args, "operator_pubkeys", None),
     )
 
@@ -237,16 +239,12 @@ def cmd_key_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_db(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", help="the server's SQLite file (env POLLWARDEN_DB)")
-
-
 def add_approval_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:  # pyright: ignore[reportPrivateUsage]
     """Add ``approvals list``, ``approve``, ``deny`` and ``operator-key init|show``."""
     approvals = sub.add_parser("approvals", help="list approvals waiting for an operator")
     approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
     approvals_list = approvals_sub.add_parser("list", help="pending approvals (--all for every one)")
-    _add_db(approvals_list)
+    add_database_options(approvals_list)
     approvals_list.add_argument("--all", action="store_true")
     approvals_list.set_defaults(func=cmd_list)
 
@@ -257,7 +255,7 @@ def add_approval_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
             description=f"{name.capitalize()} a pending approval. Needs a person at an interactive terminal "
             "(the question is shown; type the approval id) or --operator-key FILE.",
         )
-        _add_db(p)
+        add_database_options(p)
         p.add_argument("approval_id")
         p.add_argument(
             "--by", default=getpass.getuser(), help="who decided (recorded; default: your user name)"

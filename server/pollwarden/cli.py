@@ -24,6 +24,7 @@ from pollwarden.auth import (
     build_verifier,
     resource_url_for,
 )
+from pollwarden.cli_options import add_database_options
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
@@ -36,11 +37,8 @@ from pollwarden_providers.loader import TableError
 log = logging.getLogger("pollwarden")
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", help="SQLite file shared by every pollwarden process (env POLLWARDEN_DB)")
-
-
-def _serve_config(args: argparse.Namespace) -> ServerConfig:
+def serve_config(args: argparse.Namespace) -> ServerConfig:
+    """The server configuration from `serve`'s flags, the environment and the defaults."""
     providers: list[str] = args.providers or []
     config = load_config(
         db=args.db,
@@ -48,6 +46,7 @@ def _serve_config(args: argparse.Namespace) -> ServerConfig:
         approval=args.approval,
         operator_pubkeys=args.operator_pubkeys,
         require_operator_key=True if args.require_operator_key else None,
+        busy_timeout=args.busy_timeout,
     )
     if args.db is None and not os.environ.get("POLLWARDEN_DB"):
         # The default lives in the user's data directory, which may not exist yet: create it private.
@@ -79,7 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             resource = resource_url_for(auth, host=http.host, port=http.port)
             settings = auth_settings(auth, resource_url=resource)
             verifier = build_verifier(auth, resource_url=resource)
-    config = _serve_config(args)
+    config = serve_config(args)
     factory = controller_factory(config)  # refuses a wrong provider table before serving
     server = build_server(factory, auth=settings, token_verifier=verifier)
     log.info("pollwarden serving (%s), database %s", args.transport, config.db_path)
@@ -137,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
-    _add_common(serve)
+    add_database_options(serve)
     serve.add_argument(
         "--providers",
         action="append",

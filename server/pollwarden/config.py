@@ -21,6 +21,7 @@ MAX_WAIT_SECONDS = 50.0
 # How long a write waits for another process's lock before giving up with a clear error.
 BUSY_TIMEOUT_SECONDS = 5.0
 BUSY_TIMEOUT_ENV = "POLLWARDEN_BUSY_TIMEOUT_SECONDS"
+DB_ENV = "POLLWARDEN_DB"
 
 ApprovalMode = Literal["elicitation", "tool-confirmation"]
 
@@ -57,9 +58,9 @@ class ServerConfig:
     max_wait_seconds: float = MAX_WAIT_SECONDS
     progress_interval_seconds: float = 5.0
     # The lease on one in-flight request; None means the controller's default
-    # (longer than any one request can take). Env POLLWARDEN_LEASE_SECONDS: tests only.
+    # (longer than any one request can take). The crash tests shorten it; it is no operator setting.
     lease_seconds: float | None = None
-    # How long a write waits for another process's lock (env POLLWARDEN_BUSY_TIMEOUT_SECONDS).
+    # How long a write waits for another process's lock (--busy-timeout, env POLLWARDEN_BUSY_TIMEOUT_SECONDS).
     busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS
 
     @property
@@ -84,6 +85,12 @@ def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _seconds_flag(flag: str, value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{flag} {value:g} must be a number of seconds greater than 0, e.g. 5")
+    return value
+
+
 def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
     raw = environ.get(name)
     if raw is None or raw == "":
@@ -104,10 +111,11 @@ def load_config(
     approval: str | None = None,
     operator_pubkeys: str | None = None,
     require_operator_key: bool | None = None,
+    busy_timeout: float | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> ServerConfig:
     """Combine flags (which win) with the environment and defaults."""
-    database = DatabaseLocation.parse(db or environ.get("POLLWARDEN_DB") or default_db_path(environ))
+    database = DatabaseLocation.parse(db or environ.get(DB_ENV) or default_db_path(environ))
     dirs: list[Path] = []
     for entry in providers or []:
         dirs.append(Path(entry).expanduser())
@@ -129,8 +137,8 @@ def load_config(
         approval_mode=mode,  # type: ignore[arg-type]
         approval_ttl_seconds=_float_env(environ, "POLLWARDEN_APPROVAL_TTL_SECONDS", 900.0),
         caps=caps,
-        lease_seconds=_float_env(environ, "POLLWARDEN_LEASE_SECONDS", 0.0) or None,
-        busy_timeout_seconds=_float_env(environ, BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS),
+        busy_timeout_seconds=_seconds_flag("--busy-timeout", busy_timeout)
+        or _float_env(environ, BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS),
         operator=load_policy(environ, pubkeys=operator_pubkeys, require=require_operator_key),
     )
 

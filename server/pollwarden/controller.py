@@ -32,11 +32,11 @@ from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
-from pollwarden.faults import fault_point
 from pollwarden.gate import Step
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, wait_bound
+from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import Store
 from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
@@ -137,6 +137,8 @@ class Controller:
     clock: Clock
     rng: RandomSource
     config: ServerConfig
+    # Called at each boundary of a status check (see steps.py); the crash tests stop the process there.
+    on_step: StepHook = ignore_step
 
     # -- helpers -------------------------------------------------------------
 
@@ -207,7 +209,7 @@ class Controller:
     def lease_seconds(self) -> float:
         """Longer than any one request can take, so a live owner never loses its lease.
 
-        `config.lease_seconds` (env POLLWARDEN_LEASE_SECONDS) overrides it for crash tests.
+        `config.lease_seconds` overrides it: the crash tests shorten it to see recovery in seconds.
         """
         if self.config.lease_seconds is not None:
             return self.config.lease_seconds
@@ -416,7 +418,7 @@ class Controller:
                         return self.view(record, Outcome.NOT_YET)
                     await self._wait(allowed_at, wait_started, wait_until, now, progress, decision.lease_busy)
                 case Step.RESERVE:
-                    fault_point("after_reservation")
+                    self.on_step("after_reservation")
                     return await self._send_and_record(record, self.table_for(record.provider), owner)
         raise InvalidRequest("check_status could not settle; try again")  # pragma: no cover
 
@@ -450,9 +452,9 @@ class Controller:
         assert record.provider_job_id is not None
         with anyio.CancelScope(shield=True):
             answer = await self.http.get_status(table, record.provider_job_id)
-            fault_point("after_response")
+            self.on_step("after_response")
             transition = decide_after_response(record, table, answer, rng=self.rng)
-            fault_point("before_persist")
+            self.on_step("before_persist")
             changes = transition_changes(record, transition, answer)
             extra: dict[str, object] = {
                 "rejected_hints": [h.as_record() for h in transition.rejected_hints],

@@ -1,4 +1,4 @@
-"""`pollwarden demo`: a fake provider on 127.0.0.1, the real server, a real MCP client.
+"""`pollwarden demo`: a small scripted provider on 127.0.0.1, the real server, a real MCP client.
 
 Two jobs: one that queues, runs, answers once with 503 + Retry-After, then
 succeeds; one that never finishes and escalates with request_budget_exhausted.
@@ -17,7 +17,7 @@ from mcp.client import Client
 
 from pollwarden.audit import read_rows, render_story, verify_chain
 from pollwarden.config import ServerConfig
-from pollwarden.fake_provider import http, pending, running_fake_provider, succeeded
+from pollwarden.demo_provider import http, pending, running_demo_provider, succeeded
 from pollwarden.server import build_server, controller_factory
 from pollwarden.store.location import DatabaseLocation
 
@@ -87,7 +87,7 @@ async def _drive(client: Client, operation_id: str) -> dict[str, Any]:
 
 def run_demo(db: str | None = None) -> int:
     """Run the demo; return an exit code."""
-    with tempfile.TemporaryDirectory(prefix="pollwarden-demo-") as tmp, running_fake_provider() as fake:
+    with tempfile.TemporaryDirectory(prefix="pollwarden-demo-") as tmp, running_demo_provider() as fake:
         tables = Path(tmp) / "tables"
         tables.mkdir()
         (tables / "demo-export.toml").write_text(DEMO_TABLE.format(base_url=fake.base_url))
@@ -99,7 +99,7 @@ def run_demo(db: str | None = None) -> int:
                 pending("running"),
                 http(503, headers={"Retry-After": "1", "X-Request-Id": "req-503"}, body={"error": "busy"}),
                 pending("running"),
-                succeeded(),
+                succeeded("exp_71c"),
             ],
         )
         fake.script("exp_stuck", [pending("running")])
@@ -107,7 +107,7 @@ def run_demo(db: str | None = None) -> int:
         _say(f"fake provider on {fake.base_url}; database {db_path}")
         done, stuck = anyio.run(_run_jobs, config)
         _say(
-            f"\nprovider saw {len(fake.status_requests('exp_71c'))} + {len(fake.status_requests('exp_stuck'))} "
+            f"\nprovider saw {fake.status_requests('exp_71c')} + {fake.status_requests('exp_stuck')} "
             f"status requests, at most {max(fake.max_in_flight('exp_71c'), fake.max_in_flight('exp_stuck'))} "
             "in flight at once"
         )

@@ -29,7 +29,7 @@ import json
 import logging
 import re
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import unquote_plus
@@ -38,7 +38,7 @@ import anyio
 import httpx2
 
 from pollwarden.decide import NoAnswer, ProviderAnswer, UnusableAnswer
-from pollwarden.faults import fault_point
+from pollwarden.steps import StepHook, ignore_step
 from pollwarden_providers.request_building import (
     REDACTED,
     MissingCredentialError,
@@ -211,10 +211,14 @@ class _Decoder:
         return piece
 
 
-async def _after_request_sent(response: httpx2.Response) -> None:
-    """Response hook: the provider has the request and answered headers (test-only fault step)."""
-    del response
-    fault_point("after_request_sent")
+def _after_request_sent(on_step: StepHook) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """A response hook: the provider has the request and has answered with headers."""
+
+    async def hook(response: httpx2.Response) -> None:
+        del response
+        on_step("after_request_sent")
+
+    return hook
 
 
 class ProviderHTTP:
@@ -227,6 +231,7 @@ class ProviderHTTP:
         now: Callable[[], float],
         limits: HttpLimits | None = None,
         transport: httpx2.AsyncBaseTransport | None = None,
+        on_step: StepHook = ignore_step,
     ) -> None:
         self.environ = environ
         self.now = now
@@ -243,7 +248,7 @@ class ProviderHTTP:
                 "Accept": "application/json",
                 "Accept-Encoding": "gzip, deflate",
             },
-            event_hooks={"response": [_after_request_sent]},
+            event_hooks={"response": [_after_request_sent(on_step)]},
         )
         self._log_filter = _RedactingFilter()
         self._redactors: dict[tuple[str, ...], Redactor] = {}

@@ -71,6 +71,7 @@ from pollwarden.schedule import (
     CLIENT_REQUEST_TIMEOUT_SECONDS,
     wait_bound,
 )
+from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import open_store
 from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
 from pollwarden.views import OperationView
@@ -122,15 +123,21 @@ def controller_factory(
     transport: httpx2.AsyncBaseTransport | None = None,
     environ: Mapping[str, str] | None = None,
     http_limits: HttpLimits | None = None,
+    on_step: StepHook = ignore_step,
 ) -> ControllerFactory:
-    """Build the controller's lifespan: store, tables, HTTP client, clock and random source."""
+    """Build the controller's lifespan: store, tables, HTTP client, clock and random source.
+
+    `on_step` is called at each boundary of a status check (see steps.py).
+    """
     loaded = dict(tables) if tables is not None else load_provider_tables(config)
     env: Mapping[str, str] = os.environ if environ is None else environ
 
     @asynccontextmanager
     async def factory() -> AsyncGenerator[Controller]:
         real_clock = clock or SystemClock()
-        http = ProviderHTTP(environ=env, now=real_clock.now, limits=http_limits, transport=transport)
+        http = ProviderHTTP(
+            environ=env, now=real_clock.now, limits=http_limits, transport=transport, on_step=on_step
+        )
         try:
             async with open_store(
                 config.database,
@@ -146,6 +153,7 @@ def controller_factory(
                     clock=real_clock,
                     rng=rng or system_random(),
                     config=config,
+                    on_step=on_step,
                 )
         finally:
             await http.aclose()

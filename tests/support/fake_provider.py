@@ -1,6 +1,6 @@
-"""A scriptable fake job provider for the demo, the tests and the stress scripts.
+"""A scriptable fake job provider for the tests and the benchmarks.
 
-It speaks the shape of the shipped example provider table (§3 of the design):
+It speaks the shape of the shipped example provider table (providers/pollwarden_providers/examples/example-export.toml):
 ``POST /v1/jobs`` submits, ``GET /v1/jobs/{job_id}`` answers a status request,
 ``POST /v1/jobs/{job_id}/cancel`` cancels. A job id of several parts spans
 several segments (``GET /v1/jobs/octo/hello/42`` is job ``octo/hello/42``). Every answer comes from a script of
@@ -14,7 +14,7 @@ In-process use::
         ...  # point a provider table's base_url at fake.base_url
         assert fake.max_in_flight("job_0001") == 1
 
-From another process: ``python -m pollwarden.fake_provider --port N`` prints the
+From another process: ``python -m tests.support.fake_provider --port N`` prints the
 base URL to stderr; drive it with ``POST /_control/script``, ``GET /_control/log``
 and ``POST /_control/reset``.
 """
@@ -860,9 +860,9 @@ async def serve_fake_provider(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the fake standalone: ``python -m pollwarden.fake_provider --port N``."""
+    """Run the fake standalone: ``python -m tests.support.fake_provider --port N``."""
     parser = argparse.ArgumentParser(
-        prog="python -m pollwarden.fake_provider",
+        prog="python -m tests.support.fake_provider",
         description="Serve a scriptable fake job provider on 127.0.0.1; the base URL goes to stderr.",
     )
     parser.add_argument("--port", type=int, default=0, help="TCP port (default: any free port)")

@@ -1,7 +1,7 @@
-"""Live processes and the set-up every benchmark shares: the fake provider, its tables, the server, the database.
+"""Live processes and the set-up the tests and benchmarks share: the fake provider, its tables, the server, the database.
 
-Used by every script in `benchmarks/` and by the tests that run small versions
-of the reliability checks. Two ways to the server: `pollwarden serve` as a
+Used by the tests and by every script in `benchmarks/` (which run the full-size
+reliability checks and the timings). Two ways to the server: `pollwarden serve` as a
 stdio subprocess (the reliability checks) and pollwarden's MCP server behind
 the SDK's in-process `Client` (the timing benchmarks). Everything listens on
 127.0.0.1 only, every wait is bounded, and every process started here is
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +30,16 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
-from benchmarks.measure import dump_json
 from pollwarden.config import ServerConfig
-from pollwarden.fake_provider import Step, pending
 from pollwarden.server import ControllerFactory, build_server, controller_factory
+from pollwarden.steps import CheckStep
 from pollwarden.store import DatabaseLocation
 from pollwarden.vocabulary import Status, StopReason
 from pollwarden_providers.loader import load_table
 from pollwarden_providers.table import ProviderTable
+from tests.support.fake_provider import Step, pending
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_STARTUP_SECONDS = 15.0
 # A server that takes longer than this to answer one tool call is stuck.
 CALL_TIMEOUT_SECONDS = 60.0
@@ -186,11 +186,12 @@ def write_fast_and_slow_tables(directory: Path, base_url: str) -> None:
 
 @contextmanager
 def fake_provider_process(workdir: Path) -> Generator[str]:
-    """`python -m pollwarden.fake_provider` on a free 127.0.0.1 port; yields its base URL."""
+    """`python -m tests.support.fake_provider` on a free 127.0.0.1 port; yields its base URL."""
     log_path = workdir / "fake_provider.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pollwarden.fake_provider", "--port", "0"],
+            [sys.executable, "-m", "tests.support.fake_provider", "--port", "0"],
+            cwd=str(REPO_ROOT),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -297,19 +298,38 @@ def timing_controller_factory(db: Path, base_url: str) -> ControllerFactory:
 # -- pollwarden serve over stdio -------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Rigging:
+    """What a test asks of a served process beyond the operator's flags (see `serve_with_faults`)."""
+
+    fault_step: CheckStep | None = None  # SIGKILL the process when a check reaches this step
+    lease_seconds: float | None = None  # a shorter lease, so recovery is seen in seconds
+    busy_timeout_seconds: float | None = None  # the operator flag --busy-timeout
+
+
 def serve_params(
-    db: Path, providers_dir: Path, env: Mapping[str, str] | None = None
+    db: Path, providers_dir: Path, env: Mapping[str, str] | None = None, rigging: Rigging = Rigging()
 ) -> StdioServerParameters:
-    """`python -m pollwarden serve --db DB --providers DIR` as a stdio MCP server."""
+    """`python -m pollwarden serve --db DB --providers DIR` as a stdio MCP server.
+
+    With a fault step or a lease, the same server is built by `tests.support.serve_with_faults`.
+    """
     full_env = dict(env or {})
     if os.environ.get("PYTHONPATH"):
         # The SDK passes only a few safe variables on; keep a source checkout importable.
         full_env.setdefault("PYTHONPATH", os.environ["PYTHONPATH"])
+    command = ["-m", "pollwarden"]
+    if rigging.fault_step is not None or rigging.lease_seconds is not None:
+        command = ["-m", "tests.support.serve_with_faults"]
+        if rigging.fault_step is not None:
+            command += ["--fault-step", rigging.fault_step]
+        if rigging.lease_seconds is not None:
+            command += ["--lease-seconds", str(rigging.lease_seconds)]
+    serve = ["serve", "--db", str(db), "--providers", str(providers_dir)]
+    if rigging.busy_timeout_seconds is not None:
+        serve += ["--busy-timeout", str(rigging.busy_timeout_seconds)]
     return StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "pollwarden", "serve", "--db", str(db), "--providers", str(providers_dir)],
-        env=full_env,
-        cwd=str(REPO_ROOT),
+        command=sys.executable, args=[*command, *serve], env=full_env, cwd=str(REPO_ROOT)
     )
 
 
@@ -320,10 +340,11 @@ async def stdio_server(
     *,
     errlog: Path,
     env: Mapping[str, str] | None = None,
+    rigging: Rigging = Rigging(),
 ) -> AsyncGenerator[Client]:
     """A real `pollwarden serve` subprocess and an SDK client talking to it over stdio."""
     with errlog.open("a") as err:
-        transport = stdio_client(serve_params(db, providers_dir, env), errlog=err)
+        transport = stdio_client(serve_params(db, providers_dir, env, rigging), errlog=err)
         async with Client(transport, read_timeout_seconds=CALL_TIMEOUT_SECONDS) as client:
             yield client
 
@@ -447,22 +468,3 @@ async def wait_until_gone(pid: int, within_seconds: float = 10.0) -> bool:
                 return True
             await anyio.sleep(0.02)
     return False
-
-
-# -- a reliability check's command line ---------------------------------------------------------
-
-
-def run_and_report(
-    run: Callable[[Path], Awaitable[dict[str, Any]]],
-    *,
-    workdir_prefix: str,
-    out: Path,
-    print_table: Callable[[dict[str, Any]], None],
-) -> int:
-    """Run a check in a temporary directory, write its summary as JSON, print it; 1 on any violation."""
-    with tempfile.TemporaryDirectory(prefix=workdir_prefix) as tmp:
-        summary = anyio.run(run, Path(tmp))
-    dump_json(out, summary)
-    print_table(summary)
-    print(f"JSON: {out}")
-    return 1 if summary["violations"] else 0
