@@ -15,15 +15,17 @@ read as an id nobody has: a miss, answered with the same message. Operators
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
 from pollwarden.principals import Principal
+from pollwarden.watch import AUDIT_SUFFIX, URI_PREFIX, parse_uri
 
 if TYPE_CHECKING:
     from pollwarden.controller import Controller
 
-__all__ = ["RESERVED_PREFIX", "renamed", "resolve", "shown_id", "stored_id"]
+__all__ = ["RESERVED_PREFIX", "renamed", "resolve", "shown_id", "stored_id", "watched_uri"]
 
 RESERVED_PREFIX = "@"
 
@@ -61,6 +63,22 @@ async def resolve(controller: Controller, principal: Principal, name: str) -> st
     if principal.operator and await controller.store.get(name) is not None:
         return name
     raise controller.not_found(name)
+
+
+def watched_uri(principal: Principal, uri: str) -> str:
+    """The resource URI the watcher follows for `principal`'s `uri`: its own operation, never another's.
+
+    A subscription names an id as the caller uses it; the watcher reads stored
+    ids, so an agent's ``pollwarden://operations/x`` follows its own ``x`` (and
+    the update names the stored form), never another principal's.
+    """
+    watched = parse_uri(uri)
+    if watched is None or not principal.authenticated:
+        return uri
+    name = watched.operation_id
+    if principal.operator and name.startswith(RESERVED_PREFIX):
+        return uri
+    return URI_PREFIX + quote(stored_id(principal, name), safe="") + (AUDIT_SUFFIX if watched.audit else "")
 
 
 def _rename(value: Any, stored: str, shown: str) -> Any:

@@ -511,8 +511,12 @@ def build_server(
         token_verifier=token_verifier,
     )
     mcp.middleware.append(surface_middleware)
-    mcp.middleware.append(listen_middleware(subscriptions, _reader_of))
-    subscribe, unsubscribe = subscribe_handlers(subscriptions, _reader_of)
+
+    def uri_for(uri: str) -> str:
+        return ownership.watched_uri(current_principal(), uri)
+
+    mcp.middleware.append(listen_middleware(subscriptions, _reader_of, uri_for))
+    subscribe, unsubscribe = subscribe_handlers(subscriptions, _reader_of, uri_for)
     mcp.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
     mcp.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
 
