@@ -80,7 +80,7 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
         await call(
             "setup",
             "start_operation",
-            {"provider": "fast", "operation_id": poll_op, "provider_job_id": "busy"},
+            {"provider": "fast", "operation_id": poll_op, "provider_job_id": poll_job(me)},
             None,
         )
         idle = [f"{me}-idle-{i:03d}" for i in range(IDLE_PER_WORKER)]
@@ -88,7 +88,7 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
             await call(
                 "setup",
                 "start_operation",
-                {"provider": "slow", "operation_id": op, "provider_job_id": "busy"},
+                {"provider": "slow", "operation_id": op, "provider_job_id": f"{op}-job"},
                 None,
             )
         Path(args.ready).write_text("ready")
@@ -102,7 +102,12 @@ async def worker(args: argparse.Namespace) -> dict[str, Any]:
         n = 0
         while time.time() < stop_at:
             n += 1
-            start = {"provider": "slow", "operation_id": f"{me}-new-{n:06d}", "provider_job_id": "busy"}
+            # A new job each time: a job has one operation (a new id on a known job creates nothing).
+            start = {
+                "provider": "slow",
+                "operation_id": f"{me}-new-{n:06d}",
+                "provider_job_id": f"{me}-job-{n:06d}",
+            }
             await call("start_operation", "start_operation", start, None)
             await call("check_polled", "check_status", {"operation_id": poll_op}, "polled")
             for _ in range(2):
@@ -207,11 +212,19 @@ def run_phase(
     return row
 
 
-async def prepare(db: Path, base_url: str) -> None:
-    """Create the database once (so workers do not race on migrations) and script the job."""
+def poll_job(worker: str) -> str:
+    """The job a worker polls: one per worker, since a job has one operation (and one budget)."""
+    return f"busy-{worker}"
+
+
+async def prepare(db: Path, base_url: str, processes: int) -> None:
+    """Create the database once (so workers do not race on migrations) and script the workers' jobs."""
     async with open_store(db):
         pass
-    await script_running(base_url, "busy")
+    phases = {"baseline": 1, "contended": processes}
+    await script_running(
+        base_url, *(poll_job(f"w{k}-{phase}") for phase, n in phases.items() for k in range(n))
+    )
 
 
 def render(rows: Sequence[dict[str, Any]]) -> str:
@@ -259,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tables = workdir / "tables"
         write_fast_and_slow_tables(tables, base_url)
         db = workdir / "contention.db"
-        anyio.run(prepare, db, base_url)
+        anyio.run(prepare, db, base_url, args.processes)
         rows = [
             run_phase(1, args.seconds, workdir, db, tables, "baseline"),
             run_phase(args.processes, args.seconds, workdir, db, tables, "contended"),

@@ -56,9 +56,11 @@ class Bench:
         self.created = 0
 
     async def start(self, provider: str, job: str) -> str:
+        """A new operation on `job`; an idle one gets a job of its own (a job has one operation)."""
         self.created += 1
         op = f"{provider}-{self.created:06d}"
-        await call(self.client, "start_operation", provider=provider, operation_id=op, provider_job_id=job)
+        job_id = job if job == "scale-poll" else f"{job}-{self.created:06d}"
+        await call(self.client, "start_operation", provider=provider, operation_id=op, provider_job_id=job_id)
         return op
 
     async def check(self, op: str, expect: str) -> float:
@@ -121,7 +123,7 @@ async def run(operations: int, samples: int, workdir: Path, base_url: str) -> di
         started = time.perf_counter()
         for n in range(fill):
             await filler.start_operation(
-                provider="slow", operation_id=f"fill-{n:06d}", provider_job_id="scale-idle"
+                provider="slow", operation_id=f"fill-{n:06d}", provider_job_id=f"scale-idle-fill-{n:06d}"
             )
         fill_seconds = time.perf_counter() - started
         # Idle operations spread across the whole id range, so reads are not all in one page.

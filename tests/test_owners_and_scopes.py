@@ -229,3 +229,22 @@ async def test_over_stdio_the_caller_is_the_local_user_who_owns_and_sees_everyth
         assert "must not start with '@'" in answer_text(chosen)
     with sqlite3.connect(h.db_path) as conn:
         assert conn.execute("SELECT operation_id, owner FROM operations").fetchall() == [("op-l", "local")]
+
+
+async def test_one_job_one_budget_holds_per_principal_without_revealing_another_principals_operation(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("shared-job", [pending("running")])
+    async with team(tmp_path, fake) as t:
+        async with t.as_("alice") as alice:
+            first = view(await alice.call_tool("start_operation", start_args("a-1", "shared-job")))
+            again = view(await alice.call_tool("start_operation", start_args("a-2", "shared-job")))
+        async with t.as_("bob") as bob:
+            theirs = view(await bob.call_tool("start_operation", start_args("b-1", "shared-job")))
+        assert first["operation_id"] == "a-1"
+        # alice's second id is answered with her first operation: no second budget for her.
+        assert (again["operation_id"], again["requested_operation_id"]) == ("a-1", "a-2")
+        # bob is not told about alice's operation: his own record, his own budget.
+        assert theirs["operation_id"] == "b-1"
+        assert theirs.get("requested_operation_id") is None
+        assert "a-1" not in json.dumps(theirs)

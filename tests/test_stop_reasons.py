@@ -51,8 +51,10 @@ def assert_stop(
     assert f"Status requests: {v['status_requests_used']} of {v['max_status_requests']}\n" in message
     assert f"Stopped because: {reason}\n" in message
     assert "\nSafe options: " in message
-    # Bounded options: exactly what the agent may call, plus a person looking at the provider.
-    assert [o["action"] for o in escalation["options"]] == [*allowed, "inspect_provider_console"]
+    # Bounded options: exactly what the agent may call, plus a person looking at the provider
+    # (and, after a refusal, a person fixing the cause and an operator reopening).
+    reopen = ["operator_reopen"] if reason in ("authorization_denied", "integration_failure") else []
+    assert [o["action"] for o in escalation["options"]] == [*allowed, *reopen, "inspect_provider_console"]
     assert all(o["label"] for o in escalation["options"])
 
 
@@ -406,7 +408,11 @@ async def test_401_and_403_stop_at_once_with_nothing_the_agent_may_do(
         v = await check(client, "denied", wait=50)
         assert_stop(v, reason="authorization_denied", status="escalated", allowed=[])
         assert v["last_http_status"] == code
-        assert [o["action"] for o in v["escalation"]["options"]] == ["inspect_provider_console"]
+        assert [o["action"] for o in v["escalation"]["options"]] == [
+            "operator_reopen",
+            "inspect_provider_console",
+        ]
+        assert "until a person fixes the cause and an operator reopens" in v["message"]
         assert v["transport_failures_used"] == 0
     assert len(fake.status_requests("denied")) == 1
 

@@ -1,4 +1,4 @@
-"""`pollwarden` command line: serve, demo, approvals, audit and providers.
+"""`pollwarden` command line: serve, demo, approvals, reopen, audit and providers.
 
 The stdio server owns stdout for JSON-RPC: everything human goes to stderr
 there. Operator commands (approvals, audit) print to stdout as CLIs do.
@@ -31,6 +31,7 @@ from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
 from pollwarden.providers_cli import add_provider_commands
+from pollwarden.reopen_cli import add_reopen_command
 from pollwarden.untrusted import OneLineFormatter
 from pollwarden_providers.loader import TableError
 
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     add_approval_commands(sub)
+    add_reopen_command(sub)
     add_audit_commands(sub)
     add_provider_commands(sub)
     add_token_commands(sub)

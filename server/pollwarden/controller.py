@@ -33,6 +33,7 @@ from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
 from pollwarden.gate import Step
+from pollwarden.job_identity import account_changed_detail, account_context, already_tracked_message
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, wait_bound
@@ -42,7 +43,7 @@ from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.tool_errors import shown
 from pollwarden.views import OperationView, operation_view
-from pollwarden.vocabulary import Category, DelaySource, Outcome, Status
+from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
     MissingCredentialError,
@@ -123,8 +124,7 @@ def fingerprint(provider: str, account_context: str, payload: object) -> str:
 
 def account_context_of(table: ProviderTable) -> str:
     """Which provider account the server acts as: the origin and the credential's variable name."""
-    who = f"${table.auth.env}" if table.auth else "anonymous"
-    return f"{table.origin} as {who}"
+    return account_context(table.origin, table.auth.env if table.auth else None)
 
 
 @dataclass
@@ -184,6 +184,11 @@ class Controller:
         }
 
     @cached_property
+    def _accounts(self) -> dict[str, str]:
+        """Each loaded provider's account context now (compared with the one an operation recorded)."""
+        return {name: account_context_of(table) for name, table in self.tables.items()}
+
+    @cached_property
     def _credential_problems(self) -> dict[str, str]:
         """Why a loaded provider's credential cannot be sent (missing, not ASCII), by provider."""
         problems: dict[str, str] = {}
@@ -195,15 +200,33 @@ class Controller:
         return problems
 
     def view(
-        self, record: OperationRecord, outcome: Outcome | None = None, *, retry_at: float | None = None
+        self,
+        record: OperationRecord,
+        outcome: Outcome | None = None,
+        *,
+        retry_at: float | None = None,
+        requested_operation_id: str | None = None,
     ) -> OperationView:
         """The operation view, with the extension suggestion clipped to the operator caps."""
         table = self.tables.get(record.provider)
         caps = self.config.caps
         suggestion = (min(900.0, caps.max_extra_seconds), min(4, caps.max_extra_status_requests))
-        return operation_view(
+        shown = operation_view(
             record, table, now=self.clock.now(), outcome=outcome, suggestion=suggestion, retry_at=retry_at
         )
+        if requested_operation_id is not None and requested_operation_id != record.operation_id:
+            return shown.model_copy(
+                update={
+                    "requested_operation_id": requested_operation_id,
+                    "message": f"{already_tracked_message(record, requested_operation_id)} {shown.message}",
+                }
+            )
+        return shown
+
+    async def _job_holder_view(self, record: OperationRecord, requested: str) -> OperationView:
+        """The view of the operation holding the job `record` (a duplicate) names, as start_operation answers."""
+        holder = await self.store.get(record.duplicate_of) if record.duplicate_of else None
+        return self.view(holder or record, requested_operation_id=requested)
 
     @property
     def lease_seconds(self) -> float:
@@ -341,6 +364,33 @@ class Controller:
         record, created = await self.store.create_operation(
             values, kind="tracking" if submit is None else "submission_recorded", at=now
         )
+        if not created and record.operation_id != operation_id:
+            # One job, one budget: the job is another operation's; nothing was created.
+            log.info("start_operation %s: job already tracked as %s", operation_id, record.operation_id)
+            return self.view(record, requested_operation_id=operation_id)
+        if not created and record.account_context != account and record.provider == provider:
+            # The table's account changed since this operation was recorded: never send under another.
+            if record.request_fingerprint != fingerprint(provider, record.account_context, payload):
+                raise OperationConflict(
+                    f"operation {operation_id!r} already exists for a different job or payload; "
+                    "use a new operation_id"
+                )
+            if record.status == Status.SUBMITTING and record.lease_owner is None:
+                stopped = await self.store.finish_submission(
+                    operation_id,
+                    owner=None,
+                    changes={
+                        "status": Status.ESCALATED,
+                        "stop_reason": StopReason.ACCOUNT_CONTEXT_CHANGED,
+                        "stop_detail": account_changed_detail(record.account_context, account),
+                        "stopped_at": now,
+                    },
+                    kind="stopped",
+                    at=now,
+                    note="account context changed before the submission was sent",
+                )
+                record = stopped or await self.load(operation_id)
+            return self.view(record)
         if not created:
             if (
                 record.request_fingerprint != request_fingerprint
@@ -357,8 +407,12 @@ class Controller:
                     "call again without idempotency_key (the recorded one is re-used) or use a new operation_id"
                 )
             log.info("start_operation %s: existing record returned", operation_id)
+        if record.duplicate_of is not None:
+            return await self._job_holder_view(record, operation_id)
         if record.status == Status.SUBMITTING:
             record = await submission.submit(self, record, table)
+            if record.duplicate_of is not None:
+                return await self._job_holder_view(record, operation_id)
         return self.view(record)
 
     # -- check_status -----------------------------------------------------------------
@@ -395,6 +449,7 @@ class Controller:
                 fleets=self._fleets,
                 apply_approvals=apply_approvals,
                 clock=self.clock.now,  # the gate's time is read once the write lock is held
+                accounts=self._accounts,
             )
             if start is None:
                 raise self._not_found(operation_id)
@@ -451,11 +506,12 @@ class Controller:
         """
         assert record.provider_job_id is not None
         with anyio.CancelScope(shield=True):
+            sent_at = self.clock.now()
             answer = await self.http.get_status(table, record.provider_job_id)
             self.on_step("after_response")
             transition = decide_after_response(record, table, answer, rng=self.rng)
             self.on_step("before_persist")
-            changes = transition_changes(record, transition, answer)
+            changes = transition_changes(record, transition, answer, sent_at=sent_at)
             extra: dict[str, object] = {
                 "rejected_hints": [h.as_record() for h in transition.rejected_hints],
                 "note": transition.note or transition.location,
@@ -491,9 +547,16 @@ class Controller:
 
 
 def transition_changes(
-    record: OperationRecord, t: Transition, answer: ProviderAnswer | NoAnswer | UnusableAnswer
+    record: OperationRecord,
+    t: Transition,
+    answer: ProviderAnswer | NoAnswer | UnusableAnswer,
+    *,
+    sent_at: float | None = None,
 ) -> dict[str, object]:
-    """The columns one status answer changes. Budgets and deadlines are never among them."""
+    """The columns one status answer changes. Budgets and deadlines are never among them.
+
+    `sent_at` is when the request was sent (kept beside `last_http_at`, when the answer came).
+    """
     changes: dict[str, object] = {
         "status": t.status,
         "stop_reason": t.stop_reason,
@@ -506,6 +569,8 @@ def transition_changes(
         "provider_request_id": t.provider_request_id,
         "retry_after_seconds": t.retry_after_seconds,
     }
+    if sent_at is not None:
+        changes["request_sent_at"] = sent_at
     if t.state is not None:
         changes["state"] = t.state
         changes["category"] = t.category

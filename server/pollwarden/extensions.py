@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pollwarden.config import ExtensionCaps
+from pollwarden.job_identity import REOPENABLE
 from pollwarden.records import OperationRecord
 from pollwarden.timefmt import iso, to_datetime
 from pollwarden.untrusted import quoted
@@ -88,8 +89,10 @@ def plan_extension(
                 "refusal": f"request_extension is not allowed after {record.stop_reason or record.status}; "
                 f"allowed actions: {allowed_actions(record, table) or 'none'}"
                 + (
-                    " — a person must fix the credentials or the integration; an identical retry would fail again"
-                    if record.stop_reason in ("authorization_denied", "integration_failure")
+                    " — a person must fix the cause (the credentials, the provider table or the account) and an "
+                    "operator must reopen this operation at their own terminal; until then nothing is sent for "
+                    "this job under any operation id, and an identical request would fail again"
+                    if record.stop_reason in REOPENABLE
                     else ""
                 )
             }
@@ -98,7 +101,8 @@ def plan_extension(
         return base.model_copy(
             update={
                 "refusal": f"this operation already had {record.extensions_used} extension(s), the operator's "
-                f"limit ({caps.max_extensions_per_operation}); a person may start a new operation instead"
+                f"limit ({caps.max_extensions_per_operation}); a new operation for the same job gets this one back, so a "
+                "person decides at the provider's console"
             }
         )
     business = record.business_deadline_at

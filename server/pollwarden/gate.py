@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from pollwarden.job_identity import account_changed_detail, duplicate_detail
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import Outcome, Status, StopReason
 
@@ -71,9 +72,20 @@ def lease_busy(record: OperationRecord, now: float) -> bool:
 
 
 def decide_check(
-    record: OperationRecord, *, now: float, wait_until: float, has_table: bool, approvals_due: bool
+    record: OperationRecord,
+    *,
+    now: float,
+    wait_until: float,
+    has_table: bool,
+    approvals_due: bool,
+    account_context: str | None = None,
 ) -> GateDecision:
-    """What this round of check_status does; `approvals_due` says an operator's decision waits."""
+    """What this round of check_status does; `approvals_due` says an operator's decision waits.
+
+    `account_context` is the provider table's account context now (None: not
+    compared); a waiting operation recorded under another one stops, and so
+    does one marked a duplicate of the operation holding its job.
+    """
     if not has_table:
         return GateDecision(Step.NO_TABLE)
     if record.status == Status.ESCALATED and approvals_due:
@@ -81,6 +93,16 @@ def decide_check(
     if record.status != Status.WAITING:
         return GateDecision(Step.STOPPED)
     busy = lease_busy(record, now)
+    if not busy and record.duplicate_of is not None:
+        return GateDecision(
+            Step.STOP, stop_reason=StopReason.JOB_ALREADY_TRACKED, stop_detail=duplicate_detail(record)
+        )
+    if not busy and account_context is not None and account_context != record.account_context:
+        return GateDecision(
+            Step.STOP,
+            stop_reason=StopReason.ACCOUNT_CONTEXT_CHANGED,
+            stop_detail=account_changed_detail(record.account_context, account_context),
+        )
     if not busy and now >= record.effective_deadline:
         return GateDecision(
             Step.STOP,

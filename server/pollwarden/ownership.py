@@ -81,20 +81,22 @@ def watched_uri(principal: Principal, uri: str) -> str:
     return URI_PREFIX + quote(stored_id(principal, name), safe="") + (AUDIT_SUFFIX if watched.audit else "")
 
 
-def _rename(value: Any, stored: str, shown: str) -> Any:
+_ID_KEYS = frozenset({"operation_id", "requested_operation_id", "duplicate_of"})
+
+
+def _rename(value: Any, principal: Principal) -> Any:
     if isinstance(value, dict):
         return {
-            k: (shown if k == "operation_id" and v == stored else _rename(v, stored, shown))
+            k: (shown_id(principal, v) if k in _ID_KEYS and isinstance(v, str) else _rename(v, principal))
             for k, v in value.items()  # pyright: ignore[reportUnknownVariableType]
         }
     if isinstance(value, list):
-        return [_rename(v, stored, shown) for v in value]  # pyright: ignore[reportUnknownVariableType]
+        return [_rename(v, principal) for v in value]  # pyright: ignore[reportUnknownVariableType]
     return value
 
 
 def renamed(model: M, principal: Principal) -> M:
-    """`model` with every ``operation_id`` the principal owns shown as the name it chose."""
-    stored: object = getattr(model, "operation_id", None)
-    if not isinstance(stored, str) or (shown := shown_id(principal, stored)) == stored:
+    """`model` with every operation id the principal owns shown as the name it chose."""
+    if not principal.authenticated:
         return model
-    return type(model).model_validate(_rename(model.model_dump(mode="python"), stored, shown))
+    return type(model).model_validate(_rename(model.model_dump(mode="python"), principal))

@@ -95,6 +95,10 @@ class OperationRecord:
     updated_at: float
     version: int
     fleet_slot_at: float | None
+    # The operation that holds this job's budget, when this one may not poll it (pollwarden.job_identity).
+    duplicate_of: str | None = None
+    # When the last status request was sent (`last_http_at`: when its answer came).
+    request_sent_at: float | None = None
     owner: str = "local"  # the principal that started it (issue 19); stdio is `local`
 
     @classmethod

@@ -523,7 +523,9 @@ def build_server(
     @mcp.tool(
         description="Record a bounded wait on an external job (exactly one of provider_job_id or submit) "
         "before any status request. Budgets default to the provider table and may only be lowered. "
-        "Calling it again with the same operation_id returns the same record and never submits twice.",
+        "Calling it again with the same operation_id returns the same record and never submits twice. "
+        "One job, one budget: a job that already has an operation (any id, any status) is answered with that "
+        "operation (requested_operation_id names the id you asked for); no new budget or deadline is granted.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=True
         ),

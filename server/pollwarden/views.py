@@ -6,6 +6,7 @@ import math
 
 from pydantic import BaseModel, Field
 
+from pollwarden.job_identity import REOPENABLE, account_parts
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso, to_datetime
@@ -27,6 +28,8 @@ ALLOWED_BY_STOP_REASON: dict[str, tuple[str, ...]] = {
     "awaiting_review": ("request_extension", "cancel_operation"),
     "authorization_denied": (),
     "integration_failure": (),
+    "account_context_changed": (),
+    "job_already_tracked": (),
     "provider_failure": (),
     "cancelled": (),
     "expired": (),
@@ -40,8 +43,13 @@ PERSON_MAY_APPROVE: dict[str, str] = {
     "unknown_state": "a bounded pause while someone checks the provider's change",
     "delivery_ambiguous": "more transport failures and time",
     "awaiting_review": "after acting at the provider: more waiting for the same job, or a cancel",
-    "authorization_denied": "nothing here: fix the credentials, then start a new operation",
-    "integration_failure": "nothing here: fix the provider table or the integration; no identical retry",
+    "authorization_denied": "nothing here: fix the credentials, then an operator reopens this operation "
+    "(audited); no identical request before that, under any operation id",
+    "integration_failure": "nothing here: fix the provider table or the integration, then an operator "
+    "reopens this operation (audited); no identical request before that, under any operation id",
+    "account_context_changed": "nothing here: restore the table's origin and credential variable, then an "
+    "operator reopens this operation (audited)",
+    "job_already_tracked": "nothing here: the operation holding the job decides",
     "provider_failure": "a resubmission, only as a new operation with a persisted idempotency key",
     "cancelled": "a resubmission, only as a new operation with a persisted idempotency key",
     "expired": "a resubmission, only as a new operation with a persisted idempotency key",
@@ -153,6 +161,27 @@ class OperationView(BaseModel):
     allowed_actions: list[str]
     escalation: Escalation | None
     message: str = Field(description="What happened and what may be done next, in one or two sentences.")
+    requested_operation_id: str | None = Field(
+        default=None,
+        description="start_operation only: the operation_id you asked for, when the job was already tracked "
+        "under operation_id. Nothing was created under it and no new budget was granted: use operation_id.",
+    )
+    duplicate_of: str | None = Field(
+        default=None,
+        description="The operation holding this operation's job (its budget and deadline), when not this one.",
+    )
+    account_origin: str = Field(
+        default="",
+        description="The provider origin this operation was recorded for (requests go only there).",
+    )
+    account_credential_env: str | None = Field(
+        default=None,
+        description="The name of the credential variable it was recorded for (never its value); null: none.",
+    )
+    request_sent_at: str | None = Field(
+        default=None,
+        description="When the last status request was sent (last_http_at: when its answer came).",
+    )
     untrusted_fields: list[str] = Field(
         default_factory=lambda: [
             "state",
@@ -228,6 +257,18 @@ def escalation_options(
                 arguments={"operation_id": record.operation_id},
             )
         )
+    if (
+        record.stop_reason in REOPENABLE
+        and record.provider_job_id is not None
+        and record.duplicate_of is None
+    ):
+        options.append(
+            EscalationOption(
+                action="operator_reopen",
+                label="a person fixes the cause, then an operator reopens this operation at their own terminal "
+                "(audited); the same budget and deadline continue",
+            )
+        )
     options.append(
         EscalationOption(
             action="inspect_provider_console",
@@ -275,6 +316,8 @@ def _short_option(option: EscalationOption) -> str:
         return "cancel at provider"
     if option.action == "fetch_result":
         return "fetch result"
+    if option.action == "operator_reopen":
+        return "fix the cause and reopen"
     return "inspect provider console"
 
 
@@ -305,6 +348,18 @@ def _next_step_message(
         return (
             f"Waiting stopped: awaiting_review. A person must act at the provider: {where}. "
             "Do not poll again; after they act, request_extension resumes waiting on the same job."
+        )
+    if record.status == "escalated" and record.stop_reason == "job_already_tracked":
+        return (
+            f"This operation may not poll: job {quoted(record.provider_job_id or '')} is tracked as operation "
+            f"{quoted(record.duplicate_of or '')}, which holds its budget and deadline. Use that operation_id "
+            "(get_operation, check_status); nothing is sent under this one."
+        )
+    if record.status == "escalated" and record.stop_reason in REOPENABLE:
+        return (
+            f"Waiting stopped: {record.stop_reason}. Do not poll again, under this or any other operation id: "
+            "nothing more is sent for this job until a person fixes the cause and an operator reopens this "
+            "operation at their own terminal. See escalation.options."
         )
     if record.status == "escalated":
         return (
@@ -340,6 +395,7 @@ def operation_view(
     result = stored.fields if record.status == "succeeded" and stored.fields else None
     partial = stored.fields if record.stop_reason in END_STATES_WITH_RESULTS and stored.fields else None
     where = person_must_act_at(record, table)
+    origin, credential_env = account_parts(record.account_context)
     return OperationView(
         operation_id=record.operation_id,
         outcome=outcome,
@@ -372,4 +428,8 @@ def operation_view(
         allowed_actions=allowed_actions(record, table),
         escalation=escalation,
         message=_next_step_message(record, outcome, wait, where),
+        duplicate_of=record.duplicate_of,
+        account_origin=origin,
+        account_credential_env=credential_env,
+        request_sent_at=iso(record.request_sent_at),
     )

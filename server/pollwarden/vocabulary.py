@@ -63,6 +63,10 @@ class StopReason(StrEnum):
     AWAITING_REVIEW = "awaiting_review"
     AUTHORIZATION_DENIED = "authorization_denied"
     INTEGRATION_FAILURE = "integration_failure"
+    # The table's origin or credential variable is no longer the one recorded at start.
+    ACCOUNT_CONTEXT_CHANGED = "account_context_changed"
+    # The job is another operation's: its budget and deadline are the job's (pollwarden.job_identity).
+    JOB_ALREADY_TRACKED = "job_already_tracked"
 
 
 class DelaySource(StrEnum):

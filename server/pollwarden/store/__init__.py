@@ -84,6 +84,7 @@ class Store(Protocol):
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
+        accounts: Mapping[str, str] | None = None,
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
 
@@ -91,7 +92,9 @@ class Store(Protocol):
         writes that: a counted refusal (not_yet, stopped), a stop before any
         request (deadline, budget), or the reservation (the request counted and
         the lease taken, or a fleet slot booked), guarded by the same conditions.
-        `fleets` holds the loaded provider tables' [fleet] specs (None without one).
+        `fleets` holds the loaded provider tables' [fleet] specs (None without one);
+        `accounts` their account contexts now (a waiting operation recorded under
+        another one stops with `account_context_changed`, nothing sent).
         """
         ...
 
@@ -115,7 +118,13 @@ class Store(Protocol):
     async def create_operation(
         self, values: Mapping[str, object], *, kind: str, at: float
     ) -> tuple[OperationRecord, bool]:
-        """Insert the record (and its first audit row) unless the id exists; (record, created)."""
+        """Insert the record (and its first audit row) unless the id or the job exists; (record, created).
+
+        One job, one budget (`pollwarden.job_identity`): when the job (provider,
+        account context, provider job id) already has an operation, that one is
+        returned, with an `operation_id` other than the one asked for. Atomic
+        across processes: two starts of one job make one operation.
+        """
         ...
 
     async def claim_submission(
@@ -209,6 +218,23 @@ class Store(Protocol):
         self, operation_id: str, *, kind: str, at: float, note: str | None, extra: Mapping[str, object]
     ) -> None:
         """Append one audit row about an operation."""
+        ...
+
+    async def reopen(
+        self,
+        operation_id: str,
+        *,
+        bound_version: int,
+        next_check_at: float,
+        at: float,
+        extra: Mapping[str, object],
+    ) -> OperationRecord | None:
+        """An operator reopens an operation stopped by a refusal (`job_identity.REOPENABLE`).
+
+        Back to waiting with the same budget, deadline and counters, only while
+        it is still at `bound_version` (as shown to the operator); audited as
+        `reopened` with `extra` (reason, who, how authenticated). None: it changed.
+        """
         ...
 
     async def flush_refusals(self, operation_id: str | None = None) -> int:

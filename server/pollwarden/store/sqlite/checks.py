@@ -47,6 +47,7 @@ def begin_check(
     apply_approvals: bool,
     key: bytes | None,
     clock: Callable[[], float] | None = None,
+    accounts: Mapping[str, str] | None = None,
 ) -> CheckStart | None:
     """Decide one round of check_status and write what it decided; None when there is no such operation.
 
@@ -58,7 +59,7 @@ def begin_check(
     current = rows.fetch(conn, operation_id)  # a snapshot read, outside any transaction
     if current is None:
         return None
-    decision = _decide(session, current.record, now, wait_until, fleets, apply_approvals)
+    decision = _decide(session, current.record, now, wait_until, fleets, apply_approvals, accounts)
     if not decision.writes:
         return CheckStart(current.record, decision)
     try:
@@ -71,7 +72,7 @@ def begin_check(
     with session.transaction(durable=True):
         now = clock() if clock is not None else now
         current = rows.must_fetch(conn, operation_id)
-        decision = _decide(session, current.record, now, wait_until, fleets, apply_approvals)
+        decision = _decide(session, current.record, now, wait_until, fleets, apply_approvals, accounts)
         if not decision.writes:
             return CheckStart(current.record, decision)
         return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key)
@@ -84,6 +85,7 @@ def _decide(
     wait_until: float,
     fleets: Mapping[str, FleetSpec | None],
     apply_approvals: bool,
+    accounts: Mapping[str, str] | None,
 ) -> GateDecision:
     due = False
     if apply_approvals and record.status == Status.ESCALATED:
@@ -92,7 +94,12 @@ def _decide(
         ).fetchone()
         due = found is not None
     return decide_check(
-        record, now=now, wait_until=wait_until, has_table=record.provider in fleets, approvals_due=due
+        record,
+        now=now,
+        wait_until=wait_until,
+        has_table=record.provider in fleets,
+        approvals_due=due,
+        account_context=None if accounts is None else accounts.get(record.provider),
     )
 
 

@@ -128,6 +128,7 @@ class SQLiteStore:
         fleets: Mapping[str, FleetSpec | None],
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
+        accounts: Mapping[str, str] | None = None,
     ) -> CheckStart | None:
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
@@ -142,6 +143,7 @@ class SQLiteStore:
                 apply_approvals=apply_approvals,
                 key=self._key,
                 clock=clock,
+                accounts=accounts,
             )
         )
 
@@ -357,6 +359,28 @@ class SQLiteStore:
                 kind=kind,
                 at=at,
                 note=note,
+                extra=extra,
+                key=self._key,
+            )
+        )
+
+    async def reopen(
+        self,
+        operation_id: str,
+        *,
+        bound_version: int,
+        next_check_at: float,
+        at: float,
+        extra: Mapping[str, object],
+    ) -> OperationRecord | None:
+        """An operator's reopen after a refusal, only if the operation is still as shown (None otherwise)."""
+        return await self._db.run(
+            partial(
+                writes.reopen,
+                operation_id=operation_id,
+                bound_version=bound_version,
+                next_check_at=next_check_at,
+                at=at,
                 extra=extra,
                 key=self._key,
             )

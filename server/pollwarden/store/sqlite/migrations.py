@@ -7,7 +7,8 @@ module would change silently with it). Steps 1-3 are the DDL of the first
 releases, copied verbatim; step 4 rebuilds `operations` with CHECK constraints
 spelling out the vocabulary (`pollwarden.vocabulary`; a test compares the two),
 names the refusal counters for what they count, and adds the indexes that keep
-listing and scanning flat at 100,000 operations.
+listing and scanning flat at 100,000 operations; step 6 rebuilds it again for
+two new stop reasons and makes a job belong to one operation.
 """
 
 from __future__ import annotations
@@ -243,14 +244,131 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE approvals ADD COLUMN decision_signature TEXT;
     """,
     ),
+    # One job, one budget (pollwarden.job_identity): at most one operation holds a job
+    # (provider, account context, provider job id), enforced by a partial UNIQUE index.
+    # Files that already hold several operations for one job keep them all: the earliest
+    # created (then the smallest id) keeps the job, the others are marked `duplicate_of` it
+    # (excluded from the index) and stop at their next check with nothing sent. Two new
+    # stop reasons need the CHECK constraint rebuilt; `request_sent_at` keeps when the
+    # last status request was sent.
+    Migration(
+        6,
+        "one operation per job, account context and duplicate stops, request time",
+        """
+    CREATE TABLE operations_v6 (
+        operation_id TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        provider_job_id TEXT,
+        account_context TEXT NOT NULL,
+        request_fingerprint TEXT NOT NULL,
+        idempotency_key TEXT,
+        expected_terminal_state TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN
+            ('submitting','waiting','succeeded','failed','cancelled','expired','escalated')),
+        stop_reason TEXT CHECK (stop_reason IN
+            ('succeeded','provider_failure','cancelled','expired','deadline_exceeded',
+             'request_budget_exhausted','delivery_ambiguous','rate_limited','unknown_state',
+             'awaiting_review','authorization_denied','integration_failure',
+             'account_context_changed','job_already_tracked')),
+        stop_detail TEXT,
+        state TEXT,
+        category TEXT CHECK (category IN
+            ('pending','succeeded','failed','cancelled','expired','awaiting_review','unknown')),
+        started_at REAL NOT NULL,
+        deadline_at REAL NOT NULL,
+        business_deadline_at REAL,
+        max_status_requests INTEGER NOT NULL CHECK (max_status_requests > 0),
+        max_transport_failures INTEGER NOT NULL CHECK (max_transport_failures > 0),
+        max_rate_limited INTEGER NOT NULL CHECK (max_rate_limited > 0),
+        status_requests_used INTEGER NOT NULL DEFAULT 0,
+        transport_failures_used INTEGER NOT NULL DEFAULT 0,
+        rate_limited_used INTEGER NOT NULL DEFAULT 0,
+        polls_completed INTEGER NOT NULL DEFAULT 0,
+        next_check_at REAL NOT NULL,
+        delay_source TEXT NOT NULL CHECK (delay_source IN
+            ('local_backoff','provider_retry_after','provider_poll_hint','manual_extension','fleet_pacing')),
+        retry_after_seconds REAL,
+        last_http_status INTEGER,
+        last_http_at REAL,
+        provider_request_id TEXT,
+        provider_expires_at REAL,
+        error TEXT,
+        result_json TEXT,
+        lease_owner TEXT,
+        lease_expires_at REAL,
+        refused_count INTEGER NOT NULL DEFAULT 0 CHECK (refused_count >= 0),
+        refused_outcome TEXT CHECK (refused_outcome IN ('not_yet','stopped')),
+        refused_first_at REAL,
+        refused_last_at REAL,
+        extensions_used INTEGER NOT NULL DEFAULT 0,
+        stopped_at REAL,
+        submit_payload_json TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1,
+        fleet_slot_at REAL,
+        duplicate_of TEXT,
+        request_sent_at REAL,
+        CHECK (status_requests_used <= max_status_requests),
+        CHECK ((refused_count = 0) = (refused_outcome IS NULL)),
+        CHECK (duplicate_of IS NULL OR duplicate_of <> operation_id)
+    );
+    INSERT INTO operations_v6 (
+        operation_id, provider, provider_job_id, account_context, request_fingerprint, idempotency_key,
+        expected_terminal_state, status, stop_reason, stop_detail, state, category, started_at,
+        deadline_at, business_deadline_at, max_status_requests, max_transport_failures,
+        max_rate_limited, status_requests_used, transport_failures_used, rate_limited_used,
+        polls_completed, next_check_at, delay_source, retry_after_seconds, last_http_status,
+        last_http_at, provider_request_id, provider_expires_at, error, result_json, lease_owner,
+        lease_expires_at, refused_count, refused_outcome, refused_first_at, refused_last_at,
+        extensions_used, stopped_at, submit_payload_json, created_at, updated_at, version, fleet_slot_at
+    )
+    SELECT
+        operation_id, provider, provider_job_id, account_context, request_fingerprint, idempotency_key,
+        expected_terminal_state, status, stop_reason, stop_detail, state, category, started_at,
+        deadline_at, business_deadline_at, max_status_requests, max_transport_failures,
+        max_rate_limited, status_requests_used, transport_failures_used, rate_limited_used,
+        polls_completed, next_check_at, delay_source, retry_after_seconds, last_http_status,
+        last_http_at, provider_request_id, provider_expires_at, error, result_json, lease_owner,
+        lease_expires_at, refused_count, refused_outcome, refused_first_at, refused_last_at,
+        extensions_used, stopped_at, submit_payload_json, created_at, updated_at, version, fleet_slot_at
+    FROM operations;
+    DROP TABLE operations;
+    ALTER TABLE operations_v6 RENAME TO operations;
+    CREATE INDEX operations_by_created ON operations(created_at DESC, operation_id);
+    CREATE INDEX operations_by_status ON operations(status, created_at DESC, operation_id);
+    CREATE INDEX operations_by_provider ON operations(provider, created_at DESC, operation_id);
+    CREATE INDEX operations_with_refusals ON operations(operation_id) WHERE refused_count > 0;
+    CREATE INDEX operations_dedupe_v6 ON operations(
+        provider, account_context, provider_job_id, created_at, operation_id);
+    UPDATE operations SET duplicate_of = (
+        SELECT o2.operation_id FROM operations AS o2
+        WHERE o2.provider = operations.provider AND o2.account_context = operations.account_context
+          AND o2.provider_job_id = operations.provider_job_id
+        ORDER BY o2.created_at, o2.operation_id LIMIT 1)
+    WHERE provider_job_id IS NOT NULL AND EXISTS (
+        SELECT 1 FROM operations AS o3
+        WHERE o3.provider = operations.provider AND o3.account_context = operations.account_context
+          AND o3.provider_job_id = operations.provider_job_id
+          AND (o3.created_at < operations.created_at
+               OR (o3.created_at = operations.created_at AND o3.operation_id < operations.operation_id)));
+    DROP INDEX operations_dedupe_v6;
+    CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id)
+        WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL;
+    """,
+    ),
     # Issue 19: every operation belongs to a principal (stdio and earlier rows: the local user).
-    # Per-principal ids are kept unique by the stored id itself (`pollwarden.ownership`).
+    # Per-principal ids are kept unique by the stored id itself (`pollwarden.ownership`); one job,
+    # one budget holds per principal, since no principal may see another's operation.
     Migration(
         8,
         "operation owners",
         """
     ALTER TABLE operations ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
     CREATE INDEX operations_by_owner ON operations(owner, created_at DESC, operation_id);
+    DROP INDEX operations_one_per_job;
+    CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id, owner)
+        WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL;
     """,
     ),
 )

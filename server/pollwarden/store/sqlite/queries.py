@@ -89,6 +89,24 @@ INSERT_OPERATION = (
     f"ON CONFLICT (operation_id) DO NOTHING RETURNING {OPERATION_ROW}"
 )
 
+# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
+# (issue 19: principals never see each other's operations). Served by the partial UNIQUE index
+# operations_one_per_job, whose condition this WHERE repeats.
+SELECT_JOB_OWNER = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE provider = :provider AND account_context = :account_context "
+    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL AND owner = :owner"
+)
+
+# An operator reopens a refused operation (pollwarden reopen): only as it was shown to them.
+REOPEN = (
+    "UPDATE operations SET status = 'waiting', stop_reason = NULL, stop_detail = NULL, stopped_at = NULL, "
+    "next_check_at = :next_check_at, delay_source = 'manual_extension', fleet_slot_at = NULL, "
+    "lease_owner = NULL, lease_expires_at = NULL, version = version + 1, updated_at = :at "
+    "WHERE operation_id = :operation_id AND version = :version AND status = 'escalated' "
+    "AND stop_reason IN ('authorization_denied', 'integration_failure', 'account_context_changed') "
+    f"AND provider_job_id IS NOT NULL AND duplicate_of IS NULL RETURNING {OPERATION_ROW}"
+)
+
 # The gate's RESERVE, guarded by the same conditions (and the version the gate read).
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "

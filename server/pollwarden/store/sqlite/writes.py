@@ -9,30 +9,72 @@ calls, so the story stays in time order.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
 from pollwarden.audit_entry import event
+from pollwarden.job_identity import account_parts, duplicate_changes
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
 from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
 
+LOCAL_OWNER = "local"
+
 
 def create_operation(
     session: Session, values: Mapping[str, object], *, kind: str, at: float, key: bytes | None
 ) -> tuple[OperationRecord, bool]:
-    """Insert the record and its first audit row unless the id exists; (record, created)."""
+    """Insert the record and its first audit row unless the id or the job exists; (record, created).
+
+    When the id exists, that operation is returned. When the job (provider,
+    account context, provider job id) is another operation's, that operation is
+    returned: its `operation_id` differs from the one asked for, and nothing is
+    created (pollwarden.job_identity). The first audit row names the account
+    context's origin and credential variable.
+    """
+    values = {"owner": LOCAL_OWNER, **values}  # a caller that names no principal acts for the local user
     missing = set(queries.NEW_OPERATION_COLUMNS) - set(values)
     extra = set(values) - set(queries.NEW_OPERATION_COLUMNS)
     if missing or extra:
         raise ValueError(f"a new operation needs exactly its columns (missing {missing}, unknown {extra})")
     with session.transaction() as conn:
+        # BEGIN IMMEDIATE: the id and the job are looked up and the row inserted under the write lock,
+        # so two processes starting one job at once get one operation (the unique index is the backstop).
+        same_id = rows.fetch(conn, str(values["operation_id"]))
+        if same_id is not None:
+            return same_id.record, False
+        if values["provider_job_id"] is not None:
+            owner = _job_owner(
+                conn,
+                values["provider"],
+                values["account_context"],
+                values["provider_job_id"],
+                values["owner"],
+            )
+            if owner is not None:
+                return owner, False
         created = rows.returned(conn.execute(queries.INSERT_OPERATION, dict(values)))
         if created is None:
             return rows.must_fetch(conn, str(values["operation_id"])).record, False
-        rows.append(conn, event(created.record, kind, at), key)
+        origin, credential_env = account_parts(created.record.account_context)
+        first = {"account_origin": origin, "account_credential_env": credential_env}
+        rows.append(conn, event(created.record, kind, at, extra=first), key)
         return created.record, True
+
+
+def _job_owner(
+    conn: sqlite3.Connection, provider: object, account: object, job_id: object, principal: object
+) -> OperationRecord | None:
+    """The operation holding this job for `principal` (one job, one budget), or None."""
+    params = {"provider": provider, "account_context": account, "provider_job_id": job_id, "owner": principal}
+    row = conn.execute(queries.SELECT_JOB_OWNER, params).fetchone()
+    return None if row is None else rows.stored(row).record
+
+
+# What a submission answer that named another operation's job still records about itself.
+_SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
 
 
 def claim_submission(
@@ -81,9 +123,19 @@ def finish_submission(
     released; without one, only while the operation is still submitting (a
     stop decided with nothing in flight), and a stale lease is cleared too.
     """
-    released = {**changes, "lease_owner": None, "lease_expires_at": None}
+    released: dict[str, object] = {**changes, "lease_owner": None, "lease_expires_at": None}
     with session.transaction() as conn:
         rows.flush_refusals(conn, operation_id, key)
+        job_id = changes.get("provider_job_id")
+        if job_id is not None:
+            # The provider named a job another operation holds: this submission adopts nothing.
+            current = rows.must_fetch(conn, operation_id).record
+            holder = _job_owner(conn, current.provider, current.account_context, job_id, current.owner)
+            if holder is not None and holder.operation_id != operation_id:
+                kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
+                released = {**kept, **duplicate_changes(holder.operation_id, str(job_id), at=at)}
+                released["provider_job_id"] = job_id
+                kind, note = "stopped", str(released["stop_detail"])
         if owner is not None:
             record = rows.update_operation(
                 conn, operation_id, released, queries.Guard.SUBMISSION_LEASE_HELD, at=at, guard_owner=owner
@@ -318,3 +370,31 @@ def flush_refusals(session: Session, operation_id: str | None, key: bytes | None
     with session.transaction():
         rows.flush_refusals(conn, operation_id, key)
         return 1
+
+
+def reopen(
+    session: Session,
+    operation_id: str,
+    *,
+    bound_version: int,
+    next_check_at: float,
+    at: float,
+    extra: Mapping[str, object],
+    key: bytes | None,
+) -> OperationRecord | None:
+    """An operator's reopen: back to waiting, same budget and deadline, only as it was shown (None: it changed)."""
+    with session.transaction() as conn:
+        rows.flush_refusals(conn, operation_id, key)
+        params = {
+            "operation_id": operation_id,
+            "version": bound_version,
+            "next_check_at": next_check_at,
+            "at": at,
+        }
+        reopened = rows.returned(conn.execute(queries.REOPEN, params))
+        if reopened is None:
+            return None
+        rows.append(
+            conn, event(reopened.record, "reopened", at, note=str(extra.get("reason")), extra=extra), key
+        )
+        return reopened.record

@@ -1,0 +1,164 @@
+"""One job, one budget: what makes two operations the same job, and what happens then.
+
+A **job** is (provider table name, account context, provider job id). The
+account context is the table's origin and the name of its credential variable
+(`account_context_of`), recorded on the operation when it starts. Budgets,
+deadlines and counters belong to the job: at most one operation holds it
+(a partial UNIQUE index in the store, written in one `BEGIN IMMEDIATE`
+transaction, so two processes starting the same job at once get one
+operation).
+
+* `start_operation` with a new `operation_id` for a job that already has an
+  operation — in **any** status: waiting (a second budget would double the
+  first), escalated (a new operation would be the way around the person who
+  must decide), finished (the job's answer is final; a resubmission is a new
+  job) — creates nothing. It answers with the existing operation's view
+  (its id, status, stop reason, allowed actions) and `requested_operation_id`
+  set to the id that was asked for.
+* A submission has no job id until the provider answers with one. If that id
+  is already another operation's, the submission adopts nothing: it is
+  recorded as `duplicate_of` that operation and stops with
+  `job_already_tracked` (nothing more is sent for it); the caller is answered
+  with the other operation.
+* Operations recorded before this rule (schema 6) that shared a job keep
+  their records; the earliest created keeps the job, the others are marked
+  `duplicate_of` it and stop at their next check with `job_already_tracked`.
+* The only ways to more requests for a job stay the existing ones:
+  `request_extension` through a person, or an operator's `reopen` after a
+  refusal (authorization_denied, integration_failure, account_context_changed).
+
+Pure functions; the store and the controller call them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pollwarden.timefmt import iso
+from pollwarden.untrusted import quoted
+from pollwarden.vocabulary import Status, StopReason
+
+if TYPE_CHECKING:
+    from pollwarden.records import OperationRecord
+
+# Stops an operator may reopen once the cause is fixed: the provider refused the
+# caller or the integration, or the account changed. Until then nothing is sent for
+# the job under any operation id; `pollwarden reopen` is audited.
+REOPENABLE: frozenset[StopReason] = frozenset(
+    {
+        StopReason.AUTHORIZATION_DENIED,
+        StopReason.INTEGRATION_FAILURE,
+        StopReason.ACCOUNT_CONTEXT_CHANGED,
+    }
+)
+
+_ANONYMOUS = "anonymous"
+
+
+def account_context(origin: str, credential_env: str | None) -> str:
+    """The recorded form of an account context: `<origin> as $<VARIABLE>` (or `as anonymous`)."""
+    return f"{origin} as {'$' + credential_env if credential_env else _ANONYMOUS}"
+
+
+def account_parts(context: str) -> tuple[str, str | None]:
+    """(origin, credential variable name or None) of a recorded account context."""
+    origin, _, who = context.rpartition(" as ")
+    if not origin:
+        return context, None
+    return origin, who[1:] if who.startswith("$") else None
+
+
+def already_tracked_message(owner: OperationRecord, requested_operation_id: str) -> str:
+    """What the agent is told when it starts a job another operation already holds."""
+    state = owner.status if owner.stop_reason is None else f"{owner.status}: {owner.stop_reason}"
+    return (
+        f"This job is already tracked as operation {quoted(owner.operation_id)} ({state}); no operation "
+        f"{quoted(requested_operation_id)} was created and no new budget or deadline was granted: a job has "
+        f"one budget, whatever the operation id. Use operation_id {quoted(owner.operation_id)}: call "
+        "get_operation or check_status on it, and only the allowed_actions listed here."
+    )
+
+
+def duplicate_changes(owner_id: str, job_id: str, *, at: float) -> dict[str, object]:
+    """A submission answered with a job id another operation holds: it stops, adopting nothing."""
+    return {
+        "status": Status.ESCALATED,
+        "stop_reason": StopReason.JOB_ALREADY_TRACKED,
+        "stop_detail": (
+            f"the provider answered with job {quoted(job_id)}, which operation {quoted(owner_id)} already "
+            f"tracks; its budget and deadline hold for the job. Nothing is sent under this operation: use "
+            f"{quoted(owner_id)}"
+        ),
+        "duplicate_of": owner_id,
+        "stopped_at": at,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+
+
+def duplicate_detail(record: OperationRecord) -> str:
+    """Why an operation marked `duplicate_of` another one stops before sending anything."""
+    return (
+        f"operation {quoted(record.duplicate_of or '')} holds job {quoted(record.provider_job_id or '')} "
+        "(the earliest operation recorded for it); a job has one budget, so nothing is sent under this one"
+    )
+
+
+def account_changed_detail(recorded: str, current: str) -> str:
+    """Why a check stopped instead of polling under another account."""
+    origin, env = account_parts(recorded)
+    now_origin, now_env = account_parts(current)
+    return (
+        f"the operation was recorded for origin {origin} with credential "
+        f"{'$' + env if env else '(none)'}, but the provider table now says origin {now_origin} with "
+        f"credential {'$' + now_env if now_env else '(none)'}; nothing is sent under another account. "
+        "A person restores the table or the server's environment, then an operator reopens this operation"
+    )
+
+
+def reopen_next_check_at(record: OperationRecord, now: float) -> float:
+    """When a reopened operation may send again: now, never before a `Retry-After` still in force."""
+    earliest = now
+    if record.last_http_at is not None and record.retry_after_seconds is not None:
+        earliest = max(earliest, record.last_http_at + record.retry_after_seconds)
+    return earliest
+
+
+def reopen_refusal(record: OperationRecord) -> str | None:
+    """Why an operator may not reopen this operation, or None."""
+    if record.status != Status.ESCALATED or record.stop_reason not in REOPENABLE:
+        what = record.stop_reason or record.status
+        hint = ""
+        if record.status == Status.ESCALATED:
+            hint = "; more waiting after this stop goes through request_extension and a person's approval"
+        elif record.status == Status.WAITING:
+            hint = "; it is still waiting"
+        return (
+            f"operation {quoted(record.operation_id)} stopped with {what}, which reopen does not apply to "
+            f"(only {', '.join(sorted(REOPENABLE))}){hint}. Nothing changed"
+        )
+    if record.provider_job_id is None:
+        return (
+            f"operation {quoted(record.operation_id)} has no provider job id (its submission stopped before the "
+            "provider named one), so there is nothing to poll; a resubmission is a new operation. Nothing changed"
+        )
+    if record.duplicate_of is not None:
+        return (
+            f"operation {quoted(record.operation_id)} is a duplicate of {quoted(record.duplicate_of)}, which holds "
+            "the job; reopen that one if it needs it. Nothing changed"
+        )
+    return None
+
+
+def reopen_summary(record: OperationRecord) -> list[str]:
+    """The facts an operator reads before reopening (untrusted values quoted, one per line)."""
+    return [
+        f"Reopen operation {quoted(record.operation_id)}?",
+        f"Provider: {quoted(record.provider)}, job {quoted(record.provider_job_id or '(none)')}",
+        f"Stopped because: {record.stop_reason} at {iso(record.stopped_at)}",
+        f"Detail: {quoted(record.stop_detail or '')}",
+        f"Status requests: {record.status_requests_used} of {record.max_status_requests}; "
+        f"deadline {iso(record.effective_deadline)}",
+        "Reopening sends status requests for this job again, inside the same budget and deadline; "
+        "fix the cause first (credentials, the provider table, the account).",
+    ]

@@ -1,0 +1,213 @@
+"""No identical request after a refusal until an operator says the cause is fixed (issue 12, item 3).
+
+Found by trying it: after a 403, a new operation id on the same job sent the
+identical request again. Now the job keeps its stop under every operation id;
+the agent is told a person must fix the cause and an operator reopen it; and
+`pollwarden reopen` needs the same proof of a person as `pollwarden approve`
+(a terminal where the operation id is typed, or a configured operator key), is
+audited, and resumes inside the same budget and deadline.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import Harness, error_text, make_harness, make_operator, view
+from pollwarden.audit import read_rows
+from pollwarden.clock import FakeClock
+from pollwarden.job_identity import reopen_next_check_at
+from pollwarden.operator_keys import DecisionFacts, load_operator_key
+from test_allowed_actions import _record  # pyright: ignore[reportPrivateUsage]
+from test_operator_decisions import at_terminal, cli
+from tests.support.fake_provider import FakeProvider, Step, http, pending
+
+pytestmark = pytest.mark.anyio
+
+REFUSALS = [
+    pytest.param(http(403, body={"error": "token revoked"}), "authorization_denied", id="403"),
+    pytest.param(http(401), "authorization_denied", id="401"),
+    pytest.param(Step(raw_body_text="{not json"), "integration_failure", id="unparseable"),
+]
+
+
+def harness(tmp_path: Path, fake: FakeProvider) -> Harness:
+    # The operator CLI stamps decisions with the real time: the server's fake clock starts there.
+    return make_harness(tmp_path, fake, clock=FakeClock(time.time()))
+
+
+async def call(client: Any, tool: str, **arguments: Any) -> dict[str, Any]:
+    return view(await client.call_tool(tool, arguments))
+
+
+async def refused_once(h: Harness, job: str, refusal: Step, reason: str) -> dict[str, Any]:
+    """Track `job` as op-<job>; its first status answer is the refusal."""
+    h.fake.script(job, [refusal, pending("running")])
+    async with h.client() as client:
+        await call(client, "start_operation", provider="acme", operation_id=f"op-{job}", provider_job_id=job)
+        stopped = await call(client, "check_status", operation_id=f"op-{job}", wait_seconds=50)
+    assert (stopped["status"], stopped["stop_reason"]) == ("escalated", reason)
+    return stopped
+
+
+@pytest.mark.parametrize(("refusal", "reason"), REFUSALS)
+async def test_after_a_refusal_no_operation_id_sends_the_identical_request_and_the_agent_is_told_why(
+    tmp_path: Path, fake: FakeProvider, refusal: Step, reason: str
+) -> None:
+    h = harness(tmp_path, fake)
+    await refused_once(h, "j", refusal, reason)
+    async with h.client() as client:
+        for attempt in range(3):
+            h.clock.advance(3600)
+            again = await call(
+                client, "start_operation", provider="acme", operation_id=f"new-{attempt}", provider_job_id="j"
+            )
+            assert (again["operation_id"], again["stop_reason"], again["allowed_actions"]) == (
+                "op-j",
+                reason,
+                [],
+            )
+            assert "until a person fixes the cause and an operator reopens" in again["message"]
+            assert [o["action"] for o in again["escalation"]["options"]] == [
+                "operator_reopen",
+                "inspect_provider_console",
+            ]
+            assert "fix the cause and reopen" in again["escalation"]["message"]
+            stopped = await call(client, "check_status", operation_id="op-j", wait_seconds=50)
+            assert stopped["outcome"] == "stopped"
+        asked = await client.call_tool(
+            "request_extension",
+            {"operation_id": "op-j", "extra_seconds": 60, "extra_status_requests": 1, "reason": "try again"},
+        )
+        text = view(asked)["message"] if not asked.is_error else error_text(asked)
+        assert "an operator must reopen this operation" in text
+        assert "pollwarden" not in again["message"]  # never a command for the agent to run
+    assert len(fake.status_requests("j")) == 1
+
+
+async def test_reopen_needs_a_person_and_an_operator_key_reopens_it_audited_inside_the_same_budget(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    operator = make_operator(tmp_path / "keys")
+    key = load_operator_key(operator.key_file)
+    h = harness(tmp_path, fake)
+    h.operator = operator.policy()
+    before = await refused_once(h, "k", http(403), "authorization_denied")
+
+    forged = cli(h, "reopen", "op-k", "--reason", "fixed, trust me")
+    assert forged.returncode == 2
+    assert "needs a person" in forged.stderr
+    assert "Nothing was reopened" in forged.stderr
+
+    done = cli(
+        h,
+        "reopen",
+        "op-k",
+        "--reason",
+        "rotated the token",
+        "--by",
+        "alice",
+        "--operator-key",
+        str(operator.key_file),
+        env=operator.env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Reopen operation op-k?" in done.stdout
+    assert "Stopped because: authorization_denied" in done.stdout
+    assert "op-k reopened by alice" in done.stdout
+    assert "same budget (1 of 12 used)" in done.stdout
+
+    [row] = [r for r in read_rows(h.db_path, "op-k") if r.kind == "reopened"]
+    audit = row.payload_obj
+    assert (audit["status"], audit["stop_reason"], audit["stop_reason_before"]) == (
+        "waiting",
+        None,
+        "authorization_denied",
+    )
+    assert (audit["reason"], audit["reopened_by"]) == ("rotated the token", "alice")
+    assert audit["authenticated_by"] == f"operator-key:{key.public.key_id}"
+    assert audit["delay_source"] == "manual_extension"
+    # The signature covers the operation as shown, the reason and who decided: anyone can check it later.
+    facts = DecisionFacts(
+        approval_id=f"reopen:op-k:{audit['bound_version']}",
+        operation_id="op-k",
+        kind="reopen",
+        bound_version=int(str(audit["bound_version"])),
+        request_json=str(audit["signed_request"]),
+        decision="approved",
+        decided_at=float(str(audit["decided_at"])),
+        decided_by="alice",
+    )
+    assert json.loads(str(audit["signed_request"]))["reason"] == "rotated the token"
+    key.public.key.verify(base64.b64decode(str(audit["signature"])), facts.message())
+
+    async with h.client() as client:
+        resumed = await call(client, "check_status", operation_id="op-k", wait_seconds=50)
+    assert (resumed["outcome"], resumed["status"]) == ("polled", "waiting")
+    assert (resumed["status_requests_used"], resumed["max_status_requests"]) == (2, 12)
+    assert resumed["deadline_at"] == before["deadline_at"]
+    assert len(fake.status_requests("k")) == 2
+
+    twice = cli(
+        h, "reopen", "op-k", "--reason", "again", "--operator-key", str(operator.key_file), env=operator.env()
+    )
+    assert twice.returncode == 1
+    assert "which reopen does not apply to" in twice.stderr
+
+
+async def test_an_operator_at_a_terminal_reopens_by_typing_the_operation_id(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    await refused_once(h, "t", Step(raw_body_text="<html>"), "integration_failure")
+    code, shown = at_terminal(h, "reopen", "op-t", "--reason", "fixed the table", typed="yes")
+    assert code == 1
+    assert "op-t: nothing reopened" in shown
+    code, shown = at_terminal(h, "reopen", "op-t", "--reason", "fixed the table", typed="op-t")
+    assert code == 0, shown
+    assert "Stopped because: integration_failure" in shown
+    [row] = [r for r in read_rows(h.db_path, "op-t") if r.kind == "reopened"]
+    assert row.payload_obj["authenticated_by"] == "tty"
+    async with h.client() as client:
+        resumed = await call(client, "check_status", operation_id="op-t", wait_seconds=50)
+    assert resumed["outcome"] == "polled"
+    assert len(fake.status_requests("t")) == 2
+
+
+async def test_reopen_refuses_a_stop_that_a_person_extends_instead(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    operator = make_operator(tmp_path / "keys")
+    h = harness(tmp_path, fake)
+    fake.script("b", [pending("running")])
+    async with h.client() as client:
+        await call(
+            client,
+            "start_operation",
+            provider="acme",
+            operation_id="op-b",
+            provider_job_id="b",
+            max_status_requests=1,
+        )
+        stopped = await call(client, "check_status", operation_id="op-b", wait_seconds=50)
+    assert stopped["stop_reason"] == "request_budget_exhausted"
+    refused = cli(
+        h, "reopen", "op-b", "--reason", "more", "--operator-key", str(operator.key_file), env=operator.env()
+    )
+    assert refused.returncode == 1
+    assert "request_extension and a person's approval" in refused.stderr
+    assert [r.kind for r in read_rows(h.db_path, "op-b")].count("reopened") == 0
+
+
+def test_a_reopened_operation_never_sends_before_a_retry_after_still_in_force() -> None:
+    record = _record(
+        status="escalated", stop_reason="authorization_denied", last_http_at=1000.0, retry_after_seconds=120.0
+    )
+    assert reopen_next_check_at(record, 1010.0) == 1120.0
+    assert reopen_next_check_at(record, 1200.0) == 1200.0
+    assert reopen_next_check_at(_record(last_http_at=1000.0, retry_after_seconds=None), 1010.0) == 1010.0
