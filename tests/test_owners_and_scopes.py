@@ -5,7 +5,9 @@ Three principals from a token file: alice and bob (pollwarden:agent) and ops (po
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import sqlite3
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
@@ -19,7 +21,9 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from auth_helpers import bearer_client
 from harness import make_harness, view
-from pollwarden.auth import TokenFileVerifier
+from pollwarden.auth import TokenFileVerifier, hash_token
+from pollwarden.principals import PrincipalLogFilter
+from pollwarden.untrusted import OneLineFormatter
 from test_http_auth import AGENT, OPERATOR, Served, add_token, served
 from tests.support.fake_provider import FakeProvider, pending, succeeded
 
@@ -248,3 +252,43 @@ async def test_one_job_one_budget_holds_per_principal_without_revealing_another_
         assert theirs["operation_id"] == "b-1"
         assert theirs.get("requested_operation_id") is None
         assert "a-1" not in json.dumps(theirs)
+
+
+async def test_audit_rows_and_log_lines_carry_the_principal_and_never_a_token_or_its_hash(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("audited", [pending("running")])
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(PrincipalLogFilter())
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s [%(principal)s]: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        async with team(tmp_path, fake) as t:
+            async with t.as_("alice") as alice:
+                view(await alice.call_tool("start_operation", start_args("audited", "audited")))
+                t.s.h.clock.advance(60)
+                view(await alice.call_tool("check_status", {"operation_id": "audited"}))
+                story = str(await alice.read_resource("pollwarden://operations/audited/audit"))
+            with pytest.raises(Exception):  # noqa: B017, PT011 (a refused token; the log is what is checked)
+                async with bearer_client(t.s.url, t.tokens["bob"] + "-forged") as forged:
+                    await forged.list_tools()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+    assert "for 'alice'" in story or "for alice" in story
+    with sqlite3.connect(t.s.h.db_path) as conn:
+        payloads = [json.loads(p) for (p,) in conn.execute("SELECT payload FROM audit ORDER BY seq")]
+    assert payloads
+    assert all(p["principal"] == "alice" for p in payloads)
+    logged = stream.getvalue()
+    assert "[alice]: start_operation @alice/audited for alice: waiting" in logged
+    secrets = [*t.tokens.values(), *(hash_token(v) for v in t.tokens.values())]
+    secrets += [s.removeprefix("sha256:") for s in secrets if s.startswith("sha256:")]
+    database = t.s.h.db_path.read_bytes()
+    for secret in secrets:
+        assert secret not in logged
+        assert secret.encode() not in database

@@ -30,6 +30,7 @@ from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from pollwarden.principals import PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
 from pollwarden.untrusted import OneLineFormatter
@@ -245,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
 def setup_logging(*, verbose: bool, stream: TextIO | None = None) -> None:
     """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(PrincipalLogFilter())  # every line names whom it was for (never a token)
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s [%(principal)s]: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
 
 

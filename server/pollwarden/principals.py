@@ -9,6 +9,7 @@ variable; its ``client_id`` is the principal's name (the verifiers in
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ __all__ = [
     "SCOPE_AGENT",
     "SCOPE_OPERATOR",
     "Principal",
+    "PrincipalLogFilter",
     "current_principal",
     "principal_name_problem",
 ]
@@ -56,6 +58,15 @@ def principal_name_problem(name: str) -> str | None:
     if name == LOCAL_NAME:
         return f"{LOCAL_NAME!r} is the local user of stdio; choose another name"
     return None
+
+
+class PrincipalLogFilter(logging.Filter):
+    """Adds ``principal`` (the caller of the request being served, ``local`` otherwise) to every log record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Tag the record; never drops one."""
+        record.principal = current_principal().name
+        return True
 
 
 def current_principal() -> Principal:

@@ -585,6 +585,8 @@ def build_server(
                 idempotency_key=idempotency_key,
             )
         )
+        if principal.authenticated:
+            log.info("start_operation %s for %s: %s", view.operation_id, principal.name, view.status)
         return _shown(view)
 
     @mcp.tool(
