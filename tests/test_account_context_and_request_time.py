@@ -114,12 +114,14 @@ async def test_the_first_audit_row_and_the_view_name_the_origin_and_the_credenti
         seen = view(await client.call_tool("get_operation", {"operation_id": "op-who"}))
     for shown in (started, seen):
         assert (shown["account_origin"], shown["account_credential_env"]) == (fake.base_url, "ACME_TOKEN")
+        assert shown["expected_terminal_state"] == ["succeeded"]
     first = read_rows(h.db_path, "op-who")[0]
     assert first.kind == "tracking"
-    assert (first.payload_obj["account_origin"], first.payload_obj["account_credential_env"]) == (
-        fake.base_url,
-        "ACME_TOKEN",
-    )
+    assert (
+        first.payload_obj["account_origin"],
+        first.payload_obj["account_credential_env"],
+        first.payload_obj["expected_terminal_state"],
+    ) == (fake.base_url, "ACME_TOKEN", "succeeded")
     assert SECRET not in first.payload
 
 

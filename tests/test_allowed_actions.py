@@ -1,4 +1,4 @@
-"""DESIGN §4: what the agent may call next, by stop reason — and what the server refuses."""
+"""README "Stop reasons, and what may happen next": what the agent may call next, by stop reason — and what the server refuses."""
 
 from __future__ import annotations
 
@@ -121,3 +121,14 @@ def test_a_waiting_operation_may_only_be_checked() -> None:
 def test_a_submission_whose_fate_is_unknown_allows_nothing() -> None:
     record = _record(status="escalated", stop_reason="delivery_ambiguous", provider_job_id=None)
     assert allowed_actions(record, _table(True)) == []
+
+
+@pytest.mark.parametrize("stop_reason", ["unknown_state", "request_budget_exhausted", "awaiting_review"])
+def test_the_safe_options_line_names_each_option_once(stop_reason: str) -> None:
+    record = _record(status=status_for(stop_reason), stop_reason=stop_reason)
+    shown = operation_view(record, _table(True), now=1600.0)
+    assert shown.escalation is not None
+    safe = next(line for line in shown.escalation.message.splitlines() if line.startswith("Safe options: "))
+    extension = next(o for o in shown.escalation.options if o.action == "request_extension")
+    head = extension.label.partition(": ")[0]
+    assert safe.count(head) == 1, safe

@@ -962,8 +962,13 @@ def test_cli_without_a_database_is_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("POLLWARDEN_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    (tmp_path / "data" / "pollwarden").mkdir(parents=True)
+    # Like every command, audit looks in the user's data directory; nothing there is an error naming --db.
     assert audit_main(["audit", "verify"]) == 2
-    assert "--db" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"no database at {tmp_path / 'data' / 'pollwarden' / 'pollwarden.db'}" in err
+    assert "--db" in err
     assert audit_main(["audit", "verify", "--db", str(tmp_path / "absent.db")]) == 2
     assert audit_main(["audit"]) == 2
 

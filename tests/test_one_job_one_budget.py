@@ -356,3 +356,25 @@ async def test_an_older_duplicate_still_waiting_stops_at_its_next_check_and_send
         assert stopped["status_requests_used"] == 0
         assert "a-first" in stopped["stop_detail"]
     assert fake.status_requests("dup-job") == []
+
+
+REVIEWED: dict[str, Any] = {
+    "states": {"pending": ["queued", "running"], "awaiting_review": ["needs_approval"]},
+    "awaiting_review": {"where": "https://console.acme.example/jobs/{job_id} (Approve)"},
+}
+
+
+async def test_a_job_waiting_for_a_person_is_answered_with_where_to_act_and_no_new_budget(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("rev", [pending("needs_approval"), pending("running")])
+    h = make_harness(tmp_path, fake, table=REVIEWED)
+    async with h.client() as client:
+        await track(client, "rev")
+        await check(client, "rev", wait=50)
+        again = await start_as(client, "rev-again", "rev")
+    assert (again["operation_id"], again["stop_reason"]) == ("op-rev", "awaiting_review")
+    assert again["person_must_act_at"] == "https://console.acme.example/jobs/rev (Approve)"
+    assert again["allowed_actions"] == ["request_extension"]
+    assert "Do not poll again" in again["message"]
+    assert len(fake.status_requests("rev")) == 1

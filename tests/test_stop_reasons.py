@@ -1,8 +1,8 @@
 """Every stop reason a status check can reach, end to end: SDK client, fake provider, fake clock.
 
 Each test drives a real MCP client against the server, which sends real HTTP to
-the fake provider on 127.0.0.1. The assertions are the contract of DESIGN §1.11,
-§2 and §4: the exact `stop_reason`, `status`, `allowed_actions`, and for an
+the fake provider on 127.0.0.1. The assertions are the contract of README "Stop
+reasons, and what may happen next": the exact `stop_reason`, `status`, `allowed_actions`, and for an
 escalation a reason, the source document's message and bounded options.
 """
 
@@ -302,7 +302,7 @@ async def test_the_nth_transport_failure_stops_as_delivery_ambiguous(
     tmp_path: Path, fake: FakeProvider, failures: list[Step]
 ) -> None:
     fake.script("flaky", [*failures, pending("running")])
-    # Cancel is documented, yet delivery_ambiguous offers only an extension (DESIGN §4).
+    # Cancel is documented, yet delivery_ambiguous offers only an extension (README "Stop reasons").
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
         await start(client, "flaky")

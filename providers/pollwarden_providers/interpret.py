@@ -16,6 +16,7 @@ from email.utils import parsedate_to_datetime
 from typing import Literal, cast
 from urllib.parse import urlsplit
 
+from pollwarden_providers.errors import PollwardenError
 from pollwarden_providers.request_building import split_job_id
 from pollwarden_providers.table import Category, FieldSpec, ProviderTable, TimeFormat
 
@@ -305,7 +306,7 @@ def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-class BodyError(ValueError):
+class BodyError(PollwardenError, ValueError):
     """The body is not a JSON object we can read."""
 
 

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from pollwarden_providers.errors import PollwardenError
+
 from .table import ProviderTable
 
 __all__ = [
@@ -38,7 +40,7 @@ MAX_TABLE_DEPTH = 16
 _NESTING_FIX = "a provider table nests at most a few levels; remove the nested arrays or tables"
 
 
-class TableError(ValueError):
+class TableError(PollwardenError, ValueError):
     """A provider table that cannot be used, naming the file, the key and the fix.
 
     ``key`` is the dotted TOML key (``"states.pending"``, ``"states.pending[1]"``),

@@ -12,14 +12,15 @@ import re
 from collections.abc import Mapping
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
+from pollwarden_providers.errors import PollwardenError
 from pollwarden_providers.table import OWN_ENV_PREFIX, ProviderTable
 
 
-class EgressError(ValueError):
+class EgressError(PollwardenError, ValueError):
     """A URL would leave the provider's origin."""
 
 
-class MissingCredentialError(LookupError):
+class MissingCredentialError(PollwardenError, LookupError):
     """The environment variable the table names for credentials is not set (or unusable)."""
 
 

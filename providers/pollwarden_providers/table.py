@@ -2,7 +2,7 @@
 
 A table says where requests go (one origin), which provider states mean what,
 which result fields a success must carry, how 404s are to be read, how fast to
-poll and what the budgets are (DESIGN §3). Everything here is validated when
+poll and what the budgets are (README "Writing a provider table"). Everything here is validated when
 the table is loaded, so a wrong table is refused at start-up with a message
 naming the key and the fix, rather than misbehaving mid-operation.
 
@@ -885,7 +885,7 @@ class NotFoundSpec(BaseModel):
 
 
 class ScheduleSpec(BaseModel):
-    """Local backoff: ``raw = min(max, base * 2**attempt)``, then jittered (DESIGN §1.6)."""
+    """Local backoff: ``raw = min(max, base * 2**attempt)``, then drawn uniformly from [raw/2, raw]."""
 
     model_config = _MODEL_CONFIG
 
@@ -944,7 +944,7 @@ class LimitsSpec(BaseModel):
 
 
 class ProviderTable(BaseModel):
-    """One provider's table (DESIGN §3). ``source`` is the file it was loaded from, not a TOML key."""
+    """One provider's table. ``source`` is the file it was loaded from, not a TOML key."""
 
     model_config = _MODEL_CONFIG
 
@@ -1015,7 +1015,7 @@ class ProviderTable(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _base_url_is_one_origin(cls, value: str) -> str:
-        # base_url is the only place requests may go (DESIGN §6), so it must be
+        # base_url is the only place requests may go (no request leaves its origin), so it must be
         # an origin and nothing more: a path would be ambiguous when joined, and
         # userinfo would be a credential living in the table.
         example = 'e.g. "https://api.acme.example"'

@@ -27,11 +27,10 @@ import anyio
 
 from pollwarden.approvals import decision_facts, describe_request, what_happens_next
 from pollwarden.audit import audit_key_from_env
-from pollwarden.cli_options import add_database_options
+from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
-from pollwarden.errors import ConfigError, StoreError
-from pollwarden.files import prepare_database_file
+from pollwarden.errors import ConfigError
 from pollwarden.operator_keys import (
     METHOD_TTY,
     PUBKEYS_ENV,
@@ -62,16 +61,6 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def _existing_database(path: Path) -> None:
-    """Refuse a missing (never create one) or unsafe database file."""
-    if path.parent.is_dir() and not path.exists():
-        raise StoreError(
-            f"no database at {path}: no approval was ever asked for there, and nothing was created; "
-            "pass the server's --db or set POLLWARDEN_DB"
-        )
-    prepare_database_file(path)
-
-
 def _header(approval: ApprovalRecord) -> str:
     return (
         f"{quoted(approval.approval_id)}  {approval.status:<8} {quoted(approval.operation_id)}  "
@@ -87,7 +76,7 @@ def _question_lines(approval: ApprovalRecord) -> list[str]:
 
 
 async def _list(config: ServerConfig, show_all: bool) -> int:
-    _existing_database(config.db_path)
+    writable_existing_database(config.db_path)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:
@@ -156,7 +145,7 @@ async def _decide(
 ) -> int:
     verb = "approve" if approve else "deny"
     key = _operator_key(config, key_path) if key_path else None
-    _existing_database(config.db_path)
+    writable_existing_database(config.db_path)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:
@@ -241,19 +230,32 @@ def cmd_key_show(args: argparse.Namespace) -> int:
 
 def add_approval_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:  # pyright: ignore[reportPrivateUsage]
     """Add ``approvals list``, ``approve``, ``deny`` and ``operator-key init|show``."""
-    approvals = sub.add_parser("approvals", help="list approvals waiting for an operator")
+    approvals = sub.add_parser(
+        "approvals", help="list approvals (extensions and cancels) waiting for an operator"
+    )
     approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
-    approvals_list = approvals_sub.add_parser("list", help="pending approvals (--all for every one)")
+    approvals_list = approvals_sub.add_parser(
+        "list", help="pending approvals, extensions and cancels (--all for every one)"
+    )
     add_database_options(approvals_list)
-    approvals_list.add_argument("--all", action="store_true")
+    approvals_list.add_argument("--all", action="store_true", help="also the decided, expired and void ones")
+    with_examples(
+        approvals_list, "pollwarden approvals list", "pollwarden approvals list --all --db ~/pollwarden.db"
+    )
     approvals_list.set_defaults(func=cmd_list)
 
     for name in ("approve", "deny"):
         p = sub.add_parser(
             name,
-            help=f"{name} a pending approval: a person at a terminal, or --operator-key",
-            description=f"{name.capitalize()} a pending approval. Needs a person at an interactive terminal "
-            "(the question is shown; type the approval id) or --operator-key FILE.",
+            help=f"{name} a pending approval (an extension or a cancel): a person at a terminal, or --operator-key",
+            description=f"{name.capitalize()} a pending approval: more time or status requests for an operation "
+            f"(an extension), or a cancel call to the provider (a cancel). Needs a person at an interactive "
+            "terminal (the question is shown; type the approval id) or --operator-key FILE.",
+        )
+        with_examples(
+            p,
+            f"pollwarden {name} ap-3f2c9a1b   # at a terminal: shows the question, then type the id",
+            f"pollwarden {name} ap-3f2c9a1b --operator-key ~/.config/pollwarden/operator.key --by ops-alice",
         )
         add_database_options(p)
         p.add_argument("approval_id")
@@ -280,7 +282,11 @@ def add_approval_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "--out", required=True, metavar="FILE", help="where to write the private key (never overwritten)"
     )
     init.add_argument("--comment", default=getpass.getuser(), help="a label kept with the public key")
+    with_examples(
+        init, "pollwarden operator-key init --out ~/.config/pollwarden/operator.key --comment ops-alice"
+    )
     init.set_defaults(func=cmd_key_init)
     show = key_sub.add_parser("show", help="print the public line of a private key file")
     show.add_argument("key", metavar="FILE")
+    with_examples(show, "pollwarden operator-key show ~/.config/pollwarden/operator.key")
     show.set_defaults(func=cmd_key_show)

@@ -47,8 +47,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO, cast
 
-from pollwarden.errors import PollwardenError
+from pollwarden.canonical import canonical_json
+from pollwarden.errors import AuditError, AuditKeyError
 from pollwarden.files import write_private_file
+from pollwarden.timefmt import rfc3339 as format_timestamp
 from pollwarden.untrusted import one_line, quoted
 
 __all__ = [
@@ -90,27 +92,8 @@ _ANCHOR_FORMAT = "pollwarden-audit-anchor/1"
 _HEX = frozenset("0123456789abcdef")
 
 
-class AuditError(PollwardenError):
-    """The audit database cannot be read (missing file, no audit table, bad anchor file)."""
-
-
-class AuditKeyError(AuditError):
-    """The chain and the key disagree: a keyed chain continued without the key, or an unkeyed one with it."""
-
-
 # ---------------------------------------------------------------------------
 # hashing
-
-
-def canonical_json(value: object) -> str:
-    """Serialize ``value`` as canonical JSON: sorted keys, no spaces, utf-8 text, no NaN.
-
-    The same value always gives the same string, which is what the chain hashes.
-    Raises ``TypeError`` for values JSON cannot represent (datetimes must be
-    formatted first, e.g. with :func:`format_timestamp`) and ``ValueError`` for
-    NaN or infinities.
-    """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def row_hash(
@@ -141,17 +124,6 @@ def audit_key_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:
     if not value:
         return None
     return value.encode("utf-8")
-
-
-def format_timestamp(moment: datetime) -> str:
-    """RFC 3339 UTC with a ``Z`` and millisecond precision, e.g. ``2025-04-18T10:20:00.000Z``.
-
-    Naive datetimes are refused (``ValueError``): an audit time must be unambiguous.
-    """
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ValueError("audit timestamps must be timezone-aware (use datetime.now(UTC))")
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S") + f".{utc.microsecond // 1000:03d}Z"
 
 
 # ---------------------------------------------------------------------------

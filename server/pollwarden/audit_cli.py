@@ -8,14 +8,13 @@ re-key row that lets a keyed server continue a chain that was unkeyed. The HMAC
 key is read from ``POLLWARDEN_AUDIT_KEY`` and is never printed.
 
 Exit codes: 0 ok, 1 chain broken / operation not found / anchor refused,
-2 usage error (no database given, unreadable file or anchor).
+2 an error (no database there, unreadable file or anchor), as for every command (cli.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -37,14 +36,17 @@ from pollwarden.audit import (
     verify_chain,
     write_anchor,
 )
-from pollwarden.config import BUSY_TIMEOUT_SECONDS
+from pollwarden.cli_options import (
+    add_database_options,
+    database_from,
+    require_existing_database,
+    with_examples,
+)
 from pollwarden.files import prepare_database_file, write_private_file
 from pollwarden.store.sqlite.offline import flush_refusals_before_reading
 from pollwarden.untrusted import quoted
 
-__all__ = ["DB_ENV", "add_audit_commands", "main"]
-
-DB_ENV = "POLLWARDEN_DB"
+__all__ = ["add_audit_commands", "main"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -53,36 +55,13 @@ EXIT_USAGE = 2
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _db_path(args: argparse.Namespace) -> Path | None:
-    db: str | None = args.db or os.environ.get(DB_ENV) or None
-    if db is None:
-        print(f"pollwarden audit: no database: pass --db PATH or set {DB_ENV}", file=sys.stderr)
-        return None
-    return Path(db)
-
-
-def _guarded(handler: Callable[[argparse.Namespace, Path], int]) -> Handler:
-    """Resolve ``--db`` and turn unreadable files into exit code 2 with a clear message."""
+def _on_database(handler: Callable[[argparse.Namespace, Path], int]) -> Handler:
+    """Find the database as every command does (--db, POLLWARDEN_DB, the data directory); never create one."""
 
     def run(args: argparse.Namespace) -> int:
-        db = _db_path(args)
-        if db is None:
-            return EXIT_USAGE
-        try:
-            return handler(args, db)
-        except AuditError as exc:
-            print(f"pollwarden audit: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        except BrokenPipeError:
-            # Reader went away (e.g. `| head`): stop quietly, and keep the interpreter's
-            # final flush from raising again.
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-                os.close(devnull)
-            except (OSError, ValueError):
-                pass
-            return EXIT_OK
+        db = database_from(args).location.path
+        require_existing_database(db)
+        return handler(args, db)
 
     return run
 
@@ -98,10 +77,10 @@ def _describe(result: VerifyResult) -> str:
     return "\n".join([verdict, *describe_mode(result)])
 
 
-def _bring_story_up_to_date(db: Path) -> None:
+def _bring_story_up_to_date(args: argparse.Namespace, db: Path) -> None:
     """Refused calls counted since the last row are written first (their summary rows), if the file allows."""
     why_not = flush_refusals_before_reading(
-        db, audit_key=audit_key_from_env(), busy_timeout=BUSY_TIMEOUT_SECONDS
+        db, audit_key=audit_key_from_env(), busy_timeout=database_from(args).busy_timeout_seconds
     )
     if why_not is not None:
         print(
@@ -112,7 +91,7 @@ def _bring_story_up_to_date(db: Path) -> None:
 
 def _show(args: argparse.Namespace, db: Path) -> int:
     operation_id: str = args.operation
-    _bring_story_up_to_date(db)
+    _bring_story_up_to_date(args, db)
     rows = read_rows(db, operation_id)
     if not rows:
         print(f"pollwarden audit: no audit rows for operation {quoted(operation_id)}", file=sys.stderr)
@@ -125,7 +104,7 @@ def _show(args: argparse.Namespace, db: Path) -> int:
 def _export(args: argparse.Namespace, db: Path) -> int:
     operation_id: str | None = args.operation
     out: str | None = args.out
-    _bring_story_up_to_date(db)
+    _bring_story_up_to_date(args, db)
     if out is None or out == "-":
         export_jsonl(db, sys.stdout, operation_id)
         sys.stdout.flush()
@@ -167,15 +146,6 @@ def _anchor(args: argparse.Namespace, db: Path) -> int:
         return EXIT_USAGE
     print(f"anchored audit head seq {anchor.seq} hash {anchor.hash} at {anchor.at} to {out}")
     return EXIT_OK
-
-
-def _add_db_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        metavar="PATH",
-        default=None,
-        help=f"SQLite database file (default: ${DB_ENV}); opened read-only",
-    )
 
 
 def _add_rekeyed_option(parser: argparse.ArgumentParser) -> None:
@@ -239,14 +209,20 @@ def add_audit_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
     show = commands.add_parser("show", help="print the decision story of one operation")
     show.add_argument("operation", metavar="OPERATION", help="operation id")
-    _add_db_option(show)
-    show.set_defaults(func=_guarded(_show))
+    add_database_options(show)
+    with_examples(show, "pollwarden audit show report-export-2025-04-18-01 --db ~/pollwarden.db")
+    show.set_defaults(func=_on_database(_show))
 
     export = commands.add_parser("export", help="write audit rows as JSON lines")
     export.add_argument("--operation", metavar="ID", default=None, help="only this operation's rows")
     export.add_argument("--out", metavar="FILE", default=None, help="output file (default: stdout)")
-    _add_db_option(export)
-    export.set_defaults(func=_guarded(_export))
+    add_database_options(export)
+    with_examples(
+        export,
+        "pollwarden audit export --out audit.jsonl",
+        "pollwarden audit export --operation report-export-2025-04-18-01 | jq .kind",
+    )
+    export.set_defaults(func=_on_database(_export))
 
     verify = commands.add_parser(
         "verify",
@@ -255,8 +231,11 @@ def add_audit_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     )
     verify.add_argument("--anchor", metavar="FILE", default=None, help="anchor file from 'audit anchor'")
     _add_rekeyed_option(verify)
-    _add_db_option(verify)
-    verify.set_defaults(func=_guarded(_verify))
+    add_database_options(verify)
+    with_examples(
+        verify, "pollwarden audit verify", "pollwarden audit verify --anchor /safe/place/anchor.json"
+    )
+    verify.set_defaults(func=_on_database(_verify))
 
     anchor = commands.add_parser(
         "anchor",
@@ -264,8 +243,9 @@ def add_audit_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     )
     anchor.add_argument("--out", metavar="FILE", required=True, help="anchor file to write")
     _add_rekeyed_option(anchor)
-    _add_db_option(anchor)
-    anchor.set_defaults(func=_guarded(_anchor))
+    add_database_options(anchor)
+    with_examples(anchor, "pollwarden audit anchor --out /safe/place/anchor.json")
+    anchor.set_defaults(func=_on_database(_anchor))
 
     rekey = commands.add_parser(
         "rekey",
@@ -274,18 +254,16 @@ def add_audit_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         "row a keyed server may continue from. The only way from an unkeyed chain to a keyed one.",
     )
     rekey.add_argument("--by", default=getpass.getuser(), help="who re-keys (recorded)")
-    _add_db_option(rekey)
-    rekey.set_defaults(func=_guarded(_rekey))
+    add_database_options(rekey)
+    with_examples(rekey, "POLLWARDEN_AUDIT_KEY=... pollwarden audit rekey --by ops-alice")
+    rekey.set_defaults(func=_on_database(_rekey))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``audit …`` standalone (``python -m pollwarden.audit_cli audit verify --db F``)."""
-    parser = argparse.ArgumentParser(prog="pollwarden")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    add_audit_commands(subparsers)
-    args = parser.parse_args(argv)
-    handler: Handler = args.func
-    return handler(args)
+    """Run ``audit …`` standalone (``python -m pollwarden.audit_cli audit verify --db F``): the same CLI."""
+    from pollwarden.cli import main as cli_main  # the CLI imports this module
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import jwt
 from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 
+from pollwarden.cli_options import with_examples
 from pollwarden.errors import ConfigError
 from pollwarden.files import write_private_file
 from pollwarden.principals import (
@@ -525,10 +526,17 @@ def add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     file_option(add)
     add.set_defaults(func=cmd_tokens_add)
+    with_examples(
+        add,
+        f"pollwarden tokens add alice --scopes {SCOPE_AGENT} --file /etc/pollwarden/tokens",
+        f"pollwarden tokens add oncall --scopes {SCOPE_OPERATOR}",
+    )
     listing = tokens_sub.add_parser("list", help="the names and scopes in the token file")
     file_option(listing)
     listing.set_defaults(func=cmd_tokens_list)
+    with_examples(listing, "pollwarden tokens list --file /etc/pollwarden/tokens")
     remove = tokens_sub.add_parser("remove", help="remove NAME's tokens")
     remove.add_argument("name", metavar="NAME")
     file_option(remove)
     remove.set_defaults(func=cmd_tokens_remove)
+    with_examples(remove, "pollwarden tokens remove alice --file /etc/pollwarden/tokens")

@@ -24,7 +24,7 @@ from pollwarden.auth import (
     build_verifier,
     resource_url_for,
 )
-from pollwarden.cli_options import add_database_options
+from pollwarden.cli_options import add_database_options, database_from, with_examples
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
@@ -34,9 +34,15 @@ from pollwarden.principals import PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
 from pollwarden.untrusted import OneLineFormatter
-from pollwarden_providers.loader import TableError
 
 log = logging.getLogger("pollwarden")
+
+# Exit codes of every command: 0 done; 1 a command's own "no" (chain broken, nothing decided, not found);
+# 2 an error (the message says what was wrong and how to fix it); 130 Ctrl+C; 141 the reader of stdout
+# left (as a process killed by SIGPIPE reports it).
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141
 
 
 def serve_config(args: argparse.Namespace) -> ServerConfig:
@@ -50,7 +56,7 @@ def serve_config(args: argparse.Namespace) -> ServerConfig:
         require_operator_key=True if args.require_operator_key else None,
         busy_timeout=args.busy_timeout,
     )
-    if args.db is None and not os.environ.get("POLLWARDEN_DB"):
+    if database_from(args).is_default:
         # The default lives in the user's data directory, which may not exist yet: create it private.
         ensure_private_dir(config.db_path.parent)
     return config
@@ -229,10 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"apply an operator decision only when signed by one of those keys (env {REQUIRE_ENV}=1)",
     )
+    with_examples(
+        serve,
+        "pollwarden serve --providers ~/pollwarden-tables",
+        "pollwarden serve --transport http --port 8000 --db ~/pollwarden/pollwarden.db",
+    )
     serve.set_defaults(func=cmd_serve)
 
     demo = sub.add_parser("demo", help="run the built-in demo against a local fake provider")
     demo.add_argument("--db", help="keep the demo's database here (default: a temporary file)")
+    with_examples(
+        demo, "pollwarden demo", "pollwarden demo --db /tmp/demo.db   # keep the database to look at"
+    )
     demo.set_defaults(func=cmd_demo)
 
     add_approval_commands(sub)
@@ -260,17 +274,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         code: int = args.func(args)
-    except (ConfigError, PollwardenError, TableError) as exc:
+        # Flushed here, so a reader that left (`pollwarden providers list | head`) is met by the handler below.
+        sys.stdout.flush()
+    except PollwardenError as exc:
         print(f"pollwarden: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # `pollwarden providers list | head`: the reader left; say nothing more.
+        _discard_stdout()
+        return EXIT_CLOSED_PIPE
+    return code
+
+
+def _discard_stdout() -> None:
+    """The reader left: say nothing more, and keep the interpreter's last flush from failing again."""
+    try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 141
-    return code
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from pollwarden.config import BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS, DB_ENV
+from pollwarden.config import BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS, DB_ENV, DatabaseChoice, database_choice
+from pollwarden.errors import StoreError
+from pollwarden.files import missing_directory, prepare_database_file
 
 
 def add_database_options(parser: argparse.ArgumentParser) -> None:
@@ -22,3 +25,31 @@ def add_database_options(parser: argparse.ArgumentParser) -> None:
         help="how long a write waits for another process's lock before giving up with a clear error "
         f"(env {BUSY_TIMEOUT_ENV}; default {BUSY_TIMEOUT_SECONDS:g})",
     )
+
+
+def database_from(args: argparse.Namespace) -> DatabaseChoice:
+    """The database named by the options `add_database_options` added (or the environment, or the default)."""
+    return database_choice(args.db, args.busy_timeout)
+
+
+def writable_existing_database(path: Path) -> None:
+    """An operator command that writes a decision: the file must exist (never created) and be safe to open."""
+    require_existing_database(path)
+    prepare_database_file(path)
+
+
+def require_existing_database(path: Path) -> None:
+    """Refuse a missing file: operator commands read a server's database and never create one."""
+    if not path.parent.is_dir():
+        raise missing_directory(path)
+    if not path.exists():
+        raise StoreError(
+            f"no database at {path}; nothing was created. Pass the server's --db PATH or set {DB_ENV}"
+        )
+
+
+def with_examples(parser: argparse.ArgumentParser, *examples: str) -> argparse.ArgumentParser:
+    """Show `examples` under the command's help (``pollwarden COMMAND --help``)."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
+    return parser

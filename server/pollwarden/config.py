@@ -104,6 +104,28 @@ def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class DatabaseChoice:
+    """Which database a command opens, and how long its writes wait for another process's lock."""
+
+    location: DatabaseLocation
+    busy_timeout_seconds: float
+    is_default: bool  # neither --db nor POLLWARDEN_DB: the file in the user's data directory
+
+
+def database_choice(
+    db: str | None = None, busy_timeout: float | None = None, environ: Mapping[str, str] = os.environ
+) -> DatabaseChoice:
+    """The database every command uses: --db, else POLLWARDEN_DB, else the user's data directory."""
+    given = db or environ.get(DB_ENV)
+    return DatabaseChoice(
+        location=DatabaseLocation.parse(given or default_db_path(environ)),
+        busy_timeout_seconds=_seconds_flag("--busy-timeout", busy_timeout)
+        or _float_env(environ, BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS),
+        is_default=not given,
+    )
+
+
 def load_config(
     *,
     db: str | None = None,
@@ -115,7 +137,7 @@ def load_config(
     environ: Mapping[str, str] = os.environ,
 ) -> ServerConfig:
     """Combine flags (which win) with the environment and defaults."""
-    database = DatabaseLocation.parse(db or environ.get(DB_ENV) or default_db_path(environ))
+    database = database_choice(db, busy_timeout, environ)
     dirs: list[Path] = []
     for entry in providers or []:
         dirs.append(Path(entry).expanduser())
@@ -132,13 +154,12 @@ def load_config(
         max_extra_status_requests=_int_env(environ, "POLLWARDEN_MAX_EXTRA_REQUESTS", 20),
     )
     return ServerConfig(
-        database=database,
+        database=database.location,
         provider_dirs=tuple(dirs),
         approval_mode=mode,  # type: ignore[arg-type]
         approval_ttl_seconds=_float_env(environ, "POLLWARDEN_APPROVAL_TTL_SECONDS", 900.0),
         caps=caps,
-        busy_timeout_seconds=_seconds_flag("--busy-timeout", busy_timeout)
-        or _float_env(environ, BUSY_TIMEOUT_ENV, BUSY_TIMEOUT_SECONDS),
+        busy_timeout_seconds=database.busy_timeout_seconds,
         operator=load_policy(environ, pubkeys=operator_pubkeys, require=require_operator_key),
     )
 

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import unicodedata
 import uuid
@@ -28,6 +27,7 @@ from typing import Any
 import anyio
 
 from pollwarden import approvals, submission
+from pollwarden.canonical import canonical_json
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
@@ -38,11 +38,11 @@ from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, wait_bound
 from pollwarden.steps import StepHook, ignore_step
-from pollwarden.store import Store
+from pollwarden.store import Store, new_lease_owner
 from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.tool_errors import shown
-from pollwarden.views import OperationView, operation_view
+from pollwarden.views import OperationView, operation_view, suggested_extension
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
@@ -112,13 +112,7 @@ def business_deadline(value: str, *, now: float) -> float:
 
 def fingerprint(provider: str, account_context: str, payload: object) -> str:
     """SHA-256 of the canonical JSON of provider, account context and payload."""
-    canonical = json.dumps(
-        {"provider": provider, "account": account_context, "payload": payload},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-    )
+    canonical = canonical_json({"provider": provider, "account": account_context, "payload": payload})
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -210,7 +204,7 @@ class Controller:
         """The operation view, with the extension suggestion clipped to the operator caps."""
         table = self.tables.get(record.provider)
         caps = self.config.caps
-        suggestion = (min(900.0, caps.max_extra_seconds), min(4, caps.max_extra_status_requests))
+        suggestion = suggested_extension(caps.max_extra_seconds, caps.max_extra_status_requests)
         shown = operation_view(
             record, table, now=self.clock.now(), outcome=outcome, suggestion=suggestion, retry_at=retry_at
         )
@@ -424,7 +418,7 @@ class Controller:
         wait_seconds: float = 0.0,
         progress: ProgressCallback | None = None,
     ) -> OperationView:
-        """One bounded status check (DESIGN §1.10). Never sends more than one request."""
+        """One bounded status check (README "How a check decides"). Never sends more than one request."""
         if not math.isfinite(wait_seconds) or wait_seconds < 0:
             raise InvalidRequest(f"wait_seconds must be between 0 and {self.config.max_wait_seconds:g}")
         # Past this, a request could not finish inside the client's timeout: answer not_yet instead.
@@ -435,7 +429,7 @@ class Controller:
         )
         wait_started = self.clock.now()
         wait_until = wait_started + wait_seconds
-        owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        owner = new_lease_owner()
         apply_approvals = True
         # A bounded number of rounds: each is one transaction that either answers or sleeps toward wait_until.
         for _ in range(1000):

@@ -297,7 +297,7 @@ def decide_after_response(
     *,
     rng: RandomSource,
 ) -> Transition:
-    """Apply the documented rule for one status answer (DESIGN §1.11, §1.13)."""
+    """Apply the documented rule for one status answer (README "How a check decides", "Stop reasons")."""
     now = answer.received_at
     max_hint = table.limits.max_deadline_seconds
     limits_note = f"{record.transport_failures_used + 1} of {record.max_transport_failures}"

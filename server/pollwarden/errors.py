@@ -1,27 +1,51 @@
-"""The exceptions pollwarden raises, in one tree.
+"""The exceptions pollwarden raises on purpose, in one tree.
 
-PollwardenError
-├── ConfigError            bad flags, environment or provider tables
-├── OperationError         a tool call that cannot be carried out as asked
+PollwardenError                    the root (defined in pollwarden_providers.errors, re-exported here)
+├── ConfigError                    bad flags, environment or operator keys
+│   └── SampleError                a sample response file `providers check` cannot read
+├── OperationError                 a tool call that cannot be carried out as asked
 │   ├── OperationNotFound
-│   ├── OperationConflict  same operation_id, different request
-│   └── InvalidRequest     an argument that is wrong, with the fix
-├── StoreError             the database cannot be used (locked, read-only, missing)
-└── TransportFailure       no usable answer from the provider (counts against its budget)
-    ├── ProviderTimeout
-    ├── ProviderConnectError
-    └── ResponseTooSlow
+│   ├── OperationConflict          same operation_id, different request
+│   └── InvalidRequest             an argument that is wrong, with the fix
+├── StoreError                     the database cannot be used (locked, read-only, missing)
+├── AuditError                     the audit chain cannot be read (missing file, no audit table, bad anchor)
+│   └── AuditKeyError              the chain and the HMAC key disagree
+└── raised by the provider tables (pollwarden_providers, which never imports pollwarden):
+    ├── TableError                 a provider table that cannot be used (also a ValueError)
+    ├── EgressError                a URL would leave the provider's origin (also a ValueError)
+    ├── BodyError                  a provider's body is not a JSON object we can read (also a ValueError)
+    └── MissingCredentialError     the table's credential variable is unset or unusable (also a LookupError)
+
+A tool call turns any of them into a tool error with the message; the
+``pollwarden`` command prints it and exits 2. A provider that does not answer
+is no exception: it is a recorded `NoAnswer` (see decide.py). Anything else
+that escapes is a bug.
 """
 
 from __future__ import annotations
 
+from pollwarden_providers.errors import PollwardenError
 
-class PollwardenError(Exception):
-    """Base of every error pollwarden raises on purpose."""
+__all__ = [
+    "AuditError",
+    "AuditKeyError",
+    "ConfigError",
+    "InvalidRequest",
+    "OperationConflict",
+    "OperationError",
+    "OperationNotFound",
+    "PollwardenError",
+    "SampleError",
+    "StoreError",
+]
 
 
 class ConfigError(PollwardenError):
-    """Flags, environment or provider tables are wrong; the message names the fix."""
+    """Flags, environment or operator keys are wrong; the message names the fix."""
+
+
+class SampleError(ConfigError):
+    """A sample response file that cannot be read, naming the file and the fix."""
 
 
 class OperationError(PollwardenError):
@@ -44,25 +68,9 @@ class StoreError(PollwardenError):
     """The database cannot be used right now; nothing recorded was lost."""
 
 
-class TransportFailure(PollwardenError):
-    """No usable answer from the provider: we cannot know what it saw."""
-
-    kind = "transport_error"
+class AuditError(PollwardenError):
+    """The audit database cannot be read (missing file, no audit table, bad anchor file)."""
 
 
-class ProviderTimeout(TransportFailure):
-    """The provider did not answer in time."""
-
-    kind = "timeout"
-
-
-class ProviderConnectError(TransportFailure):
-    """The connection failed or was lost."""
-
-    kind = "connection_error"
-
-
-class ResponseTooSlow(TransportFailure):
-    """The body arrived too slowly to finish within the total time per request."""
-
-    kind = "response_too_slow"
+class AuditKeyError(AuditError):
+    """The chain and the key disagree: a keyed chain continued without the key, or an unkeyed one with it."""

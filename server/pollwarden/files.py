@@ -36,6 +36,7 @@ __all__ = [
     "DATABASE_COMPANIONS",
     "create_private_file",
     "ensure_private_dir",
+    "missing_directory",
     "prepare_database_file",
     "private_file_problem",
     "write_private_file",
@@ -82,6 +83,14 @@ def private_file_problem(path: Path, st: os.stat_result) -> str | None:
     return None
 
 
+def missing_directory(path: Path) -> StoreError:
+    """The error for a database whose directory does not exist (nothing is created)."""
+    return StoreError(
+        f"the directory {path.parent} for the database does not exist; create it, or point --db / "
+        "POLLWARDEN_DB at a writable location"
+    )
+
+
 def prepare_database_file(path: Path) -> None:
     """Check (or create) the database file before SQLite opens it.
 
@@ -92,10 +101,7 @@ def prepare_database_file(path: Path) -> None:
     file, so SQLite never creates it with the process umask.
     """
     if not path.parent.is_dir():
-        raise StoreError(
-            f"the directory {path.parent} for the database does not exist; create it, or point --db / "
-            "POLLWARDEN_DB at a writable location"
-        )
+        raise missing_directory(path)
     for candidate in (path, *(path.with_name(path.name + suffix) for suffix in DATABASE_COMPANIONS)):
         try:
             st = os.stat(candidate)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from pollwarden.canonical import canonical_json
 from pollwarden.errors import ConfigError
 from pollwarden.files import create_private_file
 
@@ -157,7 +157,7 @@ class DecisionFacts:
             "decided_at": repr(float(self.decided_at)),
             "decided_by": self.decided_by,
         }
-        return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return canonical_json(document).encode("utf-8")
 
     def sign(self, key: OperatorKey) -> str:
         """The base64 Ed25519 signature of these facts."""

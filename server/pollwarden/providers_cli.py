@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from pollwarden.cli_options import with_examples
 from pollwarden.config import load_config, load_provider_tables
 from pollwarden.errors import ConfigError
 from pollwarden.table_check import SampleError, describe_preview, describe_table, preview_answer, read_sample
@@ -92,6 +93,9 @@ def add_provider_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "list", help="every table the server would load, with states and limits"
     )
     add_dirs(listing)
+    with_examples(
+        listing, "pollwarden providers list", "pollwarden providers list --providers ~/pollwarden-tables"
+    )
     listing.set_defaults(func=cmd_providers_list)
 
     check = providers_sub.add_parser(
@@ -118,4 +122,9 @@ def add_provider_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         help="the job the operation tracks (default: the id each sample repeats in response.job_id_field)",
     )
     add_dirs(check)
+    with_examples(
+        check,
+        "pollwarden providers check ./acme.toml",
+        "pollwarden providers check openai-batch --response samples/in_progress.json --response 'curl-i.txt'",
+    )
     check.set_defaults(func=cmd_providers_check)

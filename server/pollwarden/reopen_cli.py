@@ -24,11 +24,10 @@ from pathlib import Path
 import anyio
 
 from pollwarden.audit import audit_key_from_env
-from pollwarden.cli_options import add_database_options
+from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
-from pollwarden.errors import ConfigError, StoreError
-from pollwarden.files import prepare_database_file
+from pollwarden.errors import ConfigError
 from pollwarden.job_identity import reopen_next_check_at, reopen_refusal, reopen_summary
 from pollwarden.operator_keys import (
     METHOD_TTY,
@@ -54,15 +53,6 @@ NOT_A_PERSON = (
     "the facts are shown and you type the operation id), or pass --operator-key FILE with an operator key the "
     "agent cannot read. Nothing was reopened"
 )
-
-
-def _existing_database(path: Path) -> None:
-    if path.parent.is_dir() and not path.exists():
-        raise StoreError(
-            f"no database at {path}, so there is no operation to reopen; nothing was created. Pass the server's "
-            "--db or set POLLWARDEN_DB"
-        )
-    prepare_database_file(path)
 
 
 def _operator_key(config: ServerConfig, path: str) -> OperatorKey:
@@ -100,7 +90,7 @@ async def _reopen(config: ServerConfig, operation_id: str, reason: str, by: str,
         raise ConfigError("--reason must say what was fixed, e.g. --reason 'rotated the API token'")
     reason = reason[:MAX_REASON]
     key = _operator_key(config, key_path) if key_path else None
-    _existing_database(config.db_path)
+    writable_existing_database(config.db_path)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:
@@ -194,5 +184,10 @@ def add_reopen_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--operator-pubkeys",
         metavar="FILE",
         help=f"the operator public keys the server trusts (env {PUBKEYS_ENV})",
+    )
+    with_examples(
+        p,
+        "pollwarden reopen acme-3f2c9a1b04de --reason 'rotated the API key'   # at a terminal",
+        "pollwarden reopen acme-3f2c9a1b04de --reason 'table fixed' --operator-key ~/.config/pollwarden/operator.key",
     )
     p.set_defaults(func=cmd_reopen)

@@ -1,4 +1,4 @@
-"""Submitting a new job: sent at most once per call, never a second job (DESIGN §1.13, §1.14).
+"""Submitting a new job: sent at most once per call, never a second job.
 
 Plain functions over the controller, which owns the store, the HTTP client,
 the clock and the random source; start_operation records the operation and
@@ -9,8 +9,6 @@ the job id, a retry time, or a stop with the reason a person reads.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -19,7 +17,7 @@ from pollwarden.decide import NoAnswer, ProviderAnswer, UnusableAnswer
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, local_backoff
-from pollwarden.store import Store
+from pollwarden.store import Store, new_lease_owner
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import DelaySource, Status, StopReason, status_for
 from pollwarden_providers.interpret import (
@@ -61,7 +59,7 @@ class SubmissionParts(Protocol):
 async def submit(
     controller: SubmissionParts, record: OperationRecord, table: ProviderTable
 ) -> OperationRecord:
-    """Send the submission at most once per call, and never create a second job (DESIGN §1.13, §1.14).
+    """Send the submission at most once per call, and never create a second job.
 
     The record, its fingerprint and its idempotency key are on disk before
     anything is sent. The submit request goes out under a lease that only a
@@ -97,7 +95,7 @@ async def submit(
         )
     if not interrupted and _submission_failures(record) and now < record.next_check_at:
         return record  # a retry is allowed from next_check_at (stop_detail says when)
-    owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    owner = new_lease_owner()
     claimed = await controller.store.claim_submission(
         record.operation_id,
         owner=owner,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pollwarden.controller import account_context_of, transition_changes
 from pollwarden.decide import ProviderAnswer, Transition, decide_after_response
+from pollwarden.errors import SampleError
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso
@@ -36,10 +37,6 @@ __all__ = [
 
 # The provider job id a preview pretends to track.
 SAMPLE_JOB_ID = "sample"
-
-
-class SampleError(ValueError):
-    """A sample response file that cannot be read, naming the file and the fix."""
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,21 @@ def to_datetime(at: float) -> datetime:
     return datetime.fromtimestamp(at, UTC)
 
 
+def rfc3339(moment: datetime) -> str:
+    """RFC 3339 UTC with a ``Z`` and millisecond precision, e.g. ``2025-04-18T10:20:00.000Z``.
+
+    Naive datetimes are refused (``ValueError``): a recorded time must be unambiguous.
+    """
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError("timestamps must be timezone-aware (use datetime.now(UTC))")
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def iso(at: float | None) -> str | None:
     """Epoch seconds as RFC 3339 UTC with a 'Z' and millisecond precision, or None."""
     if at is None:
         return None
-    return to_datetime(at).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(to_datetime(at))
 
 
 def hms(at: float) -> str:

@@ -15,7 +15,7 @@ from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopRe
 from pollwarden_providers.interpret import where_person_acts
 from pollwarden_providers.table import ProviderTable
 
-# DESIGN §4: what the agent may call next, by stop reason. `cancel_operation`
+# What the agent may call next, by stop reason (README "Stop reasons, and what may happen next"). `cancel_operation`
 # is added only where the provider table has [cancel].
 ALLOWED_BY_STOP_REASON: dict[str, tuple[str, ...]] = {
     "succeeded": ("fetch_result",),
@@ -54,6 +54,16 @@ PERSON_MAY_APPROVE: dict[str, str] = {
     "cancelled": "a resubmission, only as a new operation with a persisted idempotency key",
     "expired": "a resubmission, only as a new operation with a persisted idempotency key",
 }
+
+
+# What an escalation's extension option offers (seconds, status requests), within the operator caps.
+SUGGESTED_EXTENSION: tuple[float, int] = (900.0, 4)
+
+
+def suggested_extension(max_extra_seconds: float, max_extra_status_requests: int) -> tuple[float, int]:
+    """`SUGGESTED_EXTENSION`, clipped to what one approval may add."""
+    seconds, requests = SUGGESTED_EXTENSION
+    return min(seconds, max_extra_seconds), min(requests, max_extra_status_requests)
 
 
 def allowed_actions(record: OperationRecord, table: ProviderTable | None) -> list[str]:
@@ -181,6 +191,10 @@ class OperationView(BaseModel):
     request_sent_at: str | None = Field(
         default=None,
         description="When the last status request was sent (last_http_at: when its answer came).",
+    )
+    expected_terminal_state: list[str] = Field(
+        default_factory=list[str],
+        description="The provider states that meant success for this job when it was recorded.",
     )
     untrusted_fields: list[str] = Field(
         default_factory=lambda: [
@@ -311,7 +325,8 @@ def escalation_message(record: OperationRecord, options: list[EscalationOption],
 
 def _short_option(option: EscalationOption) -> str:
     if option.action == "request_extension":
-        return option.label.split(":")[0] + f" ({option.label.split(': ', 1)[-1]})"
+        head, colon, detail = option.label.partition(": ")
+        return f"{head} ({detail})" if colon else option.label
     if option.action == "cancel_operation":
         return "cancel at provider"
     if option.action == "fetch_result":
@@ -378,7 +393,7 @@ def operation_view(
     *,
     now: float,
     outcome: Outcome | None = None,
-    suggestion: tuple[float, int] = (900.0, 4),
+    suggestion: tuple[float, int] = SUGGESTED_EXTENSION,
     retry_at: float | None = None,
 ) -> OperationView:
     """Build the view the tools return; `retry_at` overrides when the next call may send a request."""
@@ -432,4 +447,5 @@ def operation_view(
         account_origin=origin,
         account_credential_env=credential_env,
         request_sent_at=iso(record.request_sent_at),
+        expected_terminal_state=[s for s in record.expected_terminal_state.split(",") if s],
     )

@@ -12,6 +12,8 @@ from the database location. SQLite (`store/sqlite/`) is the one engine today.
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,10 +24,22 @@ from pollwarden.store.location import DatabaseLocation, Engine
 from pollwarden.store.sqlite.engine import open_sqlite
 from pollwarden_providers.table import FleetSpec
 
-__all__ = ["DEFAULT_BUSY_TIMEOUT_SECONDS", "DatabaseLocation", "Engine", "Store", "open_store"]
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_SECONDS",
+    "DatabaseLocation",
+    "Engine",
+    "Store",
+    "new_lease_owner",
+    "open_store",
+]
 
 # How long a write waits for another process's lock before giving up with a clear error.
 DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
+
+
+def new_lease_owner() -> str:
+    """A lease owner id for one call: this process's id (for a person reading the row) and a random part."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 class Store(Protocol):

@@ -59,7 +59,11 @@ def create_operation(
         if created is None:
             return rows.must_fetch(conn, str(values["operation_id"])).record, False
         origin, credential_env = account_parts(created.record.account_context)
-        first = {"account_origin": origin, "account_credential_env": credential_env}
+        first = {
+            "account_origin": origin,
+            "account_credential_env": credential_env,
+            "expected_terminal_state": created.record.expected_terminal_state,
+        }
         rows.append(conn, event(created.record, kind, at, extra=first), key)
         return created.record, True
 
