@@ -38,6 +38,7 @@ DATABASE_COMMANDS = [
     ["audit", "anchor", "--out", "anchor.json"],
     ["audit", "rekey"],
     ["reopen", "op-1", "--reason", "fixed"],
+    ["console"],
 ]
 
 

@@ -20,17 +20,16 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import anyio
 
-from pollwarden.approvals import decision_facts, describe_request, what_happens_next
 from pollwarden.audit import audit_key_from_env
 from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError
+from pollwarden.operator_decision import decide, header, not_found, refusal
 from pollwarden.operator_keys import (
     METHOD_TTY,
     PUBKEYS_ENV,
@@ -41,10 +40,9 @@ from pollwarden.operator_keys import (
     load_operator_key,
 )
 from pollwarden.store import ApprovalRecord, open_store
-from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
 
-__all__ = ["add_approval_commands"]
+__all__ = ["add_approval_commands", "operator_key_for", "question_lines"]
 
 NOT_A_PERSON = (
     "pollwarden {verb} needs a person: run it at an interactive terminal (stdin and stdout must be a terminal; "
@@ -61,14 +59,8 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def _header(approval: ApprovalRecord) -> str:
-    return (
-        f"{quoted(approval.approval_id)}  {approval.status:<8} {quoted(approval.operation_id)}  "
-        f"{describe_request(approval)}  (asked {iso(approval.asked_at)}, expires {iso(approval.expires_at)})"
-    )
-
-
-def _question_lines(approval: ApprovalRecord) -> list[str]:
+def question_lines(approval: ApprovalRecord) -> list[str]:
+    """The stored question, one escaped line each."""
     # The stored question was built with every untrusted value quoted; escaping each line
     # again guards against a row written into the database by hand.
     question = str(approval.request.get("question", ""))
@@ -85,8 +77,8 @@ async def _list(config: ServerConfig, show_all: bool) -> int:
         print("no pending approvals" if not show_all else "no approvals")
         return 0
     for approval in approvals:
-        print(_header(approval))
-        for line in _question_lines(approval):
+        print(header(approval))
+        for line in question_lines(approval):
             print(line)
     return 0
 
@@ -95,7 +87,8 @@ def _interactive() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
-def _operator_key(config: ServerConfig, path: str) -> OperatorKey:
+def operator_key_for(config: ServerConfig, path: str) -> OperatorKey:
+    """The operator key in `path`, refused unless its public key is among the configured ones."""
     key = load_operator_key(Path(path).expanduser())
     if config.operator.find(key.public.key_id) is None:
         raise ConfigError(
@@ -128,63 +121,37 @@ def _confirmed(approval: ApprovalRecord, verb: str) -> bool:
     return typed.strip() == approval.approval_id
 
 
-def _refusal(approval: ApprovalRecord) -> str:
-    approval_id = quoted(approval.approval_id)
-    if approval.status == "expired":
-        return f"{approval_id} had expired at {iso(approval.expires_at)}; nothing was approved"
-    if approval.status == "void":
-        return (
-            f"{approval_id} is void: operation {quoted(approval.operation_id)} changed (state, counters "
-            "or deadline) after the person was asked; nothing was approved — the agent must ask again"
-        )
-    return f"{approval_id} is already {quoted(approval.status)}; nothing changed"
-
-
 async def _decide(
     config: ServerConfig, approval_id: str, approve: bool, by: str, key_path: str | None
 ) -> int:
     verb = "approve" if approve else "deny"
-    key = _operator_key(config, key_path) if key_path else None
+    key = operator_key_for(config, key_path) if key_path else None
     writable_existing_database(config.db_path)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
     ) as store:
         approval = await store.get_approval(approval_id)
         if approval is None:
-            print(
-                f"no approval {quoted(approval_id)}; `pollwarden approvals list` shows the pending ones",
-                file=sys.stderr,
-            )
+            print(not_found(approval_id), file=sys.stderr)
             return 1
         if approval.status != "pending":
-            print(_refusal(approval), file=sys.stderr)
+            print(refusal(approval), file=sys.stderr)
             return 1
         if key is None:
             _require_person(config, verb)
-        print(_header(approval))
-        for line in _question_lines(approval):
+        print(header(approval))
+        for line in question_lines(approval):
             print(line)
         if key is None and not _confirmed(approval, verb):
             print(f"{quoted(approval_id)}: nothing decided", file=sys.stderr)
             return 1
-        at = SystemClock().now()
-        status = "approved" if approve else "denied"
-        facts = replace(decision_facts(approval), decision=status, decided_at=at, decided_by=by)
-        decided = await store.decide_approval(
-            approval_id,
-            approve=approve,
-            by=by,
-            at=at,
-            method=key.method if key is not None else METHOD_TTY,
-            signature=facts.sign(key) if key is not None else None,
+        decision = await decide(
+            store, approval_id, approve=approve, by=by, at=SystemClock().now(), method=METHOD_TTY, key=key
         )
-    if decided is None or decided.status not in ("approved", "denied"):
-        print(_refusal(decided or approval), file=sys.stderr)
+    if not decision.ok:
+        print(decision.message, file=sys.stderr)
         return 1
-    print(
-        f"{quoted(approval_id)} {decided.status} for {quoted(decided.operation_id)} by {quoted(by)} "
-        f"({decided.decided_method}): {what_happens_next(decided)}"
-    )
+    print(decision.message)
     return 0
 
 

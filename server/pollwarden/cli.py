@@ -26,6 +26,7 @@ from pollwarden.auth import (
 )
 from pollwarden.cli_options import add_database_options, database_from, with_examples
 from pollwarden.config import ServerConfig, load_config
+from pollwarden.console.cli import add_console_command
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
@@ -252,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_approval_commands(sub)
     add_reopen_command(sub)
     add_audit_commands(sub)
+    add_console_command(sub)
     add_provider_commands(sub)
     add_token_commands(sub)
     return parser

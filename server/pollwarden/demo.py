@@ -46,6 +46,10 @@ result_url = {{ type = "url", schemes = ["http", "https"] }}
 base_delay_seconds = 0.25
 max_delay_seconds = 1.0
 
+[fleet]
+max_requests_per_second = 4
+burst = 2
+
 [limits]
 default_deadline_seconds = 60
 max_deadline_seconds = 600
@@ -151,6 +155,23 @@ async def _run_jobs(config: ServerConfig) -> tuple[dict[str, Any], dict[str, Any
         again = await client.call_tool("check_status", {"operation_id": "demo-export-stuck"})
         view: dict[str, Any] = again.structured_content or {}
         _say(f"  calling check_status again: outcome={view.get('outcome')}, nothing sent")
+
+        _say("\n3) the agent asks for more; this client cannot show a prompt, so an operator decides")
+        asked = await client.call_tool(
+            "request_extension",
+            {
+                "operation_id": "demo-export-stuck",
+                "extra_seconds": 120,
+                "extra_status_requests": 3,
+                "reason": "the export is large; give it two more minutes",
+            },
+        )
+        answer: dict[str, Any] = asked.structured_content or {}
+        _say(f"  request_extension: {answer.get('decision')}, approval {answer.get('approval_id')}")
+        _say(
+            "  an operator decides it in the console (pollwarden console --db DB) or with pollwarden approve; "
+            "the agent's next check_status applies it"
+        )
     return done, stuck
 
 

@@ -1,6 +1,6 @@
 """How a person's decision was authenticated, and operator keys that sign decisions.
 
-A decision on an approval comes one of four ways, and the audit records which
+A decision on an approval comes one of five ways, and the audit records which
 (`authenticated_by`):
 
 * ``elicitation`` — the person answered the MCP client's own prompt;
@@ -8,7 +8,10 @@ A decision on an approval comes one of four ways, and the audit records which
   confirmation (``--approval tool-confirmation``);
 * ``tty`` — ``pollwarden approve``/``deny`` at an interactive terminal, where the
   person saw the question and typed the approval id;
-* ``operator-key:<key id>`` — ``pollwarden approve``/``deny --operator-key FILE``:
+* ``console`` — the operator console (``pollwarden console``), which starts
+  only at an interactive terminal and shows its one-time login URL only there;
+* ``operator-key:<key id>`` — ``pollwarden approve``/``deny --operator-key FILE``
+  (or a console started with ``--operator-key FILE``):
   the decision is signed with an Ed25519 private key the operator keeps out of
   the agent's reach, and verified against the public keys the operator
   configured (``POLLWARDEN_OPERATOR_PUBKEYS``).
@@ -43,6 +46,7 @@ from pollwarden.errors import ConfigError
 from pollwarden.files import create_private_file
 
 __all__ = [
+    "METHOD_CONSOLE",
     "METHOD_ELICITATION",
     "METHOD_HTTP_OPERATOR",
     "METHOD_TOOL_CONFIRMATION",
@@ -70,6 +74,7 @@ REQUIRE_ENV = "POLLWARDEN_REQUIRE_OPERATOR_KEY"
 METHOD_ELICITATION = "elicitation"
 METHOD_TOOL_CONFIRMATION = "tool-confirmation"
 METHOD_TTY = "tty"
+METHOD_CONSOLE = "console"
 METHOD_HTTP_OPERATOR = "http-operator"  # an authenticated pollwarden:operator over HTTP (issue 19)
 _KEY_METHOD = "operator-key:"
 _PUBLIC_KEY_TYPE = "pollwarden-ed25519"
@@ -183,7 +188,7 @@ def authenticate(
       (it is a forgery or an edit after signing). When no keys are configured it
       cannot be checked and counts as unsigned.
     * With `policy.require_key`, anything without a verified signature is refused.
-    * Otherwise a ``tty`` decision (or one recorded before methods were recorded)
+    * Otherwise a ``tty`` or ``console`` decision (or one recorded before methods were recorded)
       is applied as what it claims to be.
     """
     claimed = method or "unrecorded"
@@ -207,9 +212,8 @@ def authenticate(
     if claimed == METHOD_ELICITATION:
         # A person's answer that reached this server after the client stopped waiting.
         return Verdict(True, f"{METHOD_ELICITATION} (answered after the client stopped waiting)")
-    if claimed in (METHOD_TTY, METHOD_HTTP_OPERATOR):
-        return Verdict(True, claimed)
-    return Verdict(True, f"cli ({claimed})")
+    known = (METHOD_TTY, METHOD_CONSOLE, METHOD_HTTP_OPERATOR)
+    return Verdict(True, claimed if claimed in known else f"cli ({claimed})")
 
 
 # -- files ------------------------------------------------------------------------------------

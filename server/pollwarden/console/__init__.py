@@ -1,0 +1,1 @@
+"""The operator console: `pollwarden console` serves every wait and every approval to a browser."""

@@ -1,0 +1,530 @@
+"""The operator console as a Starlette app: pages, the one login, and the one decision path.
+
+Who may use it: whoever opened the one-time login URL `pollwarden console`
+printed at its terminal. Opening it turns the token into a session cookie
+(``HttpOnly``, ``SameSite=Strict``) and the token is spent. Every POST carries
+the session's CSRF token; every response carries a Content-Security-Policy
+with no script at all, ``frame-ancestors 'none'`` and ``nosniff``; the Host
+header is checked (DNS rebinding). Every value a provider or an agent wrote
+is escaped by the templates, put on one line (`pollwarden.untrusted`) and
+marked as untrusted. Decisions call `pollwarden.operator_decision.decide`,
+as ``pollwarden approve``/``deny`` do.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import logging
+import secrets
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from importlib import resources
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+import anyio.to_thread
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pollwarden.audit import (
+    Anchor,
+    AuditError,
+    VerifyResult,
+    describe_mode,
+    export_jsonl,
+    read_anchor,
+    read_rows,
+    render_story,
+    verify_chain,
+)
+from pollwarden.clock import Clock, SystemClock
+from pollwarden.config import ServerConfig, load_provider_tables
+from pollwarden.console import charts, reads
+from pollwarden.operator_decision import decide
+from pollwarden.operator_keys import METHOD_CONSOLE, OperatorKey
+from pollwarden.store import ApprovalRecord, Store, open_store
+from pollwarden.timefmt import iso
+from pollwarden.untrusted import one_line, quoted
+from pollwarden.views import human_duration, operation_view
+from pollwarden.vocabulary import Status, StopReason
+from pollwarden_providers.table import ProviderTable
+
+__all__ = [
+    "CONTENT_SECURITY_POLICY",
+    "SESSION_COOKIE",
+    "ConsoleSettings",
+    "create_app",
+    "host_allowed",
+]
+
+log = logging.getLogger("pollwarden.console")
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+SESSION_COOKIE = "pollwarden_console"
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+_SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode("ascii")),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+)
+_UNTRUSTED_TITLE = "untrusted: written by a provider or an agent; shown escaped, on one line"
+
+
+@dataclass
+class ConsoleSettings:
+    """How one console runs: its database, its one login token, and how decisions are authenticated."""
+
+    config: ServerConfig
+    login_token: str
+    allowed_hosts: tuple[str, ...]
+    clock: Clock = field(default_factory=SystemClock)
+    key: OperatorKey | None = None
+    by: str = "operator"
+    audit_key: bytes | None = None
+    refresh_seconds: int = 10
+    page_size: int = 25
+    tables: Mapping[str, ProviderTable] | None = None
+
+    @property
+    def decided_by(self) -> str:
+        """Who the audit names as deciding: ``operator (console)`` by default."""
+        return f"{self.by} (console)"
+
+    @property
+    def method(self) -> str:
+        """How decisions made here are authenticated (recorded with each)."""
+        return self.key.method if self.key is not None else METHOD_CONSOLE
+
+
+def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """Whether a Host header names this console: an exact entry, or ``name:*`` for any port of it."""
+    host = host.strip().lower()
+    for entry in allowed:
+        entry = entry.lower()
+        if host == entry:
+            return True
+        if (
+            entry.endswith(":*")
+            and host.rpartition(":")[0] == entry[:-2]
+            and host.rpartition(":")[2].isdigit()
+        ):
+            return True
+    return False
+
+
+class _Guard:
+    """Security headers on every response; a Host that does not name this console is refused."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...]) -> None:
+        self.app = app
+        self.allowed_hosts = allowed_hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_guarded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (name, value)
+                    for name, value in message.get("headers", [])
+                    if name.lower() not in {h for h, _ in _SECURITY_HEADERS}
+                ]
+                message["headers"] = [*headers, *_SECURITY_HEADERS]
+            await send(message)
+
+        headers = dict(scope.get("headers", []))
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not host_allowed(host, self.allowed_hosts):
+            response = PlainTextResponse(
+                "this Host is not one the console answers to (DNS-rebinding protection); open the URL it printed",
+                status_code=400,
+            )
+            await response(scope, receive, send_guarded)
+            return
+        await self.app(scope, receive, send_guarded)
+
+
+@dataclass
+class _Session:
+    csrf: str
+    flashes: list[tuple[bool, str]] = field(default_factory=list[tuple[bool, str]])
+
+
+@dataclass
+class _State:
+    settings: ConsoleSettings
+    tables: Mapping[str, ProviderTable]
+    templates: Environment
+    login_token: str | None
+    sessions: dict[str, _Session] = field(default_factory=dict[str, _Session])
+    store: Store | None = None
+    decide_lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    @property
+    def db_path(self) -> Path:
+        return self.settings.config.db_path
+
+    def the_store(self) -> Store:
+        if self.store is None:  # pragma: no cover - the lifespan opens it before any request
+            raise RuntimeError("the console's store is not open")
+        return self.store
+
+
+def _untrusted(value: object, limit: int = 120) -> Markup:
+    """One untrusted value: escaped, on one line, capped, quoted, and marked."""
+    if value is None:
+        return Markup('<span class="none">—</span>')
+    return Markup('<span class="untrusted" title="{}">{}</span>').format(
+        _UNTRUSTED_TITLE, quoted(value, limit=limit)
+    )
+
+
+def _line(value: object, limit: int = 300) -> str:
+    """Pollwarden's own line that may embed stored text: escaped onto one line and capped."""
+    return one_line(value, limit=limit)
+
+
+def _when(at: float | None) -> str:
+    return iso(at) or "—"
+
+
+def _words(value: object) -> str:
+    return "—" if value is None else str(value).replace("_", " ")
+
+
+def _templates() -> Environment:
+    env = Environment(
+        loader=PackageLoader("pollwarden.console", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["untrusted"] = _untrusted
+    env.filters["when"] = _when
+    env.filters["words"] = _words
+    env.filters["line"] = _line
+    return env
+
+
+def _session_of(state: _State, request: Request) -> _Session | None:
+    cookie = request.cookies.get(SESSION_COOKIE)
+    return state.sessions.get(cookie) if cookie else None
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(settings: ConsoleSettings) -> ASGIApp:
+    """The console app for `settings` (opens the store on start-up, closes it on shutdown)."""
+    tables = settings.tables if settings.tables is not None else load_provider_tables(settings.config)
+    state = _State(settings, tables, _templates(), settings.login_token)
+
+    def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        session = _session_of(state, request)
+        flashes = list(session.flashes) if session is not None else []
+        if session is not None:
+            session.flashes.clear()
+        body = state.templates.get_template(name).render(
+            csrf=session.csrf if session is not None else "",
+            flashes=flashes,
+            path=request.url.path,
+            now=_when(settings.clock.now()),
+            decided_by=settings.decided_by,
+            method=settings.method,
+            source_words=charts.DELAY_SOURCE_WORDS,
+            **context,
+        )
+        return HTMLResponse(body, status_code=status_code)
+
+    def needs_login(request: Request) -> HTMLResponse:
+        return page(request, "login.html", status_code=401, spent=state.login_token is None)
+
+    def authed(handler: Handler) -> Handler:
+        async def run(request: Request) -> Response:
+            if _session_of(state, request) is None:
+                return needs_login(request)
+            return await handler(request)
+
+        return run
+
+    async def login(request: Request) -> Response:
+        offered = request.query_params.get("token", "")
+        expected = state.login_token
+        if expected is None or not offered or not hmac.compare_digest(offered.encode(), expected.encode()):
+            log.warning("console: a login with a wrong or spent token was refused")
+            return needs_login(request)
+        state.login_token = None  # one time only
+        session_id = secrets.token_urlsafe(32)
+        state.sessions[session_id] = _Session(csrf=secrets.token_urlsafe(32))
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict", path="/")
+        log.info("console: logged in")
+        return response
+
+    async def operations(request: Request) -> Response:
+        params = request.query_params
+        status = params.get("status") or None
+        stop_reason = params.get("stop_reason") or None
+        provider = params.get("provider") or None
+        if status is not None and status not in set(Status):
+            status = None
+        if stop_reason is not None and stop_reason not in set(StopReason):
+            stop_reason = None
+        try:
+            number = max(1, int(params.get("page", "1")))
+        except ValueError:
+            number = 1
+        listing = await _in_thread(
+            reads.list_operations,
+            state.db_path,
+            status=status,
+            provider=provider,
+            stop_reason=stop_reason,
+            page=number,
+            page_size=settings.page_size,
+        )
+        filters = {"status": status or "", "provider": provider or "", "stop_reason": stop_reason or ""}
+        return page(
+            request,
+            "operations.html",
+            listing=listing,
+            filters=filters,
+            statuses=[s.value for s in Status],
+            stop_reasons=[r.value for r in StopReason],
+            providers=sorted(
+                set(await _in_thread(reads.providers_in_use, state.db_path)) | set(state.tables)
+            ),
+            pending=len(await state.the_store().list_approvals(status="pending")),
+            refresh=settings.refresh_seconds,
+        )
+
+    async def operation(request: Request) -> Response:
+        operation_id = request.query_params.get("id", "")
+        store = state.the_store()
+        record = await store.get(operation_id) if operation_id else None
+        if record is None:
+            return page(request, "missing.html", status_code=404, operation_id=operation_id)
+        await store.flush_refusals(operation_id)
+        rows = await _in_thread(read_rows, state.db_path, operation_id)
+        now = settings.clock.now()
+        view = operation_view(record, state.tables.get(record.provider), now=now)
+        return page(
+            request,
+            "operation.html",
+            record=record,
+            view=view,
+            elapsed=human_duration(now - record.started_at),
+            story=render_story(rows),
+            chart=charts.timeline(record, rows, now=now),
+            approvals=await store.list_approvals(operation_id=operation_id),
+            refresh=settings.refresh_seconds if record.is_waiting else 0,
+        )
+
+    async def approvals(request: Request) -> Response:
+        store = state.the_store()
+        pending = await store.list_approvals(status="pending")
+        now = settings.clock.now()
+        items: list[dict[str, Any]] = []
+        for approval in pending:
+            record = await store.get(approval.operation_id)
+            items.append(
+                {
+                    "approval": approval,
+                    "record": record,
+                    "question": _question(approval),
+                    "reason": approval.request.get("reason"),
+                    "impact": _impact(approval),
+                    "stale": record is not None and record.version != approval.bound_version,
+                    "expired": now >= approval.expires_at,
+                }
+            )
+        decided = [a for a in await store.list_approvals() if a.status != "pending"][:20]
+        return page(request, "approvals.html", items=items, decided=decided)
+
+    async def decide_post(request: Request) -> Response:
+        session = _session_of(state, request)
+        if session is None:
+            return needs_login(request)
+        form = await request.form()
+        csrf = str(form.get("csrf", ""))
+        if not csrf or not hmac.compare_digest(csrf.encode(), session.csrf.encode()):
+            return PlainTextResponse(
+                "refused: this form has no valid CSRF token (reload the Approvals page and decide there); "
+                "nothing was decided",
+                status_code=403,
+            )
+        origin = request.headers.get("origin")
+        if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+            return PlainTextResponse("refused: a decision from another origin; nothing was decided", 403)
+        approval_id = str(form.get("approval_id", ""))
+        choice = str(form.get("decision", ""))
+        if choice not in ("approve", "deny"):
+            return PlainTextResponse("refused: decision must be approve or deny; nothing was decided", 400)
+        async with (
+            state.decide_lock
+        ):  # a double submit in this console decides once; the store guards the rest
+            decision = await decide(
+                state.the_store(),
+                approval_id,
+                approve=choice == "approve",
+                by=settings.decided_by,
+                at=settings.clock.now(),
+                method=METHOD_CONSOLE,
+                key=settings.key,
+            )
+        log.info("console: %s", decision.message)
+        session.flashes.append((decision.ok, decision.message))
+        return RedirectResponse("/approvals", status_code=303)
+
+    async def providers(request: Request) -> Response:
+        now = settings.clock.now()
+        fleet = [name for name, table in state.tables.items() if table.fleet is not None]
+        times = await _in_thread(reads.polled_times, state.db_path, fleet, since=now - 3600)
+        rows: list[dict[str, Any]] = []
+        for name in sorted(state.tables):
+            table = state.tables[name]
+            chart = None
+            if table.fleet is not None:
+                chart = charts.pace_chart(
+                    times[name], now=now, pace=table.fleet.max_requests_per_second, burst=table.fleet.burst
+                )
+            rows.append({"name": name, "table": table, "states": _states(table), "chart": chart})
+        return page(request, "providers.html", providers=rows)
+
+    async def audit(request: Request) -> Response:
+        anchor_path = request.query_params.get("anchor", "").strip()
+        rekeyed = request.query_params.get("rekeyed_at", "").strip()
+        await state.the_store().flush_refusals()
+        checked = await anyio.to_thread.run_sync(
+            partial(_verify, state.db_path, settings.audit_key, anchor_path, rekeyed)
+        )
+        return page(
+            request,
+            "audit.html",
+            result=checked.result,
+            mode=describe_mode(checked.result) if checked.result is not None else [],
+            anchor=checked.anchor,
+            anchor_path=anchor_path,
+            rekeyed_at=rekeyed,
+            problem=checked.problem,
+        )
+
+    async def export(request: Request) -> Response:
+        await state.the_store().flush_refusals()
+        buffer = io.StringIO()
+        await anyio.to_thread.run_sync(export_jsonl, state.db_path, buffer)
+        return Response(
+            buffer.getvalue(),
+            media_type="application/x-ndjson",
+            headers={"content-disposition": 'attachment; filename="pollwarden-audit.jsonl"'},
+        )
+
+    css = resources.files("pollwarden.console").joinpath("static/console.css").read_text(encoding="utf-8")
+
+    async def stylesheet(request: Request) -> Response:
+        return Response(css, media_type="text/css")
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncGenerator[None]:
+        config = settings.config
+        async with open_store(
+            config.database, audit_key=settings.audit_key, busy_timeout_seconds=config.busy_timeout_seconds
+        ) as store:
+            state.store = store
+            try:
+                yield
+            finally:
+                state.store = None
+
+    app = Starlette(
+        routes=[
+            Route("/login", login),
+            Route("/", authed(operations)),
+            Route("/operation", authed(operation)),
+            Route("/approvals", authed(approvals)),
+            Route("/approvals/decide", decide_post, methods=["POST"]),
+            Route("/providers", authed(providers)),
+            Route("/audit", authed(audit)),
+            Route("/audit/export", authed(export)),
+            Route("/console.css", stylesheet),
+        ],
+        lifespan=lifespan,
+    )
+    return _Guard(app, settings.allowed_hosts)
+
+
+async def _in_thread(func: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Run a blocking read (SQLite, a file) off the event loop."""
+    return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
+
+
+@dataclass(frozen=True)
+class _Verified:
+    result: VerifyResult | None
+    anchor: Anchor | None
+    problem: str | None
+
+
+def _verify(db_path: Path, key: bytes | None, anchor_path: str, rekeyed: str) -> _Verified:
+    """Verify the chain, against an anchor file when one is named (blocking: run in a thread)."""
+    try:
+        rekeyed_at = int(rekeyed) if rekeyed else None
+    except ValueError:
+        return _Verified(None, None, f"rekeyed_at {quoted(rekeyed)} is not a row number")
+    try:
+        anchor = read_anchor(Path(anchor_path).expanduser()) if anchor_path else None
+        return _Verified(verify_chain(db_path, key, anchor, rekeyed_at=rekeyed_at), anchor, None)
+    except AuditError as exc:
+        return _Verified(None, None, str(exc))
+
+
+def _question(approval: ApprovalRecord) -> list[str]:
+    # Stored text that embeds quoted values: escaped again line by line (a row may have been written by hand).
+    return [one_line(line) for line in str(approval.request.get("question", "")).splitlines()]
+
+
+def _impact(approval: ApprovalRecord) -> str:
+    request = approval.request
+    if approval.kind == "cancel":
+        return "one cancel call to the provider; the job's work is lost"
+    seconds = float(request.get("extra_seconds", 0) or 0)
+    checks = int(request.get("extra_status_requests", 0) or 0)
+    return (
+        f"+{human_duration(seconds) if seconds else '0 seconds'} of waiting and +{checks} status requests; "
+        "counters are kept, the agent's next check_status applies it"
+    )
+
+
+def _states(table: ProviderTable) -> list[tuple[str, tuple[str, ...]]]:
+    states = table.states
+    return [
+        (name, values)
+        for name, values in (
+            ("pending", states.pending),
+            ("succeeded", states.succeeded),
+            ("failed", states.failed),
+            ("cancelled", states.cancelled),
+            ("expired", states.expired),
+            ("awaiting review", states.awaiting_review),
+        )
+        if values
+    ]

@@ -1,0 +1,370 @@
+"""The console's charts as data: pure functions from records and audit rows to shapes.
+
+The templates draw these as SVG on the server: no script, no network, text a
+screen reader and a test can read (each marker has a ``<title>`` and data
+attributes), and every value from a provider or an agent goes through the
+templates' autoescaping like any other text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pollwarden.audit import AuditRow
+from pollwarden.records import OperationRecord
+from pollwarden.timefmt import iso, to_datetime
+from pollwarden.untrusted import quoted
+
+__all__ = [
+    "DELAY_SOURCE_WORDS",
+    "Bar",
+    "Event",
+    "Marker",
+    "PaceChart",
+    "Tick",
+    "Timeline",
+    "VLine",
+    "pace_chart",
+    "timeline",
+]
+
+DELAY_SOURCE_WORDS = {
+    "local_backoff": "local backoff",
+    "provider_retry_after": "provider Retry-After",
+    "provider_poll_hint": "provider poll hint",
+    "manual_extension": "manual extension",
+    "fleet_pacing": "fleet pacing",
+}
+
+WIDTH = 960
+HEIGHT = 250
+_LEFT = 30
+_RIGHT = 30
+_AXIS_Y = 170
+_EVENT_KINDS_PREFIXES = ("approval_", "extension_")
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A labelled point on the time axis."""
+
+    x: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One status request: when, what came back, and why it went out then (the colour)."""
+
+    x: float
+    at: str
+    state: str | None
+    http_status: int | None
+    source: str
+    label: str
+    label_y: float
+    title: str
+    failed: bool
+
+
+@dataclass(frozen=True)
+class VLine:
+    """A moment drawn across the chart: a deadline, or the planned next check."""
+
+    x: float
+    at: str
+    name: str
+    css: str
+    label_y: float
+
+
+@dataclass(frozen=True)
+class Event:
+    """An approval or extension event."""
+
+    x: float
+    at: str
+    kind: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Everything the timeline template draws, in pixels."""
+
+    width: int
+    height: int
+    axis_y: int
+    left: int
+    right: int
+    start: str
+    end: str
+    markers: list[Marker]
+    lines: list[VLine]
+    events: list[Event]
+    ticks: list[Tick]
+    budget_used: int
+    budget_max: int
+    budget_width: float
+    break_x: float | None = None
+    notes: list[str] = field(default_factory=list[str])
+
+
+def _epoch(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _clock(at: float, span: float) -> str:
+    moment = to_datetime(at)
+    if span < 20:  # a few seconds across: tenths, or neighbouring ticks read alike
+        return moment.strftime("%H:%M:%S.") + str(moment.microsecond // 100_000)
+    return moment.strftime("%H:%M:%S" if span < 86400 else "%m-%d %H:%M")
+
+
+def _event_label(kind: str) -> str:
+    return kind.replace("_", " ")
+
+
+def timeline(record: OperationRecord, rows: Sequence[AuditRow], *, now: float) -> Timeline:
+    """The timeline of one operation from its audit rows.
+
+    A marker per status request, coloured by the delay source that timed it
+    (the one chosen after the previous answer); the polling and business
+    deadlines and the planned next check as lines; approvals and extensions as
+    events; the status-request budget as a bar.
+    """
+    times = [t for t in (_epoch(row.at) for row in rows) if t is not None]
+    start = min([record.started_at, *times])
+    candidates = [record.deadline_at, *times]
+    if record.is_waiting:
+        candidates.append(record.next_check_at)
+    if record.stopped_at is not None:
+        candidates.append(record.stopped_at)
+    end = max(candidates)
+    notes: list[str] = []
+    business = record.business_deadline_at
+    if business is not None:
+        if business <= start + 3 * max(end - start, 1.0):
+            end = max(end, business)
+        else:
+            notes.append(f"business deadline {iso(business)} is beyond the right edge of the chart")
+    # Polls often span seconds while the deadline is minutes away: then the axis is broken, the
+    # activity gets most of the width and the far part (up to the deadline) the last sixth.
+    activity_end = max([start, *times, record.next_check_at if record.is_waiting else start])
+    activity = max(activity_end - start, 1.0)
+    inner = WIDTH - _LEFT - _RIGHT
+    broken = end - activity_end > 2 * activity
+    near_width = inner * (0.8 if broken else 1.0)
+    span = activity if broken else max(end - start, 1.0)
+
+    def x_of(at: float) -> float:
+        if not broken or at <= activity_end:
+            return round(_LEFT + (at - start) / span * near_width, 1)
+        far = (at - activity_end) / max(end - activity_end, 1.0)
+        return round(_LEFT + inner * 0.84 + far * inner * 0.16, 1)
+
+    markers: list[Marker] = []
+    events: list[Event] = []
+    earlier_deadlines: list[float] = []
+    timed_by = "local_backoff"
+    for row in rows:
+        at = _epoch(row.at)
+        if at is None:
+            continue
+        p = row.payload_obj
+        if row.kind == "polled":
+            http_status = p.get("http_status")
+            status = http_status if isinstance(http_status, int) else None
+            state = p.get("state")
+            state_text = state if isinstance(state, str) else None
+            ok = status is not None and 200 <= status < 300
+            label = (
+                quoted(state_text, limit=24)
+                if ok and state_text
+                else (str(status) if status else "no answer")
+            )
+            retry = p.get("retry_after_seconds")
+            title = (
+                f"{iso(at)}: HTTP {status if status is not None else 'none'}, state "
+                f"{quoted(state_text) if state_text else '-'}, sent when {DELAY_SOURCE_WORDS.get(timed_by, timed_by)} "
+                f"allowed"
+                + (f"; Retry-After {retry:g} s" if isinstance(retry, int | float) and not ok else "")
+            )
+            markers.append(
+                Marker(
+                    x=x_of(at),
+                    at=iso(at) or "",
+                    state=state_text if ok else None,
+                    http_status=status,
+                    source=timed_by,
+                    label=label,
+                    label_y=_AXIS_Y - 34 - 16 * (len(markers) % 3),
+                    title=title,
+                    failed=not ok,
+                )
+            )
+        elif row.kind.startswith(_EVENT_KINDS_PREFIXES):
+            events.append(Event(x=x_of(at), at=iso(at) or "", kind=row.kind, label=_event_label(row.kind)))
+        source = p.get("delay_source")
+        if isinstance(source, str) and source:
+            timed_by = source
+        deadline = _epoch(p.get("deadline_at"))
+        if (
+            deadline is not None
+            and abs(deadline - record.deadline_at) > 0.01  # stored to the millisecond
+            and all(abs(deadline - d) > 0.01 for d in earlier_deadlines)
+        ):
+            earlier_deadlines.append(deadline)
+
+    lines: list[VLine] = [
+        VLine(x_of(d), iso(d) or "", "earlier polling deadline", "deadline-earlier", 24)
+        for d in earlier_deadlines
+        if start <= d <= end
+    ]
+    lines.append(
+        VLine(x_of(record.deadline_at), iso(record.deadline_at) or "", "polling deadline", "deadline", 14)
+    )
+    if business is not None and business <= end:
+        lines.append(VLine(x_of(business), iso(business) or "", "business deadline", "business-deadline", 34))
+    if record.is_waiting:
+        lines.append(
+            VLine(
+                x_of(record.next_check_at),
+                iso(record.next_check_at) or "",
+                "planned next check",
+                "next-check",
+                44,
+            )
+        )
+    ticks = [Tick(x_of(start + span * i / 4), _clock(start + span * i / 4, span)) for i in range(5)]
+    if broken:
+        ticks.append(Tick(x_of(end), _clock(end, end - start)))
+    used, budget = record.status_requests_used, max(record.max_status_requests, 1)
+    return Timeline(
+        width=WIDTH,
+        height=HEIGHT,
+        axis_y=_AXIS_Y,
+        left=_LEFT,
+        right=WIDTH - _RIGHT,
+        start=iso(start) or "",
+        end=iso(end) or "",
+        markers=markers,
+        lines=lines,
+        events=events,
+        ticks=ticks,
+        budget_used=used,
+        budget_max=record.max_status_requests,
+        budget_width=round(min(1.0, used / budget) * 300, 1),
+        break_x=round(_LEFT + inner * 0.82, 1) if broken else None,
+        notes=notes,
+    )
+
+
+@dataclass(frozen=True)
+class Bar:
+    """Status requests per second, averaged over one bucket of time."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+    rate: float
+    count: int
+    title: str
+
+
+@dataclass(frozen=True)
+class PaceChart:
+    """One provider's status requests over the last hour against its configured pace."""
+
+    width: int
+    height: int
+    top: int
+    bottom: int
+    left: int
+    right: int
+    bars: list[Bar]
+    pace: float
+    burst: int
+    pace_y: float
+    y_max: float
+    total: int
+    busiest_second: int
+    ticks: list[Tick]
+
+
+def _busiest_second(times: Sequence[float]) -> int:
+    ordered = sorted(times)
+    best = 0
+    first = 0
+    for last, t in enumerate(ordered):
+        while t - ordered[first] >= 1.0:
+            first += 1
+        best = max(best, last - first + 1)
+    return best
+
+
+def pace_chart(
+    times: Sequence[float],
+    *,
+    now: float,
+    pace: float,
+    burst: int,
+    window_seconds: float = 3600.0,
+    buckets: int = 60,
+) -> PaceChart:
+    """Requests per second in each of `buckets` slices of the last `window_seconds`, and the pace line."""
+    width, height, top, bottom, left, right = 960, 200, 16, 170, 50, 940
+    start = now - window_seconds
+    size = window_seconds / buckets
+    counts = [0] * buckets
+    for t in times:
+        if start <= t < now:
+            counts[min(buckets - 1, int((t - start) / size))] += 1
+    rates = [c / size for c in counts]
+    y_max = max(pace * 1.25, max(rates, default=0.0) * 1.1, 0.001)
+    plot_height = bottom - top
+    bar_width = (right - left) / buckets
+    bars: list[Bar] = []
+    for i, (count, rate) in enumerate(zip(counts, rates, strict=True)):
+        h = round(rate / y_max * plot_height, 1)
+        begin = start + i * size
+        bars.append(
+            Bar(
+                x=round(left + i * bar_width, 1),
+                y=round(bottom - h, 1),
+                width=round(bar_width - 1, 1),
+                height=h,
+                rate=rate,
+                count=count,
+                title=f"{_clock(begin, window_seconds)}–{_clock(begin + size, window_seconds)}: {count} "
+                f"requests, {rate:.3g}/s",
+            )
+        )
+    ticks = [
+        Tick(round(left + (right - left) * i / 4, 1), _clock(start + window_seconds * i / 4, window_seconds))
+        for i in range(5)
+    ]
+    return PaceChart(
+        width=width,
+        height=height,
+        top=top,
+        bottom=bottom,
+        left=left,
+        right=right,
+        bars=bars,
+        pace=pace,
+        burst=burst,
+        pace_y=round(bottom - pace / y_max * plot_height, 1),
+        y_max=y_max,
+        total=sum(counts),
+        busiest_second=_busiest_second([t for t in times if start <= t < now]),
+        ticks=ticks,
+    )

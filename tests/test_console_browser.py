@@ -1,0 +1,372 @@
+"""The operator console in a real browser: log in once, watch a wait, decide an approval, nothing executes.
+
+Headless Chromium from the system packages (`apt-get install -y chromium`), driven by Playwright. The
+console runs in this test's event loop on the harness's clock, beside the agent's in-process MCP client,
+both on one SQLite file; `pollwarden console` itself runs on a pseudo-terminal where the test is about
+starting it. Skipped, with the reason, where Chromium is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from playwright.async_api import BrowserContext, Page
+
+from harness import Harness, make_harness, view
+from pollwarden.audit import read_rows
+from pollwarden.clock import FakeClock
+from pollwarden.console.app import SESSION_COOKIE, ConsoleSettings, create_app
+from pollwarden.console.cli import running_console
+from pollwarden.http_serve import HttpOptions, transport_security
+from tests.support.browser import NO_CHROMIUM, chromium, chromium_path
+from tests.support.console import console_at_terminal
+from tests.support.fake_provider import FakeProvider, failed, http, pending, succeeded
+from tests.support.live import write_table
+
+if chromium_path() is None:  # one skip, with the reason, for the whole module
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
+
+pytestmark = pytest.mark.anyio
+
+HOSTILE = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
+
+
+def harness(tmp_path: Path, fake: FakeProvider) -> Harness:
+    h = make_harness(tmp_path, fake, clock=FakeClock(time.time()))
+    write_table(h.tables_dir, h.table)
+    return h
+
+
+@asynccontextmanager
+async def console(h: Harness, **extra: Any) -> AsyncGenerator[tuple[str, str]]:
+    """The console on a free 127.0.0.1 port, on the harness's clock: (base URL, its one-time login token)."""
+    token = secrets.token_urlsafe(24)
+    options = HttpOptions(port=0)
+    settings = ConsoleSettings(
+        config=h.config(),
+        login_token=token,
+        allowed_hosts=tuple(transport_security(options).allowed_hosts or ()),
+        clock=h.clock,
+        **extra,
+    )
+    async with running_console(create_app(settings), options) as base:
+        yield base, token
+
+
+@asynccontextmanager
+async def logged_in(h: Harness) -> AsyncGenerator[tuple[str, Page, BrowserContext]]:
+    async with console(h) as (base, token), chromium() as browser:
+        page = await browser.new_page()
+        await page.goto(f"{base}/login?token={token}")
+        assert await page.title() == "Operations · pollwarden console"
+        yield base, page, browser
+
+
+async def start(h: Harness, job: str, **extra: Any) -> dict[str, Any]:
+    async with h.client() as client:
+        return view(
+            await client.call_tool(
+                "start_operation",
+                {"provider": "acme", "operation_id": f"op-{job}", "provider_job_id": job, **extra},
+            )
+        )
+
+
+async def run_to_stop(h: Harness, job: str) -> dict[str, Any]:
+    """check_status (waiting on the fake clock) until the operation stops waiting."""
+    async with h.client() as client:
+        for _ in range(20):
+            now = view(
+                await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50})
+            )
+            if now["status"] != "waiting":
+                return now
+            if now["outcome"] == "not_yet":  # longer than one call may wait: let the fake time pass
+                h.clock.advance(now["retry_after_seconds"])
+    raise AssertionError("still waiting after 20 checks")
+
+
+async def escalate_and_ask(h: Harness, job: str, *, reason: str = "big", extra_seconds: float = 60) -> str:
+    """Exhaust a budget of 1, then ask for more from a client that cannot prompt: a pending approval."""
+    h.fake.script(job, [pending("running")])
+    await start(h, job, max_status_requests=1)
+    assert (await run_to_stop(h, job))["stop_reason"] == "request_budget_exhausted"
+    return await ask(h, job, reason=reason, extra_seconds=extra_seconds)
+
+
+async def ask(h: Harness, job: str, *, reason: str, extra_seconds: float) -> str:
+    async with h.client() as client:
+        asked = view(
+            await client.call_tool(
+                "request_extension",
+                {
+                    "operation_id": f"op-{job}",
+                    "extra_seconds": extra_seconds,
+                    "extra_status_requests": 2,
+                    "reason": reason,
+                },
+            )
+        )
+    assert asked["decision"] == "pending_approval"
+    return str(asked["approval_id"])
+
+
+async def next_check(h: Harness, job: str) -> dict[str, Any]:
+    async with h.client() as client:
+        return view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50}))
+
+
+def audit_kinds(h: Harness, job: str) -> list[str]:
+    return [row.kind for row in read_rows(h.db_path, f"op-{job}")]
+
+
+def audit_of(h: Harness, job: str, kind: str) -> list[dict[str, Any]]:
+    return [row.payload_obj for row in read_rows(h.db_path, f"op-{job}") if row.kind == kind]
+
+
+# -- starting and logging in ----------------------------------------------------------------
+
+
+async def test_a_console_started_at_a_terminal_logs_in_once_with_its_printed_url_and_not_without_it(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    fake.script("seen", [pending("queued")])
+    await start(h, "seen")
+    async with console_at_terminal(h.db_path) as (_, shown), chromium() as browser:
+        found = re.search(r"(http://127\.0\.0\.1:\d+)/login\?token=(\S+)", shown)
+        assert found is not None, shown
+        base, token = found.group(1), found.group(2)
+        assert "decisions are recorded as 'operator (console)', authenticated by console" in shown
+
+        page = await browser.new_page()
+        refused = await page.goto(base + "/")
+        assert refused is not None
+        assert refused.status == 401
+        assert "Open the login URL" in await page.inner_text("#login-needed")
+        assert "op-seen" not in await page.content()
+        wrong = await page.goto(f"{base}/login?token={token[:-2]}xx")
+        assert wrong is not None
+        assert wrong.status == 401
+
+        await page.goto(f"{base}/login?token={token}")
+        assert page.url == base + "/"  # the token left the address bar
+        assert await page.locator("#operations tr[data-operation='op-seen']").count() == 1
+        cookie = next(c for c in await browser.cookies() if c.get("name") == SESSION_COOKIE)
+        assert (cookie.get("httpOnly"), cookie.get("sameSite")) == (True, "Strict")
+        assert token not in await page.content()
+
+        await browser.clear_cookies()
+        again = await page.goto(f"{base}/login?token={token}")
+        assert again is not None
+        assert again.status == 401
+        assert "has been used" in await page.content()
+
+
+# -- deciding --------------------------------------------------------------------------------
+
+
+async def test_approving_in_the_browser_is_applied_by_the_agents_next_check_status(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    approval_id = await escalate_and_ask(h, "ok", reason="the export is large")
+    async with logged_in(h) as (_, page, _):
+        await page.click("nav >> text=Approvals")
+        card = page.locator(f"article[data-approval='{approval_id}']")
+        assert "Approve more waiting for op-ok?" in await card.locator(".question").inner_text()
+        assert await card.locator(".reason").inner_text() == '"the export is large"'
+        await card.locator("button.approve").click()
+        flash = await page.inner_text(".flash.ok")
+        assert f'{approval_id} approved for op-ok by "operator (console)" (console)' in flash
+        assert "the agent's next check_status applies it" in flash
+        assert await page.locator("#no-pending").count() == 1
+
+    applied = await next_check(h, "ok")
+    assert applied["outcome"] == "polled"
+    assert (applied["max_status_requests"], applied["status_requests_used"]) == (3, 2)
+    granted = audit_of(h, "ok", "approval_granted")
+    assert [(g["note"], g["authenticated_by"]) for g in granted] == [
+        (f"{approval_id} by operator (console)", "console")
+    ]
+    extension = audit_of(h, "ok", "extension_approved")
+    assert extension[0]["approved_by"] == "operator (console)"
+    assert extension[0]["authenticated_by"] == "console"
+
+
+async def test_denying_in_the_browser_changes_nothing_and_the_agent_sees_it(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    approval_id = await escalate_and_ask(h, "no")
+    async with logged_in(h) as (base, page, _):
+        await page.goto(base + "/approvals")
+        await page.click(f"article[data-approval='{approval_id}'] button.deny")
+        assert f"{approval_id} denied for op-no" in await page.inner_text(".flash.ok")
+        assert "denied" in await page.inner_text("#decided")
+    after = await next_check(h, "no")
+    assert (after["outcome"], after["max_status_requests"]) == ("stopped", 1)
+    assert "extension_approved" not in audit_kinds(h, "no")
+    assert [p["authenticated_by"] for p in audit_of(h, "no", "extension_denied")] == ["console"]
+
+
+async def test_a_post_without_the_csrf_token_is_refused_and_decides_nothing(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    approval_id = await escalate_and_ask(h, "csrf")
+    async with logged_in(h) as (base, page, _):
+        for form in (
+            {"approval_id": approval_id, "decision": "approve"},
+            {
+                "approval_id": approval_id,
+                "decision": "approve",
+                "csrf": "guessed",
+            },
+        ):
+            refused = await page.request.post(base + "/approvals/decide", form=form)
+            assert refused.status == 403
+            assert "CSRF" in await refused.text()
+        await page.goto(base + "/approvals")
+        assert await page.locator(f"article[data-approval='{approval_id}']").count() == 1
+    # Without the session cookie (another site's form cannot send a SameSite=Strict cookie): not logged in.
+    async with console(h) as (base, _), httpx2.AsyncClient() as client:
+        anonymous = await client.post(
+            base + "/approvals/decide", data={"approval_id": approval_id, "decision": "approve"}
+        )
+        assert anonymous.status_code == 401
+    assert "approval_granted" not in audit_kinds(h, "csrf")
+
+
+async def test_a_double_submit_decides_once(tmp_path: Path, fake: FakeProvider) -> None:
+    h = harness(tmp_path, fake)
+    approval_id = await escalate_and_ask(h, "twice")
+    async with logged_in(h) as (base, page, _):
+        await page.goto(base + "/approvals")
+        csrf = await page.get_attribute("input[name=csrf]", "value")
+        form = {"csrf": csrf or "", "approval_id": approval_id, "decision": "approve"}
+        # Two submits at once (a double click), then the same form again (a reload that re-posts).
+        await asyncio.gather(
+            page.request.post(base + "/approvals/decide", form=form),
+            page.request.post(base + "/approvals/decide", form=form),
+        )
+        await page.request.post(base + "/approvals/decide", form={**form, "decision": "deny"})
+        await page.goto(base + "/approvals")
+        assert await page.locator("#decided tbody tr").count() == 1
+    assert len(audit_of(h, "twice", "approval_granted")) == 1
+    assert "extension_denied" not in audit_kinds(h, "twice")
+    applied = await next_check(h, "twice")
+    assert applied["max_status_requests"] == 3
+
+
+async def test_an_approval_bound_to_a_changed_operation_version_is_refused_with_the_reason(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    first = await escalate_and_ask(h, "moved", extra_seconds=60)
+    second = await ask(h, "moved", reason="or this", extra_seconds=120)
+    async with logged_in(h) as (base, page, _):
+        await page.goto(base + "/approvals")
+        await page.click(f"article[data-approval='{second}'] button.approve")
+        applied = await next_check(h, "moved")  # the operation changes: a new deadline and budget
+        assert applied["outcome"] == "polled"
+        await page.goto(base + "/approvals")
+        card = page.locator(f"article[data-approval='{first}']")
+        assert "The operation changed after this was asked" in await card.inner_text()
+        await card.locator("button.approve").click()
+        refused = await page.inner_text(".flash.refused")
+        assert f"{first} is void: operation op-moved changed" in refused
+        assert "the agent must ask again" in refused
+    assert len(audit_of(h, "moved", "extension_approved")) == 1
+
+
+# -- seeing ----------------------------------------------------------------------------------
+
+
+async def test_the_timeline_shows_each_request_its_delay_source_and_the_deadline(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    fake.script(
+        "story",
+        [
+            pending("queued"),
+            http(503, headers={"Retry-After": "30"}, body={"error": "busy"}),
+            pending("running"),
+            succeeded(),
+        ],
+    )
+    started = await start(h, "story")
+    async with logged_in(h) as (base, page, _):
+        first = await next_check(h, "story")
+        await page.goto(f"{base}/operation?id=op-story")
+        planned = page.locator("#timeline g.vline.next-check")
+        assert await planned.get_attribute("data-at") == first["next_check_at"]
+
+        done = await run_to_stop(h, "story")
+        assert done["status"] == "succeeded"
+        await page.goto(f"{base}/operation?id=op-story")
+        markers = page.locator("#timeline g.marker")
+        seen = [
+            (
+                await markers.nth(i).get_attribute("data-state"),
+                await markers.nth(i).get_attribute("data-http"),
+                await markers.nth(i).get_attribute("data-source"),
+            )
+            for i in range(await markers.count())
+        ]
+        assert seen == [
+            ("queued", "200", "local_backoff"),
+            ("", "503", "local_backoff"),
+            ("running", "200", "provider_retry_after"),
+            ("succeeded", "200", "local_backoff"),
+        ]
+        assert "Retry-After 30 s" in (await markers.nth(1).locator("title").text_content() or "")
+        deadline = page.locator("#timeline g.vline.deadline")
+        assert await deadline.get_attribute("data-at") == started["deadline_at"]
+        assert await page.locator("#timeline g.vline.next-check").count() == 0  # nothing planned any more
+        assert "Status requests: 4 of 12" in await page.inner_text("#budget")
+        assert "received 503, Retry-After 30" in await page.inner_text("#story")
+
+
+async def test_hostile_provider_text_and_agent_reasons_render_as_text_and_execute_nothing(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    fake.script("evil", [failed(error=HOSTILE)])
+    await start(h, "evil")
+    assert (await run_to_stop(h, "evil"))["status"] == "failed"
+    approval_id = await escalate_and_ask(h, "asks", reason=HOSTILE)
+    async with logged_in(h) as (base, page, _):
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: dialogs.append(dialog.message))
+        for path, where in (("/operation?id=op-evil", "#provider-error"), ("/approvals", ".reason")):
+            response = await page.goto(base + path)
+            assert response is not None
+            raw = await response.text()
+            assert "<img src=x" not in raw
+            assert "<script>window" not in raw
+            shown = await page.inner_text(where)
+            assert "<img src=x onerror=" in shown
+            assert "</script><script>" in shown
+            assert await page.locator("main img, main script").count() == 0
+            assert await page.evaluate("() => window.__pwned === undefined")
+            assert await page.locator(f"{where} .untrusted").count() == 1
+            csp = response.headers["content-security-policy"]
+            assert "script-src" not in csp
+            assert "default-src 'none'" in csp
+            assert "frame-ancestors 'none'" in csp
+            assert response.headers["x-content-type-options"] == "nosniff"
+        question = await page.inner_text(f"article[data-approval='{approval_id}'] .question")
+        assert "Agent's reason (untrusted):" in question
+        assert "<img src=x" in question
+        assert dialogs == []

@@ -1,0 +1,223 @@
+"""The console's pages over plain HTTP: the Host check, filters and paging, the fleet's pace, the audit.
+
+The same in-process console as the browser tests (tests/test_console_browser.py), read with an HTTP
+client: these need no browser.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from harness import Harness, make_harness, make_operator, merge, view
+from pollwarden.audit import read_rows, write_anchor
+from pollwarden.clock import FakeClock
+from pollwarden.console.app import ConsoleSettings, create_app
+from pollwarden.console.charts import pace_chart
+from pollwarden.console.cli import running_console
+from pollwarden.http_serve import HttpOptions, transport_security
+from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from tests.support.console import clean_env, console_at_terminal
+from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import write_table
+
+pytestmark = pytest.mark.anyio
+
+
+def harness(tmp_path: Path, fake: FakeProvider, table: dict[str, Any] | None = None) -> Harness:
+    h = make_harness(tmp_path, fake, clock=FakeClock(time.time()))
+    if table:
+        h.table = merge(h.table, table)
+    write_table(h.tables_dir, h.table)
+    return h
+
+
+@asynccontextmanager
+async def session(h: Harness, **extra: Any) -> AsyncGenerator[tuple[httpx2.AsyncClient, str]]:
+    """A logged-in HTTP client on the console, and the console's base URL."""
+    token = secrets.token_urlsafe(24)
+    options = HttpOptions(port=0)
+    settings = ConsoleSettings(
+        config=h.config(),
+        login_token=token,
+        allowed_hosts=tuple(transport_security(options).allowed_hosts or ()),
+        clock=h.clock,
+        **extra,
+    )
+    async with running_console(create_app(settings), options) as base, httpx2.AsyncClient() as client:
+        login = await client.get(f"{base}/login?token={token}")
+        assert login.status_code == 303
+        yield client, base
+
+
+async def stop_after_one(h: Harness, job: str) -> None:
+    """An operation that escalates after its one allowed status request."""
+    h.fake.script(job, [pending("running")])
+    async with h.client() as client:
+        view(
+            await client.call_tool(
+                "start_operation",
+                {
+                    "provider": "acme",
+                    "operation_id": f"op-{job}",
+                    "provider_job_id": job,
+                    "max_status_requests": 1,
+                },
+            )
+        )
+        stopped = view(
+            await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50})
+        )
+    assert stopped["stop_reason"] == "request_budget_exhausted"
+
+
+async def waiting(h: Harness, job: str) -> None:
+    h.fake.script(job, [pending("queued")])
+    async with h.client() as client:
+        view(
+            await client.call_tool(
+                "start_operation", {"provider": "acme", "operation_id": f"op-{job}", "provider_job_id": job}
+            )
+        )
+
+
+def test_an_agents_shell_cannot_start_a_console_no_terminal_and_no_key(tmp_path: Path) -> None:
+    db = tmp_path / "p.db"
+    db.touch(mode=0o600)
+    started = subprocess.run(
+        [sys.executable, "-m", "pollwarden", "console", "--db", str(db), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+    )
+    assert started.returncode == 2
+    assert "pollwarden console needs a person" in started.stderr
+    assert "Nothing was started" in started.stderr
+    assert "token=" not in started.stdout + started.stderr
+
+
+async def test_a_console_needs_the_operator_key_when_the_operator_requires_one(tmp_path: Path) -> None:
+    operator = make_operator(tmp_path / "keys")
+    db = tmp_path / "p.db"
+    db.touch(mode=0o600)
+    env = {PUBKEYS_ENV: str(operator.pubkeys_file), REQUIRE_ENV: "1"}
+    async with console_at_terminal(db, env=env) as (proc, shown):
+        assert proc.wait(timeout=30) == 2
+        assert "requires an operator key" in shown
+        assert "token=" not in shown
+    async with console_at_terminal(db, "--operator-key", str(operator.key_file), env=env) as (_, shown):
+        assert "token=" in shown
+        assert "authenticated by operator-key:" in shown
+
+
+def listed(html: str) -> list[str]:
+    return re.findall(r'data-operation="([^"]+)"', html)
+
+
+async def test_a_host_that_does_not_name_the_console_is_refused_and_every_answer_carries_the_headers(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    async with session(h) as (client, base):
+        rebound = await client.get(base + "/", headers={"Host": "attacker.example"})
+        assert rebound.status_code == 400
+        assert "DNS-rebinding" in rebound.text
+        for answer in (rebound, await client.get(base + "/"), await client.get(base + "/console.css")):
+            assert answer.headers["x-frame-options"] == "DENY"
+            assert answer.headers["x-content-type-options"] == "nosniff"
+            assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+        foreign = await client.post(
+            base + "/approvals/decide",
+            data={"approval_id": "ap-x", "decision": "approve", "csrf": "x"},
+            headers={"Origin": "https://attacker.example"},
+        )
+        assert foreign.status_code == 403
+
+
+async def test_operations_are_filtered_by_status_provider_and_stop_reason_newest_first_and_paged(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    for job in ("a", "b", "c"):
+        await stop_after_one(h, job)
+        h.clock.advance(1)
+    await waiting(h, "d")
+    async with session(h, page_size=2) as (client, base):
+        first = await client.get(base + "/")
+        assert listed(first.text) == ["op-d", "op-c"]
+        assert "4 operations · page 1 of 2" in first.text
+        assert '<meta http-equiv="refresh" content="10">' in first.text
+        second = await client.get(base + "/?page=2")
+        assert listed(second.text) == ["op-b", "op-a"]
+        stopped = await client.get(base + "/?stop_reason=request_budget_exhausted&provider=acme")
+        assert listed(stopped.text) == ["op-c", "op-b"]
+        assert "3 operations" in stopped.text
+        assert listed((await client.get(base + "/?status=waiting")).text) == ["op-d"]
+        assert listed((await client.get(base + "/?provider=other")).text) == []
+        # A value outside the vocabulary is no filter at all, never SQL.
+        assert listed((await client.get(base + "/?status=x'%20OR%201=1--")).text) == ["op-d", "op-c"]
+
+
+async def test_the_providers_page_counts_the_last_hours_status_requests_against_the_fleet_pace(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake, {"fleet": {"max_requests_per_second": 2, "burst": 3}})
+    for job in ("p1", "p2", "p3"):
+        await stop_after_one(h, job)
+    async with session(h) as (client, base):
+        page = await client.get(base + "/providers")
+        acme = page.text[page.text.index('id="provider-acme"') :]
+        assert re.search(r'data-total="3" data-pace="2.0"', acme)
+        assert "Last hour: 3 status requests" in acme
+        # Each operation's first check waits its own backoff on the fake clock: one request per second at most.
+        assert "busiest second: 1 (burst 3)" in acme
+        h.clock.advance(3601)  # an hour later the requests have left the window
+        later = await client.get(base + "/providers")
+        assert 'data-total="0"' in later.text[later.text.index('id="provider-acme"') :]
+
+
+async def test_the_audit_page_verifies_the_chain_against_an_anchor_catches_an_edit_and_exports_it(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    await stop_after_one(h, "au")
+    anchor = tmp_path / "anchor.json"
+    write_anchor(h.db_path, anchor)
+    async with session(h) as (client, base):
+        checked = await client.get(base + "/audit", params={"anchor": str(anchor)})
+        assert "Audit chain OK" in checked.text
+        assert "Anchor matched" in checked.text
+        exported = await client.get(base + "/audit/export")
+        assert exported.headers["content-disposition"].startswith("attachment")
+        assert len(exported.text.splitlines()) == len(read_rows(h.db_path))
+        with sqlite3.connect(h.db_path) as conn:
+            conn.execute("UPDATE audit SET payload = replace(payload, 'running', 'succeeded') WHERE seq = 2")
+        broken = await client.get(base + "/audit")
+        assert "Audit chain BROKEN at seq 2" in broken.text
+
+
+def test_the_pace_chart_averages_each_minute_and_finds_the_busiest_second() -> None:
+    now = 10_000.0
+    burst = [now - 100 + 0.1 * i for i in range(5)]  # 5 requests within half a second
+    spread = [now - 3000 + 20 * i for i in range(3)]  # 3 requests 20 s apart, in one minute
+    old = [now - 4000]  # before the hour: not counted
+    chart = pace_chart([*burst, *spread, *old], now=now, pace=2.0, burst=3)
+    assert chart.total == 8
+    assert chart.busiest_second == 5
+    assert [bar.count for bar in chart.bars if bar.count] == [3, 5]
+    assert chart.bars[-2].rate == pytest.approx(5 / 60)
+    assert chart.pace_y < chart.bottom  # the pace line is drawn inside the plot
