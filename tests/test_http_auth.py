@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,6 +35,7 @@ from pollwarden.auth import (
 )
 from pollwarden.errors import ConfigError
 from pollwarden.http_serve import HttpOptions, transport_security
+from pollwarden.principals import PrincipalLimits
 from pollwarden.server import build_server, controller_factory
 from test_restart_and_transports import FAST
 from tests.support.fake_provider import FakeProvider
@@ -62,7 +63,11 @@ class Served:
 
 @asynccontextmanager
 async def served(
-    h: Harness, make_verifier: Callable[[str], TokenVerifier], *, issuer: str | None = None
+    h: Harness,
+    make_verifier: Callable[[str], TokenVerifier],
+    *,
+    issuer: str | None = None,
+    limits: PrincipalLimits | None = None,
 ) -> AsyncGenerator[Served]:
     """The pollwarden server with auth on 127.0.0.1, on the harness's clock and fake provider."""
     port = free_port()
@@ -70,7 +75,8 @@ async def served(
     from harness import write_table
 
     write_table(h.tables_dir, h.table)
-    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)
+    config = h.config() if limits is None else replace(h.config(), limits=limits)
+    factory = controller_factory(config, clock=h.clock, rng=h.rng, environ=h.environ)
     settings = auth_settings(AuthOptions(jwt_issuer=issuer), resource_url=resource)
     server = build_server(factory, auth=settings, token_verifier=make_verifier(resource))
     app = server.streamable_http_app(

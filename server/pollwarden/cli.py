@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
@@ -31,7 +32,7 @@ from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
-from pollwarden.principals import PrincipalLogFilter
+from pollwarden.principals import PrincipalLimits, PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
 from pollwarden.untrusted import OneLineFormatter
@@ -88,6 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = auth_settings(auth, resource_url=resource)
             verifier = build_verifier(auth, resource_url=resource)
     config = serve_config(args)
+    config = replace(config, limits=_principal_limits(args))
     factory = controller_factory(config)  # refuses a wrong provider table before serving
     server = build_server(factory, auth=settings, token_verifier=verifier)
     log.info("pollwarden serving (%s), database %s", args.transport, config.db_path)
@@ -96,6 +98,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         server.run()
     return 0
+
+
+def _principal_limits(args: argparse.Namespace) -> PrincipalLimits:
+    for flag, value in (
+        ("--max-active-per-principal", args.max_active_per_principal),
+        ("--max-starts-per-minute", args.max_starts_per_minute),
+        ("--fleet-slots-per-principal", args.fleet_slots_per_principal),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(
+                f"{flag} must be a whole number of 1 or more (got {value}); omit it for no limit"
+            )
+    return PrincipalLimits(
+        max_active=args.max_active_per_principal,
+        max_starts_per_minute=args.max_starts_per_minute,
+        fleet_slots=args.fleet_slots_per_principal,
+    )
 
 
 def _auth_options(args: argparse.Namespace) -> AuthOptions:
@@ -220,6 +239,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="HTTP only: this server's URL as clients reach it, e.g. https://mcp.example.com/mcp (the "
         "audience of its tokens; default http://HOST:PORT/mcp on loopback)",
+    )
+    serve.add_argument(
+        "--max-active-per-principal",
+        type=int,
+        metavar="N",
+        help="HTTP with tokens: a principal may have at most N operations waiting at once (default: no limit)",
+    )
+    serve.add_argument(
+        "--max-starts-per-minute",
+        type=int,
+        metavar="N",
+        help="HTTP with tokens: a principal may start at most N operations a minute (default: no limit)",
+    )
+    serve.add_argument(
+        "--fleet-slots-per-principal",
+        type=int,
+        metavar="N",
+        help="while a provider's [fleet] pace is used up, one principal holds at most N of its booked slots, "
+        "so others are served in turn (default: no limit; 1 alternates principals)",
     )
     serve.add_argument(
         "--approval",

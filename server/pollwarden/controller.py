@@ -444,6 +444,7 @@ class Controller:
                 apply_approvals=apply_approvals,
                 clock=self.clock.now,  # the gate's time is read once the write lock is held
                 accounts=self._accounts,
+                fleet_slots=self.config.limits.fleet_slots,
             )
             if start is None:
                 raise self._not_found(operation_id)

@@ -20,6 +20,7 @@ __all__ = [
     "SCOPE_AGENT",
     "SCOPE_OPERATOR",
     "Principal",
+    "PrincipalLimits",
     "PrincipalLogFilter",
     "current_principal",
     "principal_name_problem",
@@ -49,12 +50,27 @@ class Principal:
 LOCAL = Principal(LOCAL_NAME, operator=True, authenticated=False)
 
 
+@dataclass(frozen=True)
+class PrincipalLimits:
+    """Fair shares an operator sets; each applies to every principal alike (None: no limit).
+
+    `max_active` and `max_starts_per_minute` bound authenticated principals (the
+    local user of stdio is the operator); `fleet_slots` bounds every principal,
+    the local user included: while a provider's shared `[fleet]` pace is used up,
+    one principal holds at most this many booked slots of it.
+    """
+
+    max_active: int | None = None
+    max_starts_per_minute: int | None = None
+    fleet_slots: int | None = None
+
+
 def principal_name_problem(name: str) -> str | None:
     """Why `name` cannot name a principal, or None (it is stored, logged and shown to people)."""
     if not name or len(name) > MAX_PRINCIPAL_LENGTH or name != name.strip():
         return f"must be 1 to {MAX_PRINCIPAL_LENGTH} characters without leading or trailing spaces"
-    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Zs") for c in name):
-        return "must not contain spaces, control or invisible format characters"
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Zs") for c in name) or "/" in name:
+        return "must not contain '/', spaces, control or invisible format characters"
     if name == LOCAL_NAME:
         return f"{LOCAL_NAME!r} is the local user of stdio; choose another name"
     return None

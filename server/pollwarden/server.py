@@ -57,11 +57,11 @@ from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
-from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
+from pollwarden.errors import InvalidRequest, OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
-from pollwarden.principals import current_principal
+from pollwarden.principals import Principal, current_principal
 from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
@@ -213,6 +213,27 @@ async def _resolve(ctx: Context[Any, Any], operation_id: str) -> str:
 def _shown(model: M) -> M:
     """The result with the caller's own operation ids as it chose them."""
     return ownership.renamed(model, current_principal())
+
+
+async def _within_limits(controller: Controller, principal: Principal, operation_id: str | None) -> None:
+    """Refuse a new operation beyond the principal's fair share (its existing ones are always answered)."""
+    limits = controller.config.limits
+    if not principal.authenticated or (limits.max_active is None and limits.max_starts_per_minute is None):
+        return
+    if operation_id is not None and await controller.store.get(ownership.stored_id(principal, operation_id)):
+        return  # the same id again returns the same record: nothing new is started
+    now = controller.clock.now()
+    active, started = await controller.store.principal_usage(principal.name, since=now - 60.0)
+    if limits.max_active is not None and active >= limits.max_active:
+        raise InvalidRequest(
+            f"{principal.name} already has {active} active operations, the most the operator allows per principal "
+            f"({limits.max_active}); nothing was started. Finish, cancel or let one stop first"
+        )
+    if limits.max_starts_per_minute is not None and started >= limits.max_starts_per_minute:
+        raise InvalidRequest(
+            f"{principal.name} started {started} operations in the last minute, the most the operator allows "
+            f"({limits.max_starts_per_minute} a minute); nothing was started. Start it again in a minute"
+        )
 
 
 async def _plan(
@@ -571,6 +592,7 @@ def build_server(
         ] = None,
     ) -> OperationView:
         principal = current_principal()
+        await _run(_within_limits(_controller(ctx), principal, operation_id))
         view = await _run(
             _controller(ctx).start_operation(
                 owner=principal.name,

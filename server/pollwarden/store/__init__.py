@@ -99,6 +99,7 @@ class Store(Protocol):
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
+        fleet_slots: int | None = None,
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
 
@@ -109,7 +110,13 @@ class Store(Protocol):
         `fleets` holds the loaded provider tables' [fleet] specs (None without one);
         `accounts` their account contexts now (a waiting operation recorded under
         another one stops with `account_context_changed`, nothing sent).
+        `fleet_slots`: while a pace is used up, at most this many booked slots per principal
+        (issue 19's fair shares; the principal's other checks wait for the earliest of them).
         """
+        ...
+
+    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
+        """(active operations, operations created after `since`) of one principal."""
         ...
 
     async def apply_answer(

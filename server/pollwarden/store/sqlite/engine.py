@@ -129,6 +129,7 @@ class SQLiteStore:
         apply_approvals: bool = True,
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
+        fleet_slots: int | None = None,
     ) -> CheckStart | None:
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
@@ -144,8 +145,19 @@ class SQLiteStore:
                 key=self._key,
                 clock=clock,
                 accounts=accounts,
+                fleet_slots=fleet_slots,
             )
         )
+
+    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
+        """(active operations, operations created after `since`) of one principal."""
+
+        def work(s: Session) -> tuple[int, int]:
+            active = s.conn.execute(queries.COUNT_ACTIVE_OF_OWNER, (owner,)).fetchone()
+            started = s.conn.execute(queries.COUNT_CREATED_SINCE_BY_OWNER, (owner, since)).fetchone()
+            return int(active[0]), int(started[0])
+
+        return await self._db.run(work)
 
     async def apply_answer(
         self,

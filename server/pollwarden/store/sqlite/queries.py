@@ -124,6 +124,22 @@ BOOK_FLEET_SLOT = (
     f"WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' RETURNING {OPERATION_ROW}"
 )
 
+# Fair shares (issue 19): the future fleet slots one principal holds for a provider, and the
+# check that waits for the earliest of them instead of booking one more.
+PRINCIPAL_BOOKED_SLOTS = (
+    "SELECT count(*), min(fleet_slot_at) FROM operations WHERE provider = :provider AND owner = :owner "
+    "AND fleet_slot_at > :now AND status = 'waiting' AND operation_id <> :operation_id"
+)
+WAIT_FOR_OWN_SLOT = (
+    "UPDATE operations SET fleet_slot_at = NULL, next_check_at = :at, "
+    "delay_source = 'fleet_pacing', version = version + 1, updated_at = :now "
+    f"WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' RETURNING {OPERATION_ROW}"
+)
+COUNT_ACTIVE_OF_OWNER = (
+    "SELECT count(*) FROM operations WHERE owner = ? AND status IN ('waiting', 'submitting')"
+)
+COUNT_CREATED_SINCE_BY_OWNER = "SELECT count(*) FROM operations WHERE owner = ? AND created_at > ?"
+
 # The gate's STOP (deadline passed, budget used): only while no live request holds the lease.
 STOP_BEFORE_REQUEST = (
     "UPDATE operations SET status = :status, stop_reason = :stop_reason, stop_detail = :stop_detail, "
