@@ -16,9 +16,19 @@ using pollwarden's own schedule code (`schedule.raw_delay`, `plan_next_check`,
   bucket (rate and burst below); a request over the pace waits for its booked
   slot, as `check_status` with wait_seconds does.
 
-Prints a table and writes benchmarks/results/fleet_simulation.json; with
+Then webhooks as wake-up hints (issue 21), on the same jobs: each job's
+provider sends one webhook after it finished, delivered after a log-normal
+delay (median 1.5 s, sigma 0.8) or lost (0 %, 30 %, 100 %). A delivered webhook
+brings the next check forward to its arrival plus the time a waiting agent
+takes to notice (uniform 0..0.5 s: it re-reads its operation every 0.5 s);
+the confirming request then sees the job finished. Measured for pollwarden's
+default schedule (unchanged by webhooks) and for a table that relies on
+webhooks and polls sparsely as a safety net (base 300 s, max 1800 s).
+
+Prints the tables and writes benchmarks/results/fleet_simulation.json; with
 matplotlib installed (`pip install -e '.[bench]'`) also a plot of requests per
-second over time, benchmarks/results/fleet_simulation.png.
+second over time, benchmarks/results/fleet_simulation.png, and of detection
+latency with and without webhooks, benchmarks/results/fleet_webhooks.png.
 """
 
 from __future__ import annotations
@@ -50,6 +60,14 @@ FLEET_RATE = 10.0  # requests per second, shared by the whole fleet
 FLEET_BURST = 10
 FIRST_MINUTES_SECONDS = 600.0
 SEED = 20250418
+# Webhooks: delivery delay after the job finished (log-normal), the waiting agent's re-read
+# interval (controller.WAKE_RECHECK_SECONDS), the shares lost, and a safety-net schedule.
+WEBHOOK_DELAY_MEDIAN_SECONDS = 1.5
+WEBHOOK_DELAY_SIGMA = 0.8
+WAKE_RECHECK_SECONDS = 0.5
+WEBHOOK_LOSS = (0.0, 0.3, 1.0)
+SAFETY_NET_BASE = 300.0
+SAFETY_NET_MAX = 1800.0
 
 
 @dataclass(frozen=True)
@@ -287,6 +305,162 @@ def render(rows: Sequence[Summary]) -> str:
     return "\n".join(lines)
 
 
+# -- webhooks as wake-up hints ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WebhookSummary:
+    """One row of the webhook table: a schedule, a share of webhooks lost, what it cost and saw."""
+
+    schedule: str
+    webhooks_lost_percent: int
+    requests_per_job_mean: float
+    requests_per_job_beyond_first: float
+    detection_after_done_p50_seconds: float
+    detection_after_done_p95_seconds: float
+    woken_jobs: int
+    detection_after_webhook_p50_seconds: float
+    detection_after_webhook_p95_seconds: float
+
+
+def webhook_arrivals(jobs: Sequence[Job], lost: float, rng: random.Random) -> list[float | None]:
+    """When each job's webhook arrives (None: lost)."""
+    arrivals: list[float | None] = []
+    for job in jobs:
+        delay = rng.lognormvariate(math.log(WEBHOOK_DELAY_MEDIAN_SECONDS), WEBHOOK_DELAY_SIGMA)
+        arrivals.append(None if rng.random() < lost else job.done + delay)
+    return arrivals
+
+
+def poll_with_webhooks(
+    jobs: Sequence[Job], arrivals: Sequence[float | None], base: float, maximum: float, rng: random.Random
+) -> tuple[Outcome, list[float]]:
+    """pollwarden's schedule, with each delivered webhook bringing the next planned check forward.
+
+    The wake applies only while the next check is still in the future (the
+    store's guard); the waiting agent notices it within one re-read interval.
+    Returns the outcome and, for each job a webhook woke, the detection time
+    after the webhook arrived.
+    """
+    requests: list[float] = []
+    detected: list[float] = []
+    per_job: list[int] = []
+    after_webhook: list[float] = []
+    for job, arrival in zip(jobs, arrivals, strict=True):
+        t = first_check_at(job.start, base, maximum, rng)
+        polls = 0
+        woken = False
+        while True:
+            if arrival is not None and not woken and arrival < t:
+                woken = True
+                t = max(arrival + rng.uniform(0.0, WAKE_RECHECK_SECONDS), arrival)
+            requests.append(t)
+            polls += 1
+            if t >= job.done:
+                break
+            t = plan_next_check(now=t, attempt=polls, base=base, maximum=maximum, rng=rng).at
+        detected.append(t - job.done)
+        per_job.append(polls)
+        if woken and arrival is not None:
+            after_webhook.append(t - arrival)
+    return Outcome(requests, detected, per_job), after_webhook
+
+
+WEBHOOK_SCHEDULES: dict[str, tuple[float, float]] = {
+    f"default (base {BASE_DELAY:g} s, max {MAX_DELAY:g} s)": (BASE_DELAY, MAX_DELAY),
+    f"safety net (base {SAFETY_NET_BASE:g} s, max {SAFETY_NET_MAX:g} s)": (SAFETY_NET_BASE, SAFETY_NET_MAX),
+}
+
+
+def run_webhooks(jobs: Sequence[Job], seed: int) -> tuple[list[WebhookSummary], dict[str, list[float]]]:
+    """Every schedule alone and with 0/30/100 % of webhooks lost; rows and detection latencies."""
+    rows: list[WebhookSummary] = []
+    latencies: dict[str, list[float]] = {}
+    for s, (schedule, (base, maximum)) in enumerate(WEBHOOK_SCHEDULES.items()):
+        cases: list[tuple[str, float | None]] = [("polling alone", None)]
+        cases += [(f"{lost:.0%} lost", lost) for lost in WEBHOOK_LOSS]
+        for label, lost in cases:
+            # One random stream per schedule: with every webhook lost, the run is polling alone, exactly.
+            rng = random.Random(seed * 1000 + s)
+            # The same webhook delays for every loss share (only which are lost differs).
+            arrivals = webhook_arrivals(jobs, 1.0 if lost is None else lost, random.Random(seed + 7))
+            outcome, after = poll_with_webhooks(jobs, arrivals, base, maximum, rng)
+            beyond = sum(n - 1 for n in outcome.per_job) / len(outcome.per_job)
+            rows.append(
+                WebhookSummary(
+                    schedule=schedule,
+                    webhooks_lost_percent=-1 if lost is None else round(lost * 100),
+                    requests_per_job_mean=round(sum(outcome.per_job) / len(outcome.per_job), 2),
+                    requests_per_job_beyond_first=round(beyond, 2),
+                    detection_after_done_p50_seconds=round(percentile(outcome.detected, 50), 1),
+                    detection_after_done_p95_seconds=round(percentile(outcome.detected, 95), 1),
+                    woken_jobs=len(after),
+                    detection_after_webhook_p50_seconds=round(percentile(after, 50), 2)
+                    if after
+                    else float("nan"),
+                    detection_after_webhook_p95_seconds=round(percentile(after, 95), 2)
+                    if after
+                    else float("nan"),
+                )
+            )
+            latencies[f"{schedule}, {label}"] = outcome.detected
+    return rows, latencies
+
+
+def render_webhooks(rows: Sequence[WebhookSummary]) -> str:
+    """The webhook table as fixed-width text."""
+    header = (
+        f"{'schedule':<34} {'webhooks':>13} {'req/job':>8} {'beyond 1st':>10} "
+        f"{'detect p50':>10} {'p95':>7} {'woken':>6} {'after webhook p50':>17} {'p95':>6}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        label = "polling alone" if r.webhooks_lost_percent < 0 else f"{r.webhooks_lost_percent}% lost"
+        p50, p95 = r.detection_after_webhook_p50_seconds, r.detection_after_webhook_p95_seconds
+        after_p50 = "-" if math.isnan(p50) else f"{p50:.2f}s"
+        after_p95 = "-" if math.isnan(p95) else f"{p95:.2f}s"
+        lines.append(
+            f"{r.schedule:<34} {label:>13} {r.requests_per_job_mean:>8.2f} {r.requests_per_job_beyond_first:>10.2f} "
+            f"{r.detection_after_done_p50_seconds:>9.1f}s {r.detection_after_done_p95_seconds:>6.1f}s "
+            f"{r.woken_jobs:>6} {after_p50:>17} {after_p95:>6}"
+        )
+    lines.append("detection is measured from the job finishing; 'after webhook' from the webhook's arrival")
+    return "\n".join(lines)
+
+
+def plot_webhooks(latencies: dict[str, list[float]], path: Path) -> bool:
+    """Detection latency (CDF) per schedule and loss share; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(WEBHOOK_SCHEDULES), figsize=(10, 3.6), dpi=100, sharey=True)
+    for ax, schedule in zip(axes, WEBHOOK_SCHEDULES, strict=True):
+        for name, values in latencies.items():
+            if not name.startswith(schedule + ","):
+                continue
+            ordered = sorted(values)
+            ys = [(i + 1) / len(ordered) for i in range(len(ordered))]
+            ax.step(ordered, ys, where="post", linewidth=1.0, label=name.split(", ")[-1])
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel("detection latency after the job finished (s)")
+        ax.set_title(schedule, fontsize=8)
+        ax.grid(linewidth=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0].set_ylabel("share of jobs")
+    fig.suptitle(  # pyright: ignore[reportUnknownMemberType]
+        f"{JOBS} jobs; webhooks delivered after a log-normal delay (median {WEBHOOK_DELAY_MEDIAN_SECONDS:g} s) or lost",
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=100, metadata={"Software": None})  # pyright: ignore[reportUnknownMemberType]
+    plt.close(fig)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every strategy on the same jobs, print the table, write JSON (and the plot)."""
     parser = argparse.ArgumentParser(
@@ -311,6 +485,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"seed {args.seed}"
     )
     print(render(rows))
+    webhook_rows, latencies = run_webhooks(jobs, args.seed)
+    print()
+    print(render_webhooks(webhook_rows))
     durations = sorted(j.done - j.start for j in jobs)
     result = {
         "benchmark": "fleet_simulation",
@@ -331,6 +508,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "python": platform.python_version(),
         "rows": [asdict(r) for r in rows],
+        "webhooks": {
+            "delivery_delay": {
+                "distribution": "log-normal",
+                "median_seconds": WEBHOOK_DELAY_MEDIAN_SECONDS,
+                "sigma": WEBHOOK_DELAY_SIGMA,
+            },
+            "wake_recheck_seconds": WAKE_RECHECK_SECONDS,
+            "webhooks_lost_percent_-1_means": "polling alone (no webhooks)",
+            "rows": [asdict(r) for r in webhook_rows],
+        },
     }
     json_path = out / "fleet_simulation.json"
     dump_json(json_path, result, sort_keys=False)
@@ -341,6 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     png = out / "fleet_simulation.png"
     if plot(outcomes, png, horizon):
         print(f"wrote {png}")
+        webhooks_png = out / "fleet_webhooks.png"
+        plot_webhooks(latencies, webhooks_png)
+        print(f"wrote {webhooks_png}")
     else:
         print("matplotlib is not installed: no plot (pip install -e '.[bench]')", file=sys.stderr)
     return 0

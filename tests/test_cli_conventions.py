@@ -38,6 +38,7 @@ DATABASE_COMMANDS = [
     ["audit", "anchor", "--out", "anchor.json"],
     ["audit", "rekey"],
     ["reopen", "op-1", "--reason", "fixed"],
+    ["webhooks"],
     ["console"],
 ]
 
@@ -111,7 +112,9 @@ def test_every_command_shows_an_example_in_its_help() -> None:
     leaves = _leaf_parsers(build_parser())
     assert len(leaves) >= 14
     for name, parser in leaves:
-        assert f"  pollwarden {name}" in parser.format_help().replace("POLLWARDEN_AUDIT_KEY=... ", ""), name
+        shown = parser.format_help().replace("POLLWARDEN_AUDIT_KEY=... ", "")
+        shown = shown.replace("OPENAI_WEBHOOK_SECRET=whsec_... ", "")
+        assert f"  pollwarden {name}" in shown, name
 
 
 def test_approve_and_deny_say_they_decide_cancels_as_well_as_extensions() -> None:

@@ -28,6 +28,7 @@ from .table import (
     StatesSpec,
     SubmitSpec,
     SuccessSpec,
+    WebhookSpec,
 )
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "SubmitSpec",
     "SuccessSpec",
     "TableError",
+    "WebhookSpec",
     "example_tables_dir",
     "load_table",
     "load_tables",

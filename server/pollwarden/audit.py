@@ -581,6 +581,7 @@ _DELAY_SOURCE_WORDS = {
     "provider_poll_hint": "provider hint",
     "manual_extension": "manual extension",
     "fleet_pacing": "fleet pacing",
+    "provider_webhook": "provider webhook",
 }
 
 
@@ -746,6 +747,9 @@ def _story_line(row: AuditRow) -> str:
         if p.get("max_status_requests") is not None:
             details.append(f"budget {_number(p.get('max_status_requests'))}")
         return f"{at} " + " ".join(parts) + (" " + ", ".join(details) if details else "")
+    if kind == "woken_by_webhook":
+        what = f"{_value(p.get('event_type'))} (event {_value(p.get('event_id'))})"
+        return f"{at} woken by webhook {what}{_next_poll(p)}"
     if kind == "extension_denied":
         return f"{at} extension denied"
     if kind == "approval_pending":

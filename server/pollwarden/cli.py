@@ -26,7 +26,7 @@ from pollwarden.auth import (
     resource_url_for,
 )
 from pollwarden.cli_options import add_database_options, database_from, with_examples
-from pollwarden.config import ServerConfig, load_config
+from pollwarden.config import ServerConfig, load_config, load_provider_tables
 from pollwarden.console.cli import add_console_command
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
@@ -36,6 +36,7 @@ from pollwarden.principals import PrincipalLimits, PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
 from pollwarden.untrusted import OneLineFormatter
+from pollwarden.webhooks_cli import add_webhook_commands, serve_wrapper
 
 log = logging.getLogger("pollwarden")
 
@@ -69,7 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pollwarden.server import build_server, controller_factory
 
     auth = _auth_options(args)
-    http = _http_options(args, auth) if args.transport == "http" else None
+    http = http_options(args, verifier_configured=auth.configured) if args.transport == "http" else None
     if http is None and auth.configured:
         raise ConfigError(
             "--auth-tokens and --jwt-issuer apply to --transport http (stdio is the local user)"
@@ -90,11 +91,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             verifier = build_verifier(auth, resource_url=resource)
     config = serve_config(args)
     config = replace(config, limits=_principal_limits(args))
-    factory = controller_factory(config)  # refuses a wrong provider table before serving
+    tables = load_provider_tables(config)  # refuses a wrong provider table before serving
+    factory = controller_factory(config, tables=tables)
     server = build_server(factory, auth=settings, token_verifier=verifier)
     log.info("pollwarden serving (%s), database %s", args.transport, config.db_path)
     if http is not None:
-        run_http(server, http)
+        run_http(server, http, wrap=serve_wrapper(config, tables))  # with POST /webhooks/{provider}
     else:
         server.run()
     return 0
@@ -131,7 +133,8 @@ def _auth_options(args: argparse.Namespace) -> AuthOptions:
     )
 
 
-def _http_options(args: argparse.Namespace, auth: AuthOptions) -> HttpOptions:
+def http_options(args: argparse.Namespace, *, verifier_configured: bool = False) -> HttpOptions:
+    """The listening options from the shared HTTP flags (`verifier_configured`: bearer tokens guard /mcp)."""
     if args.max_connections < 1:
         raise ConfigError("--max-connections must be 1 or more")
     if not args.request_timeout > 0:
@@ -144,7 +147,45 @@ def _http_options(args: argparse.Namespace, auth: AuthOptions) -> HttpOptions:
         allowed_origins=tuple(args.allowed_origin or ()),
         max_connections=args.max_connections,
         request_timeout_seconds=args.request_timeout,
-        verifier_configured=auth.configured,
+        verifier_configured=verifier_configured,
+    )
+
+
+def add_http_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
+    """The listening options `serve --transport http` and `webhooks` share."""
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
+    parser.add_argument("--port", type=int, default=default_port, help=f"HTTP only (default {default_port})")
+    parser.add_argument(
+        "--allow-non-loopback",
+        action="store_true",
+        help="HTTP only: allow a --host other than loopback (127.0.0.0/8, ::1); needs --allowed-host",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="HTTP only: a Host header value clients may use (repeatable), e.g. mcp.example.com; any other "
+        "Host is refused (DNS-rebinding protection)",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="HTTP only: an Origin browser-based clients may send (repeatable), e.g. https://app.example.com",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=HttpOptions.max_connections,
+        help=f"HTTP only: requests beyond this many connections get 503 (default {HttpOptions.max_connections})",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=HttpOptions.request_timeout_seconds,
+        metavar="SECONDS",
+        help="HTTP only: a connection that has not sent a whole request (headers and body) within this long "
+        f"is closed (default {HttpOptions.request_timeout_seconds:g})",
     )
 
 
@@ -173,40 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(env POLLWARDEN_PROVIDERS, separated by the path separator)",
     )
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
-    serve.add_argument("--host", default="127.0.0.1", help="HTTP only; loopback by default")
-    serve.add_argument("--port", type=int, default=8000, help="HTTP only")
-    serve.add_argument(
-        "--allow-non-loopback",
-        action="store_true",
-        help="HTTP only: allow a --host other than loopback (127.0.0.0/8, ::1); needs --allowed-host",
-    )
-    serve.add_argument(
-        "--allowed-host",
-        action="append",
-        metavar="NAME",
-        help="HTTP only: a Host header value clients may use (repeatable), e.g. mcp.example.com; any other "
-        "Host is refused (DNS-rebinding protection)",
-    )
-    serve.add_argument(
-        "--allowed-origin",
-        action="append",
-        metavar="ORIGIN",
-        help="HTTP only: an Origin browser-based clients may send (repeatable), e.g. https://app.example.com",
-    )
-    serve.add_argument(
-        "--max-connections",
-        type=int,
-        default=HttpOptions.max_connections,
-        help=f"HTTP only: requests beyond this many connections get 503 (default {HttpOptions.max_connections})",
-    )
-    serve.add_argument(
-        "--request-timeout",
-        type=float,
-        default=HttpOptions.request_timeout_seconds,
-        metavar="SECONDS",
-        help="HTTP only: a connection that has not sent a whole request (headers and body) within this long "
-        f"is closed (default {HttpOptions.request_timeout_seconds:g})",
-    )
+    add_http_arguments(serve, default_port=8000)
     serve.add_argument(
         "--auth-tokens",
         metavar="FILE",
@@ -294,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_console_command(sub)
     add_provider_commands(sub)
     add_token_commands(sub)
+    add_webhook_commands(sub)
     return parser
 
 

@@ -60,6 +60,9 @@ ProgressCallback = Callable[[float, float | None, str], Awaitable[None]]
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # A submission payload is stored and sent as JSON; larger inputs belong behind a reference.
 MAX_SUBMIT_BYTES = 256 * 1024
+# A waiting check_status re-reads its operation this often: a webhook's wake-up (from any process
+# sharing the database) is noticed within this long, at the cost of one snapshot read per slice.
+WAKE_RECHECK_SECONDS = 0.5
 # Caller-chosen ids are stored, shown to people and put in resource URIs.
 MAX_OPERATION_ID_LENGTH = 200
 YEAR_SECONDS = 365.25 * 86_400
@@ -431,6 +434,7 @@ class Controller:
         wait_until = wait_started + wait_seconds
         owner = new_lease_owner()
         apply_approvals = True
+        last_progress: list[float] = []  # when the last progress notification went out
         # A bounded number of rounds: each is one transaction that either answers or sleeps toward wait_until.
         for _ in range(1000):
             now = self.clock.now()
@@ -466,7 +470,15 @@ class Controller:
                     allowed_at = decision.allowed_at or now
                     if allowed_at > wait_until:
                         return self.view(record, Outcome.NOT_YET)
-                    await self._wait(allowed_at, wait_started, wait_until, now, progress, decision.lease_busy)
+                    await self._wait(
+                        allowed_at,
+                        wait_started,
+                        wait_until,
+                        now,
+                        progress,
+                        decision.lease_busy,
+                        last_progress,
+                    )
                 case Step.RESERVE:
                     self.on_step("after_reservation")
                     return await self._send_and_record(record, self.table_for(record.provider), owner)
@@ -480,13 +492,22 @@ class Controller:
         now: float,
         progress: ProgressCallback | None,
         lease_busy: bool,
+        last_progress: list[float],
     ) -> None:
-        """Sleep toward the allowed time in slices (holding no lease), reporting progress."""
+        """Sleep toward the allowed time in short slices (holding no lease), reporting progress.
+
+        Each slice is at most `WAKE_RECHECK_SECONDS`, so the next round re-reads
+        the record and a webhook that brought the check forward (in any process
+        on the database) is noticed that promptly; progress goes out once per
+        `progress_interval_seconds`.
+        """
         remaining = max(0.0, allowed_at - now)
-        step = min(remaining, self.config.progress_interval_seconds) if remaining > 0 else 0.05
-        if progress is not None:
+        step = min(remaining, WAKE_RECHECK_SECONDS) if remaining > 0 else 0.05
+        due = not last_progress or now - last_progress[-1] >= self.config.progress_interval_seconds
+        if progress is not None and due:
             why = "another check is in flight" if lease_busy else "waiting for the next allowed check"
             await progress(now - wait_started, wait_until - wait_started, f"{why}: {remaining:.1f} s left")
+            last_progress[:] = [now]
         await self.clock.sleep(step)
 
     async def _send_and_record(

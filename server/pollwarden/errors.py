@@ -10,6 +10,7 @@ PollwardenError                    the root (defined in pollwarden_providers.err
 ├── StoreError                     the database cannot be used (locked, read-only, missing)
 ├── AuditError                     the audit chain cannot be read (missing file, no audit table, bad anchor)
 │   └── AuditKeyError              the chain and the HMAC key disagree
+├── WebhookRefused                 a webhook request refused before it changed anything (webhooks.py; an HTTP status)
 └── raised by the provider tables (pollwarden_providers, which never imports pollwarden):
     ├── TableError                 a provider table that cannot be used (also a ValueError)
     ├── EgressError                a URL would leave the provider's origin (also a ValueError)
@@ -37,6 +38,7 @@ __all__ = [
     "PollwardenError",
     "SampleError",
     "StoreError",
+    "WebhookRefused",
 ]
 
 
@@ -74,3 +76,12 @@ class AuditError(PollwardenError):
 
 class AuditKeyError(AuditError):
     """The chain and the key disagree: a keyed chain continued without the key, or an unkeyed one with it."""
+
+
+class WebhookRefused(PollwardenError):
+    """A webhook request refused before it changed anything: the HTTP status to answer and why."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,6 +35,8 @@ from urllib.parse import urlsplit
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pollwarden.errors import ConfigError
@@ -43,6 +46,7 @@ __all__ = [
     "HttpOptions",
     "is_loopback",
     "run_http",
+    "serve_app",
     "transport_security",
 ]
 
@@ -221,10 +225,23 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def run_http(server: MCPServer[Any], options: HttpOptions) -> None:
-    """Serve `server` at ``/mcp`` on `options.host`:`options.port` until interrupted."""
+def run_http(
+    server: MCPServer[Any],
+    options: HttpOptions,
+    *,
+    wrap: Callable[[Starlette, TransportSecuritySettings], ASGIApp] | None = None,
+) -> None:
+    """Serve `server` at ``/mcp`` on `options.host`:`options.port` until interrupted.
+
+    `wrap` may put more routes beside the MCP app (the webhook receiver), under the same security settings.
+    """
     security = transport_security(options)
     app = server.streamable_http_app(transport_security=security, host=options.host)
+    serve_app(app if wrap is None else wrap(app, security), options, security)
+
+
+def serve_app(app: ASGIApp, options: HttpOptions, security: TransportSecuritySettings) -> None:
+    """Run `app` under uvicorn with the connection limits and request deadline of `options`."""
     protocol = type(
         "GuardedH11Protocol",
         (GuardedH11Protocol,),

@@ -13,8 +13,10 @@ from pollwarden.config import load_config, load_provider_tables
 from pollwarden.errors import ConfigError
 from pollwarden.table_check import SampleError, describe_preview, describe_table, preview_answer, read_sample
 from pollwarden.timefmt import iso, parse_iso
+from pollwarden_providers.interpret import BodyError, parse_json_object
 from pollwarden_providers.loader import TableError, load_table
 from pollwarden_providers.table import ProviderTable
+from pollwarden_providers.webhook import read_event
 
 __all__ = ["add_provider_commands"]
 
@@ -70,7 +72,48 @@ def cmd_providers_check(args: argparse.Namespace) -> int:
             continue
         preview = preview_answer(table, answer, started_at=at - args.started_seconds_ago, job_id=args.job_id)
         print("\n".join(describe_preview(sample, preview, at)))
+    webhooks: list[str] = args.webhook or []
+    webhook_headers: list[str] = args.webhook_header or []
+    for sample in webhooks:
+        print()
+        problem = _check_webhook(table, Path(sample), webhook_headers)
+        if problem is not None:
+            print(f"pollwarden: {problem}", file=sys.stderr)
+            unreadable += 1
     return 1 if unreadable else 0
+
+
+def _check_webhook(table: ProviderTable, path: Path, header_lines: list[str]) -> str | None:
+    """Print what a saved webhook body would do (its signature is not checked here); a problem, or None."""
+    if table.webhook is None:
+        return f"{path}: the table {table.name} has no [webhook] section, so no webhook is received for it"
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            return (
+                f"--webhook-header {line!r}: write it as 'Name: value', e.g. 'X-GitHub-Event: workflow_run'"
+            )
+        headers[name.strip().lower()] = value.strip()
+    try:
+        body = parse_json_object(path.read_bytes())
+    except OSError as exc:
+        return f"{path}: cannot read it ({exc.strerror})"
+    except BodyError as exc:
+        return f"{path}: {exc}; a webhook sample is the JSON body the provider posts"
+    event = read_event(table.webhook, body, headers)
+    print(f"{path}")
+    if event.problem is not None:
+        print(f"  acknowledged and ignored (counted, not stored): {event.problem}")
+    elif not event.wakes:
+        listed = ", ".join(table.webhook.events)
+        print(f"  acknowledged and ignored: event type {event.event_type!r} is not one of {listed}")
+    else:
+        print(
+            f"  event {event.event_type!r} for job {event.job_id!r}: brings the next status check of a "
+            "waiting operation on that job forward to now (the status request decides)"
+        )
+    return None
 
 
 def add_provider_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:  # pyright: ignore[reportPrivateUsage]
@@ -120,6 +163,18 @@ def add_provider_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     check.add_argument(
         "--job-id",
         help="the job the operation tracks (default: the id each sample repeats in response.job_id_field)",
+    )
+    check.add_argument(
+        "--webhook",
+        action="append",
+        metavar="BODY",
+        help="a saved webhook body (JSON): show its event type, its job id and whether it wakes; repeatable",
+    )
+    check.add_argument(
+        "--webhook-header",
+        action="append",
+        metavar="'NAME: VALUE'",
+        help="a header sent with the --webhook bodies, e.g. 'X-GitHub-Event: workflow_run'; repeatable",
     )
     add_dirs(check)
     with_examples(

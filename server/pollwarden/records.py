@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from typing import Any
 
 from pollwarden.gate import GateDecision
@@ -38,6 +39,8 @@ __all__ = [
     "OperationRecord",
     "Status",
     "StopReason",
+    "WakeOutcome",
+    "WakeResult",
     "status_for",
 ]
 
@@ -100,6 +103,8 @@ class OperationRecord:
     # When the last status request was sent (`last_http_at`: when its answer came).
     request_sent_at: float | None = None
     owner: str = "local"  # the principal that started it (issue 19); stdio is `local`
+    # When a verified provider webhook last brought next_check_at forward (to this time); see webhooks.py.
+    woken_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> OperationRecord:
@@ -110,6 +115,11 @@ class OperationRecord:
     def is_waiting(self) -> bool:
         """True while status requests may still be sent."""
         return self.status == Status.WAITING
+
+    @property
+    def woken_by_webhook(self) -> bool:
+        """Whether the next allowed check is the one a provider webhook brought forward."""
+        return self.is_waiting and self.woken_at is not None and self.woken_at == self.next_check_at
 
     @property
     def effective_deadline(self) -> float:
@@ -210,3 +220,20 @@ class CheckStart:
 
     record: OperationRecord
     decision: GateDecision
+
+
+class WakeOutcome(StrEnum):
+    """What one verified webhook did."""
+
+    WOKEN = "woken"  # at least one waiting operation's next check moved to now
+    NOT_WOKEN = "not_woken"  # the job is known, but no operation could be brought forward
+    REPLAYED = "replayed"  # the event id was seen before: nothing changed
+    UNKNOWN_JOB = "unknown_job"  # no operation tracks this job: nothing stored
+
+
+@dataclass(frozen=True)
+class WakeResult:
+    """The outcome of one webhook and the operations it woke."""
+
+    outcome: WakeOutcome
+    woken: tuple[str, ...]

@@ -423,7 +423,9 @@ def operation_view(
         stop_detail=record.stop_detail,
         next_check_at=iso(next_at) if waiting else None,
         retry_after_seconds=wait,
-        delay_source=record.delay_source if waiting else None,
+        delay_source=(DelaySource.PROVIDER_WEBHOOK if record.woken_by_webhook else record.delay_source)
+        if waiting
+        else None,
         status_requests_used=record.status_requests_used,
         max_status_requests=record.max_status_requests,
         transport_failures_used=record.transport_failures_used,

@@ -77,6 +77,9 @@ class DelaySource(StrEnum):
     PROVIDER_POLL_HINT = "provider_poll_hint"
     MANUAL_EXTENSION = "manual_extension"
     FLEET_PACING = "fleet_pacing"
+    # Shown (views, audit), never stored: a webhook's wake-up is the `woken_at` column, so the
+    # stored delay_source still says what the schedule was (and its CHECK needs no table rebuild).
+    PROVIDER_WEBHOOK = "provider_webhook"
 
 
 class ApprovalKind(StrEnum):

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Protocol
 
-from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord
+from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
 from pollwarden.store.location import DatabaseLocation, Engine
 from pollwarden.store.sqlite.engine import open_sqlite
 from pollwarden_providers.table import FleetSpec
@@ -255,6 +255,28 @@ class Store(Protocol):
         Back to waiting with the same budget, deadline and counters, only while
         it is still at `bound_version` (as shown to the operator); audited as
         `reopened` with `extra` (reason, who, how authenticated). None: it changed.
+        """
+        ...
+
+    # -- webhook wake-ups ----------------------------------------------------------------------
+
+    async def wake(
+        self,
+        *,
+        provider: str,
+        job_id: str,
+        event_id: str,
+        event_type: str,
+        now: float,
+        remember_seconds: float,
+    ) -> WakeResult:
+        """A verified webhook for `provider`'s job `job_id`, in one transaction.
+
+        Unknown job: nothing is stored. A seen `event_id` (within `remember_seconds`):
+        a replay, nothing changes. Otherwise the id is remembered and every operation
+        on the job that is waiting, not yet due, not under a Retry-After or a booked
+        fleet slot, not in flight and before its deadline gets `next_check_at = now`
+        (audited as `woken_by_webhook`). Nothing else ever changes.
         """
         ...
 

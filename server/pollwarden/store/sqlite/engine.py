@@ -17,9 +17,9 @@ import anyio
 
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
-from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord
+from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.sqlite import checks, queries, rows, writes
+from pollwarden.store.sqlite import checks, queries, rows, wakes, writes
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
 from pollwarden_providers.table import FleetSpec
@@ -394,6 +394,30 @@ class SQLiteStore:
                 next_check_at=next_check_at,
                 at=at,
                 extra=extra,
+                key=self._key,
+            )
+        )
+
+    async def wake(
+        self,
+        *,
+        provider: str,
+        job_id: str,
+        event_id: str,
+        event_type: str,
+        now: float,
+        remember_seconds: float,
+    ) -> WakeResult:
+        """Remember a verified webhook's id and bring the job's waiting operations forward (one transaction)."""
+        return await self._db.run(
+            partial(
+                wakes.wake,
+                provider=provider,
+                job_id=job_id,
+                event_id=event_id,
+                event_type=event_type,
+                now=now,
+                remember_seconds=remember_seconds,
                 key=self._key,
             )
         )

@@ -371,6 +371,25 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
         WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL;
     """,
     ),
+    # Signed provider webhooks (issue 21): the event ids seen (a replay is acknowledged and
+    # ignored; rows older than the replay window are pruned), the time a webhook last brought
+    # an operation's next check forward (a column of its own, so `delay_source` keeps its CHECK
+    # without a table rebuild), and the lookup from a provider's job id to its operations.
+    Migration(
+        9,
+        "webhook events and wake-ups",
+        """
+    CREATE TABLE webhook_events (
+        provider TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        received_at REAL NOT NULL,
+        PRIMARY KEY (provider, event_id)
+    );
+    CREATE INDEX webhook_events_by_age ON webhook_events(received_at);
+    ALTER TABLE operations ADD COLUMN woken_at REAL;
+    CREATE INDEX operations_by_provider_job ON operations(provider, provider_job_id);
+    """,
+    ),
 )
 
 LATEST = MIGRATIONS[-1].number
@@ -402,8 +421,7 @@ def migrate(conn: sqlite3.Connection) -> None:
                     f"the database is at schema version {current}, newer than this pollwarden knows "
                     f"({LATEST}); upgrade pollwarden, or point --db at another file"
                 )
-            # By number, not position: numbers are reserved per change, and one may land before a lower one.
-            for step in (step for step in MIGRATIONS if step.number > current):
+            for step in (s for s in MIGRATIONS if s.number > current):  # numbers may have gaps (reserved)
                 for statement in split_sql(step.script):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {step.number}")

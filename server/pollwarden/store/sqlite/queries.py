@@ -284,3 +284,23 @@ LIST_FOLLOWUPS = f"SELECT {FOLLOWUP_ROW} FROM followups WHERE operation_id = ? O
 
 AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit ORDER BY seq DESC LIMIT 1"
 INSERT_AUDIT_ROW = "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+
+# -- webhook wake-ups (issue 21) ---------------------------------------------------------------
+
+PRUNE_WEBHOOK_EVENTS = "DELETE FROM webhook_events WHERE provider = ? AND received_at < ?"
+# Insert-or-ignore: a row back means the event id is new.
+REMEMBER_WEBHOOK_EVENT = (
+    "INSERT INTO webhook_events (provider, event_id, received_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
+)
+KNOWS_JOB = "SELECT 1 FROM operations WHERE provider = ? AND provider_job_id = ? LIMIT 1"
+# A hint moves the next allowed check to now, and only forward: while waiting, before the planned
+# time, never past a deadline, never under a Retry-After in force or a booked fleet slot (the check
+# would be refused anyway), never while a request is in flight (its answer sets the schedule).
+WAKE = (
+    "UPDATE operations SET next_check_at = :now, woken_at = :now, version = version + 1, updated_at = :now "
+    "WHERE provider = :provider AND provider_job_id = :job_id AND status = 'waiting' "
+    "AND :now < next_check_at AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
+    "AND :now < deadline_at AND (business_deadline_at IS NULL OR :now < business_deadline_at) "
+    f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
+)

@@ -1,0 +1,53 @@
+"""A verified provider webhook as one transaction: remember its id, wake the operations it names.
+
+The receiver (`pollwarden.webhooks`) has already checked the signature, the
+timestamp and the event type; this only decides, under the write lock, whether
+the event is new and which waiting operations it may bring forward. A webhook
+is a hint: it sets `next_check_at` (and `woken_at`) to now, nothing else.
+"""
+
+from __future__ import annotations
+
+from pollwarden.audit_entry import event
+from pollwarden.records import WakeOutcome, WakeResult
+from pollwarden.store.sqlite import queries, rows
+from pollwarden.store.sqlite.connection import Session
+from pollwarden.vocabulary import DelaySource
+
+
+def wake(
+    session: Session,
+    *,
+    provider: str,
+    job_id: str,
+    event_id: str,
+    event_type: str,
+    now: float,
+    remember_seconds: float,
+    key: bytes | None,
+) -> WakeResult:
+    """Remember `event_id` and wake `provider`'s waiting operations on `job_id`, in one transaction.
+
+    An unknown job writes nothing (not even the event id). A known event id is
+    a replay: nothing changes. Event ids older than `remember_seconds` are
+    pruned first (the receiver refuses events older than that anyway).
+    """
+    conn = session.conn
+    if conn.execute(queries.KNOWS_JOB, (provider, job_id)).fetchone() is None:
+        return WakeResult(WakeOutcome.UNKNOWN_JOB, ())
+    with session.transaction():
+        conn.execute(queries.PRUNE_WEBHOOK_EVENTS, (provider, now - remember_seconds))
+        if conn.execute(queries.REMEMBER_WEBHOOK_EVENT, (provider, event_id, now)).fetchone() is None:
+            return WakeResult(WakeOutcome.REPLAYED, ())
+        woken = [
+            rows.stored(row).record
+            for row in conn.execute(
+                queries.WAKE, {"now": now, "provider": provider, "job_id": job_id}
+            ).fetchall()
+        ]
+        extra = {"event_id": event_id, "event_type": event_type, "delay_source": DelaySource.PROVIDER_WEBHOOK}
+        for record in woken:
+            rows.flush_refusals(conn, record.operation_id, key)
+            rows.append(conn, event(record, "woken_by_webhook", now, extra=extra), key)
+        ids = tuple(r.operation_id for r in woken)
+        return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
