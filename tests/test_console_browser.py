@@ -180,7 +180,8 @@ async def test_approving_in_the_browser_is_applied_by_the_agents_next_check_stat
 ) -> None:
     h = harness(tmp_path, fake)
     approval_id = await escalate_and_ask(h, "ok", reason="the export is large")
-    async with logged_in(h) as (_, page, _):
+    started_deadline = audit_of(h, "ok", "tracking")[0]["deadline_at"]
+    async with logged_in(h) as (base, page, _):
         await page.click("nav >> text=Approvals")
         card = page.locator(f"article[data-approval='{approval_id}']")
         assert "Approve more waiting for op-ok?" in await card.locator(".question").inner_text()
@@ -191,9 +192,17 @@ async def test_approving_in_the_browser_is_applied_by_the_agents_next_check_stat
         assert "the agent's next check_status applies it" in flash
         assert await page.locator("#no-pending").count() == 1
 
-    applied = await next_check(h, "ok")
-    assert applied["outcome"] == "polled"
-    assert (applied["max_status_requests"], applied["status_requests_used"]) == (3, 2)
+        applied = await next_check(h, "ok")
+        assert applied["outcome"] == "polled"
+        assert (applied["max_status_requests"], applied["status_requests_used"]) == (3, 2)
+        await page.goto(f"{base}/operation?id=op-ok")
+        events = page.locator("#timeline g.event")
+        kinds = [await events.nth(i).get_attribute("data-kind") for i in range(await events.count())]
+        assert kinds == ["approval_pending", "approval_granted", "extension_approved"]
+        sources = await page.locator("#timeline g.marker").evaluate_all("ms => ms.map(m => m.dataset.source)")
+        assert sources[-1] == "manual_extension"  # the request the extension allowed
+        earlier = page.locator("#timeline g.vline.deadline-earlier")
+        assert await earlier.get_attribute("data-at") == started_deadline
     granted = audit_of(h, "ok", "approval_granted")
     assert [(g["note"], g["authenticated_by"]) for g in granted] == [
         (f"{approval_id} by operator (console)", "console")

@@ -543,3 +543,41 @@ def test_providers_check_reads_a_saved_webhook_body(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "event 'batch.completed' for job 'batch_abc123'" in done.stdout
+
+
+# -- the two ways to run the receiver ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["serve --transport http", "webhooks"])
+async def test_serve_over_http_and_the_standalone_receiver_both_take_signed_webhooks_on_loopback(
+    tmp_path: Path, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    from test_restart_and_transports import child_process, free_port, wait_until_listening
+
+    monkeypatch.setenv("ACME_WEBHOOK_SECRET", SECRET)  # the child's environment names the secret
+    fake.script("proc", [pending("running")])
+    h = make_harness(tmp_path, fake, table=merge(STANDARD, {"schedule": {"base_delay_seconds": 24}}))
+    write_table(h.tables_dir, h.table)
+    async with stdio_server(h.db_path, h.tables_dir, errlog=tmp_path / "agent.log") as agent:
+        await call(agent, "start_operation", provider="acme", operation_id="op-proc", provider_job_id="proc")
+    port = free_port()
+    args = ["-m", "pollwarden", *command.split(), "--db", str(h.db_path), "--providers", str(h.tables_dir)]
+    log = tmp_path / "receiver.log"
+    with child_process([*args, "--port", str(port)], log) as proc:
+        await wait_until_listening(proc, port, log)
+        base = f"http://127.0.0.1:{port}"
+        async with httpx2.AsyncClient(base_url=base, trust_env=False) as hooks:
+            body, headers = standard_post("proc", event_id="evt_proc", at=time.time())
+            tampered = await post(hooks, body.replace(b"proc", b"prod"), headers)
+            foreign = await post(hooks, body, {**headers, "Host": "evil.example"})
+            woken = await post(hooks, body, headers)
+            replayed = await post(hooks, body, headers)
+            mcp = await hooks.post("/mcp", content=b"{}", headers={"Content-Type": "application/json"})
+    assert (tampered.status_code, foreign.status_code) == (401, 421)
+    assert (woken.status_code, woken.json()["outcome"]) == (200, "woken")
+    assert replayed.json()["outcome"] == "replayed"
+    # `serve` still answers MCP beside the webhooks; the standalone receiver serves nothing else.
+    assert (mcp.status_code != 404) == (command != "webhooks")
+    assert f"Uvicorn running on http://127.0.0.1:{port}" in log.read_text()
+    assert fake.status_requests("proc") == []  # a webhook alone never sends a request

@@ -309,6 +309,7 @@ def combined_app(
                 yield
             finally:
                 receiver.store = None
+                log.info("webhooks received: %s", dict(receiver.counts) or "none")
 
     inner: ASGIApp = mcp_app
     return Starlette(routes=[*receiver.routes(security), Mount("/", app=inner)], lifespan=lifespan)

@@ -36,6 +36,7 @@ DELAY_SOURCE_WORDS = {
     "provider_poll_hint": "provider poll hint",
     "manual_extension": "manual extension",
     "fleet_pacing": "fleet pacing",
+    "provider_webhook": "provider webhook",
 }
 
 WIDTH = 960
