@@ -3,7 +3,7 @@
     python -m benchmarks.stress_race                 # 200 trials, 8 processes (a few minutes)
     python -m benchmarks.stress_race --trials 3      # the CI size
 
-The race itself is tests/support/race.py (shared with tests/test_race.py). The
+The race itself is tests/support/race.py (shared with tests/integration/test_race.py). The
 processes are reused across trials (start-up is the slow part). Prints a table
 and writes JSON to benchmarks/results/stress_race.json.
 """

@@ -68,7 +68,7 @@ def base_table(base_url: str, name: str = "acme") -> dict[str, Any]:
 def acme_table(tmp_path: Path, overrides: Mapping[str, Any]) -> ProviderTable:
     """The `acme` table (on https://api.acme.example) with `overrides`, written to TOML and loaded."""
     path = tmp_path / "acme.toml"
-    path.write_text(to_toml(merge(base_table("https://api.acme.example"), overrides)))
+    path.write_text(table_toml(merge(base_table("https://api.acme.example"), overrides)))
     return load_table(path)
 
 
@@ -92,10 +92,6 @@ def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
-
-
-# The tests' name for the one TOML writer the benchmarks use too.
-to_toml = table_toml
 
 
 class SteppedRandom:

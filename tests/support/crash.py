@@ -8,7 +8,7 @@ of the guarantees (the counter covers what the provider saw; the dead owner's
 lease blocks every check until it expires, then is recovered; no request beyond
 the budget; the audit chain intact and telling the recovery once).
 
-Used by tests/test_crash.py (a few runs) and `python -m benchmarks.crash_matrix` (the full matrix).
+Used by tests/integration/test_crash.py (a few runs) and `python -m benchmarks.crash_matrix` (the full matrix).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ provider's own request log is the evidence: per trial, the status requests it
 received never exceed the budget, two of them are never in flight at once, and
 each one is a `polled` answer some process returned (no invisible request).
 
-Used by tests/test_race.py (CI size) and `python -m benchmarks.stress_race` (the full run).
+Used by tests/integration/test_race.py (CI size) and `python -m benchmarks.stress_race` (the full run).
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import anyio
 import httpx2
@@ -29,8 +28,7 @@ from tests.support.fake_provider import (
     serve_fake_provider,
     succeeded,
 )
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.live import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -322,13 +320,16 @@ def test_serve_fake_provider_runs_inside_a_task_group() -> None:
 
 
 def test_the_module_runs_standalone_and_prints_its_base_url() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "server"), str(REPO / "providers")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "server"), str(REPO_ROOT / "providers")]),
+    }
     with subprocess.Popen(
         [sys.executable, "-m", "tests.support.fake_provider", "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        cwd=REPO,
+        cwd=REPO_ROOT,
     ) as proc:
         try:
             assert proc.stderr is not None

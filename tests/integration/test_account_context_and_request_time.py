@@ -21,7 +21,7 @@ from harness import check, make_harness, make_operator, track, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
 from pollwarden.timefmt import parse_iso
-from test_operator_decisions import cli
+from tests.integration.test_operator_decisions import cli
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio

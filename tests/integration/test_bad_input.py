@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness import Harness, base_table, error_text, make_harness, merge, to_toml, view
+from harness import Harness, base_table, error_text, make_harness, merge, table_toml, view
 from pollwarden.timefmt import iso
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -336,7 +336,7 @@ async def test_a_wrong_provider_table_stops_serve_at_start_up_naming_the_file_th
     broken_dir = tmp_path / "broken"
     broken_dir.mkdir()
     broken = broken_dir / "acme.toml"
-    broken.write_text(to_toml(merge(base_table(fake.base_url), change)))
+    broken.write_text(table_toml(merge(base_table(fake.base_url), change)))
     done = subprocess.run(
         [sys.executable, "-m", "pollwarden", "serve", "--db", str(h.db_path), "--providers", str(broken_dir)],
         stdin=subprocess.DEVNULL,

@@ -42,10 +42,11 @@ from pollwarden.audit import (
 from pollwarden.audit_cli import main as audit_main
 from pollwarden.store.sqlite.migrations import audit_table_v1
 from pollwarden.store.sqlite.rows import append_audit
+from tests.support.live import REPO_ROOT
 
 # The audit table as the store's first migration creates it (the chain alone, without operations).
 AUDIT_SCHEMA_SQL = audit_table_v1()
-SERVER_DIR = Path(__file__).resolve().parent.parent / "server"
+SERVER_DIR = REPO_ROOT / "server"
 T0 = datetime(2025, 4, 18, 10, 20, 0, tzinfo=UTC)
 KEY = b"correct horse battery staple"
 

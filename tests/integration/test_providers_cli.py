@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import base_table, merge, to_toml
+from harness import base_table, merge, table_toml
 from pollwarden.cli import main
 from pollwarden_providers import shipped_samples_dir
 from tests.support.live import pollwarden_cli
@@ -37,7 +37,7 @@ def blocks_of(out: str) -> dict[str, str]:
 def write_table(directory: Path, **overrides: object) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "acme.toml"
-    path.write_text(to_toml(merge(base_table("https://api.acme.example"), overrides)))
+    path.write_text(table_toml(merge(base_table("https://api.acme.example"), overrides)))
     return path
 
 

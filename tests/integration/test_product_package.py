@@ -1,4 +1,4 @@
-"""The product package carries no test machinery: what the wheel ships is what runs in production."""
+"""What ships and where things sit: the wheel carries no test machinery, and each test file sits in its folder."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import ast
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PRODUCT = (REPO / "server" / "pollwarden", REPO / "providers" / "pollwarden_providers")
+from tests.support.live import REPO_ROOT
+
+PRODUCT = (REPO_ROOT / "server" / "pollwarden", REPO_ROOT / "providers" / "pollwarden_providers")
 
 
 def _modules() -> list[Path]:
@@ -15,7 +16,7 @@ def _modules() -> list[Path]:
 
 
 def test_the_wheel_ships_only_the_server_and_provider_packages() -> None:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     packages = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
     assert packages == ["server/pollwarden", "providers/pollwarden_providers"]
 
@@ -32,7 +33,7 @@ def test_no_product_module_imports_the_tests_or_the_benchmarks() -> None:
                 else []
             )
             offenders += [
-                f"{path.relative_to(REPO)}: {name}"
+                f"{path.relative_to(REPO_ROOT)}: {name}"
                 for name in names
                 if name.split(".")[0] in {"tests", "benchmarks"}
             ]
@@ -48,3 +49,9 @@ def test_no_product_module_kills_its_own_process_or_reads_a_test_switch() -> Non
         assert "SIGKILL" not in text, path
         assert "POLLWARDEN_FAULT" not in text, path
         assert "POLLWARDEN_LEASE" not in text, path
+
+
+def test_every_test_file_sits_in_unit_properties_or_integration() -> None:
+    # tests/unit is what runs in seconds; a test file at the top of tests/ would fall outside every folder's rule.
+    loose = sorted(path.name for path in (REPO_ROOT / "tests").glob("test_*.py"))
+    assert loose == [], f"move {loose} into tests/unit (pure), tests/properties or tests/integration"

@@ -1,6 +1,8 @@
 """Streamable HTTP keeps DNS-rebinding protection on every host, and slow clients cannot hold the server.
 
 All servers here listen on loopback addresses only; the slow-client run is bounded in connections and time.
+
+The pure checks are tests/unit/test_http_serving.py.
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ import pytest
 from mcp.client import Client
 
 from harness import make_harness
-from pollwarden.errors import ConfigError
-from pollwarden.http_serve import HttpOptions, is_loopback, transport_security
-from test_restart_and_transports import FAST, child_process, free_port, serve_args, wait_until_listening
+from tests.integration.test_restart_and_transports import (
+    FAST,
+    child_process,
+    free_port,
+    serve_args,
+    wait_until_listening,
+)
 from tests.support.fake_provider import FakeProvider
 from tests.support.live import pollwarden_cli
 
 pytestmark = pytest.mark.anyio
+
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -34,43 +41,9 @@ INITIALIZE = {
         "clientInfo": {"name": "rebinding-test", "version": "0"},
     },
 }
+
+
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-
-
-@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "127.255.255.254", "::1", "[::1]", "localhost"])
-def test_all_of_127_0_0_0_8_and_ipv6_loopback_count_as_loopback(host: str) -> None:
-    assert is_loopback(host)
-
-
-@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::", "mcp.example.com", "128.0.0.1"])
-def test_other_hosts_are_not_loopback(host: str) -> None:
-    assert not is_loopback(host)
-
-
-def test_beyond_loopback_the_protection_stays_on_with_exactly_the_names_given() -> None:
-    settings = transport_security(
-        HttpOptions(
-            host="0.0.0.0",
-            allow_non_loopback=True,
-            allowed_hosts=("mcp.example.com", "mcp.example.com:8443"),
-            allowed_origins=("https://app.example.com",),
-            verifier_configured=True,
-        )
-    )
-    assert settings.enable_dns_rebinding_protection
-    assert settings.allowed_hosts == ["mcp.example.com", "mcp.example.com:*", "mcp.example.com:8443"]
-    assert settings.allowed_origins == ["https://app.example.com"]
-
-
-def test_beyond_loopback_without_a_host_list_or_without_asking_is_refused() -> None:
-    with pytest.raises(ConfigError, match="needs the names clients use"):
-        transport_security(HttpOptions(host="0.0.0.0", allow_non_loopback=True))
-    with pytest.raises(ConfigError, match="not a loopback address"):
-        transport_security(HttpOptions(host="10.0.0.5", allowed_hosts=("mcp.example.com",)))
-    with pytest.raises(ConfigError, match="--allowed-host '\\*'"):
-        transport_security(HttpOptions(host="0.0.0.0", allow_non_loopback=True, allowed_hosts=("*",)))
-    with pytest.raises(ConfigError, match="--allowed-origin"):
-        transport_security(HttpOptions(allowed_origins=("app.example.com/x",)))
 
 
 def test_serve_refuses_allow_non_loopback_without_allowed_hosts_before_touching_anything(
@@ -131,7 +104,11 @@ async def test_an_allowed_host_is_answered_and_any_other_refused(tmp_path: Path,
 
 
 SLOW_CONNECTIONS = 24
+
+
 LIMIT = 8
+
+
 REQUEST_TIMEOUT = 1.0
 
 

@@ -553,7 +553,7 @@ def test_providers_check_reads_a_saved_webhook_body(tmp_path: Path) -> None:
 async def test_serve_over_http_and_the_standalone_receiver_both_take_signed_webhooks_on_loopback(
     tmp_path: Path, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
-    from test_restart_and_transports import child_process, free_port, wait_until_listening
+    from tests.integration.test_restart_and_transports import child_process, free_port, wait_until_listening
 
     monkeypatch.setenv("ACME_WEBHOOK_SECRET", SECRET)  # the child's environment names the secret
     fake.script("proc", [pending("running")])

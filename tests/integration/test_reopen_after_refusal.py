@@ -6,6 +6,8 @@ the agent is told a person must fix the cause and an operator reopen it; and
 `pollwarden reopen` needs the same proof of a person as `pollwarden approve`
 (a terminal where the operation id is typed, or a configured operator key), is
 audited, and resumes inside the same budget and deadline.
+
+The pure checks are tests/unit/test_reopen_after_refusal.py.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import pytest
 from harness import Harness, error_text, make_harness, make_operator, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
-from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import DecisionFacts, load_operator_key
-from test_allowed_actions import _record  # pyright: ignore[reportPrivateUsage]
-from test_operator_decisions import at_terminal, cli
+from tests.integration.test_operator_decisions import at_terminal, cli
 from tests.support.fake_provider import FakeProvider, Step, http, pending
 
 pytestmark = pytest.mark.anyio
+
 
 REFUSALS = [
     pytest.param(http(403, body={"error": "token revoked"}), "authorization_denied", id="403"),
@@ -202,12 +203,3 @@ async def test_reopen_refuses_a_stop_that_a_person_extends_instead(
     assert refused.returncode == 1
     assert "request_extension and a person's approval" in refused.stderr
     assert [r.kind for r in read_rows(h.db_path, "op-b")].count("reopened") == 0
-
-
-def test_a_reopened_operation_never_sends_before_a_retry_after_still_in_force() -> None:
-    record = _record(
-        status="escalated", stop_reason="authorization_denied", last_http_at=1000.0, retry_after_seconds=120.0
-    )
-    assert reopen_next_check_at(record, 1010.0) == 1120.0
-    assert reopen_next_check_at(record, 1200.0) == 1200.0
-    assert reopen_next_check_at(_record(last_http_at=1000.0, retry_after_seconds=None), 1010.0) == 1010.0

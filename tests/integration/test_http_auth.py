@@ -22,7 +22,6 @@ from cryptography.hazmat.primitives import serialization
 from mcp.server.auth.provider import TokenVerifier
 from mcp.shared.exceptions import MCPError
 
-from auth_helpers import Issuer, SigningKey, bearer_client, free_port, serving
 from harness import Harness, make_harness, view
 from pollwarden.auth import (
     AuthOptions,
@@ -37,7 +36,8 @@ from pollwarden.errors import ConfigError
 from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.principals import PrincipalLimits
 from pollwarden.server import build_server, controller_factory
-from test_restart_and_transports import FAST
+from tests.integration.test_restart_and_transports import FAST
+from tests.support.auth_helpers import Issuer, SigningKey, bearer_client, free_port, serving
 from tests.support.fake_provider import FakeProvider
 from tests.support.live import pollwarden_cli
 

@@ -24,9 +24,6 @@ ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="
 WITH_CANCEL: dict[str, Any] = {"cancel": {"path": "/v1/jobs/{job_id}/cancel", "method": "POST"}}
 
 
-start = track
-
-
 def assert_stop(
     v: dict[str, Any], *, reason: str, status: str, allowed: list[str], outcome: str = "polled"
 ) -> None:
@@ -99,7 +96,7 @@ async def test_an_answer_that_ends_waiting_stops_on_that_request_with_its_reason
     # With [cancel] in the table, none of these reasons offers cancel_operation.
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
-        await start(client, "j")
+        await track(client, "j")
         stopped = await check(client, "j", wait=50)
         assert_stop(stopped, reason=reason, status=status, allowed=allowed)
         assert stopped["status_requests_used"] == 1
@@ -115,7 +112,7 @@ async def test_a_success_with_every_required_field_returns_the_validated_result(
     fake.script("ok", [pending("queued"), succeeded(extra="ignored")])
     h = make_harness(tmp_path, fake)
     async with h.client(**era) as client:
-        await start(client, "ok")
+        await track(client, "ok")
         queued = await check(client, "ok", wait=50)
         assert (queued["outcome"], queued["status"], queued["state"]) == ("polled", "waiting", "queued")
         assert queued["allowed_actions"] == ["check_status"]
@@ -135,7 +132,7 @@ async def test_a_provider_failure_preserves_the_error_truncated_and_marked_untru
     fake.script("bad", [failed(long_error)])
     h = make_harness(tmp_path, fake)
     async with h.client(**era) as client:
-        await start(client, "bad")
+        await track(client, "bad")
         v = await check(client, "bad", wait=50)
         assert_stop(v, reason="provider_failure", status="failed", allowed=[])
         assert (v["state"], v["category"]) == ("failed", "failed")
@@ -157,8 +154,8 @@ async def test_an_expired_state_and_a_404_after_retention_both_stop_as_expired(
     table = {"not_found": {"grace_seconds": 30, "retention_seconds": 600}}
     h = make_harness(tmp_path, fake, table=table)
     async with h.client() as client:
-        await start(client, "exp-state")
-        await start(client, "exp-404")
+        await track(client, "exp-state")
+        await track(client, "exp-404")
         assert (await check(client, "exp-state", wait=50))["status"] == "waiting"
         by_state = await check(client, "exp-state", wait=50)
         assert_stop(by_state, reason="expired", status="expired", allowed=[])
@@ -187,7 +184,7 @@ async def test_a_deadline_passed_before_the_check_stops_without_sending_anything
     fake.script("late", [pending("running")])
     h = make_harness(tmp_path, fake, table=table)
     async with h.client() as client:
-        started = await start(client, "late", deadline_seconds=60)
+        started = await track(client, "late", deadline_seconds=60)
         h.clock.advance(61)  # the agent (or the server) woke up late
         v = await check(client, "late", wait=50)
         assert_stop(v, reason="deadline_exceeded", status="escalated", allowed=allowed, outcome="stopped")
@@ -205,7 +202,7 @@ async def test_a_retry_after_that_ends_after_the_deadline_stops_at_once(
     fake.script("ra", [http(503, headers={"Retry-After": "120"}), pending("running")])
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
-        await start(client, "ra", deadline_seconds=60)
+        await track(client, "ra", deadline_seconds=60)
         v = await check(client, "ra", wait=50)
         # Not "wait 120 s and poll after the deadline", and not "poll before the Retry-After".
         assert_stop(
@@ -229,7 +226,7 @@ async def test_a_business_deadline_that_passes_first_is_named_as_the_business_de
     h = make_harness(tmp_path, fake)
     business_at = iso(h.clock.now() + 30)
     async with h.client() as client:
-        started = await start(client, "biz", business_deadline_at=business_at)
+        started = await track(client, "biz", business_deadline_at=business_at)
         assert started["business_deadline_at"] == business_at
         h.clock.advance(31)
         v = await check(client, "biz")
@@ -254,7 +251,7 @@ async def test_a_business_deadline_before_the_next_allowed_check_stops_after_the
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
         # First poll at +5 s; the next would be 10 s later, after the business deadline at +12 s.
-        await start(client, "biz2", business_deadline_at=iso(h.clock.now() + 12))
+        await track(client, "biz2", business_deadline_at=iso(h.clock.now() + 12))
         v = await check(client, "biz2", wait=50)
         assert_stop(v, reason="deadline_exceeded", status="escalated", allowed=["request_extension"])
         assert v["state"] == "running"
@@ -273,7 +270,7 @@ async def test_the_request_budget_is_used_up_by_the_nth_request_not_the_next_cal
     fake.script("budget", [pending("queued"), pending("running")])
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client(**era) as client:
-        await start(client, "budget", max_status_requests=2)
+        await track(client, "budget", max_status_requests=2)
         first = await check(client, "budget", wait=50)
         assert (first["outcome"], first["status"], first["status_requests_used"]) == ("polled", "waiting", 1)
         second = await check(client, "budget", wait=50)
@@ -305,7 +302,7 @@ async def test_the_nth_transport_failure_stops_as_delivery_ambiguous(
     # Cancel is documented, yet delivery_ambiguous offers only an extension (README "Stop reasons").
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
-        await start(client, "flaky")
+        await track(client, "flaky")
         one = await check(client, "flaky", wait=50)
         two = await check(client, "flaky", wait=50)
         for n, v in enumerate((one, two), start=1):
@@ -331,7 +328,7 @@ async def test_429s_back_off_and_the_third_stops_as_rate_limited(tmp_path: Path,
     fake.script("busy", [http(429, headers={"Retry-After": "30"}), http(429), http(429), pending("running")])
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
-        await start(client, "busy")
+        await track(client, "busy")
         with_guidance = await check(client, "busy", wait=50)
         assert (with_guidance["status"], with_guidance["rate_limited_used"]) == ("waiting", 1)
         assert with_guidance["last_http_status"] == 429
@@ -368,7 +365,7 @@ async def test_rate_limited_without_cancel_in_the_table_offers_only_an_extension
     fake.script("busy2", [http(429, headers={"Retry-After": "1"})])
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
-        await start(client, "busy2")
+        await track(client, "busy2")
         views = [await check(client, "busy2", wait=50) for _ in range(3)]
         assert [v["rate_limited_used"] for v in views] == [1, 2, 3]
         assert_stop(views[-1], reason="rate_limited", status="escalated", allowed=["request_extension"])
@@ -384,7 +381,7 @@ async def test_a_state_outside_the_table_stops_as_unknown_and_is_never_waited_on
     fake.script("odd", [pending("running"), pending(state), pending("running")])
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
-        await start(client, "odd")
+        await track(client, "odd")
         assert (await check(client, "odd", wait=50))["status"] == "waiting"
         v = await check(client, "odd", wait=50)
         assert_stop(v, reason="unknown_state", status="escalated", allowed=["request_extension"])
@@ -404,7 +401,7 @@ async def test_401_and_403_stop_at_once_with_nothing_the_agent_may_do(
     fake.script("denied", [http(code, body={"error": "token revoked"})])
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
-        await start(client, "denied")
+        await track(client, "denied")
         v = await check(client, "denied", wait=50)
         assert_stop(v, reason="authorization_denied", status="escalated", allowed=[])
         assert v["last_http_status"] == code
@@ -434,7 +431,7 @@ async def test_an_answer_pollwarden_cannot_trust_stops_as_an_integration_failure
     fake.script("weird", [*steps, succeeded()])
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
-        await start(client, "weird")
+        await track(client, "weird")
         v = await check(client, "weird", wait=50)
         assert_stop(v, reason="integration_failure", status="escalated", allowed=[])
         assert detail in v["stop_detail"]
@@ -449,7 +446,7 @@ async def test_a_404_outside_the_grace_window_is_an_integration_failure(
     fake.script("gone", [http(404, body={"error": "not found"})])
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
-        await start(client, "gone")
+        await track(client, "gone")
         h.clock.advance(40)  # grace_seconds is 30 and the table documents no retention
         v = await check(client, "gone")
         assert_stop(v, reason="integration_failure", status="escalated", allowed=[])
@@ -464,7 +461,7 @@ async def test_a_404_inside_the_grace_window_is_treated_as_pending(
     fake.script("new", [http(404, body={"error": "not found"}), http(404), pending("running"), succeeded()])
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
-        await start(client, "new")
+        await track(client, "new")
         first = await check(client, "new", wait=50)  # 5 s after start
         second = await check(client, "new", wait=50)  # 15 s after start
         for v in (first, second):
@@ -495,7 +492,7 @@ async def test_the_status_code_time_and_provider_request_id_are_kept_in_the_view
     )
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
-        started = await start(client, "ids")
+        started = await track(client, "ids")
         assert (started["last_http_status"], started["last_http_at"], started["provider_request_id"]) == (
             None,
             None,

@@ -45,10 +45,9 @@ from pollwarden.store import DatabaseLocation, open_store
 from pollwarden_providers.interpret import parse_retry_after
 from pollwarden_providers.table import ProviderTable
 from tests.support.fake_provider import FakeProvider, Step
-from tests.support.live import STOP_REASONS, record_problems
+from tests.support.live import STATUSES, STOP_REASONS, record_problems
 
 T0 = 1_744_971_600.0  # 2025-04-18T10:20:00Z, the fake clock's start
-STATUSES = ("waiting", "succeeded", "failed", "cancelled", "expired", "escalated")
 DELAY_SOURCES = ("local_backoff", "provider_retry_after", "provider_poll_hint")
 KNOWN_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
 # Values a provider might send that are not in the table: they must stop the operation.
@@ -311,6 +310,7 @@ def test_any_answer_leads_to_waiting_before_the_deadline_or_to_a_stop_with_a_kno
     t = _decide(table, record, answer, seed)
 
     assert t.status in STATUSES
+    assert t.status != "submitting"  # a decision never goes back to submitting
     if t.status == "waiting":
         assert t.stop_reason is None
         assert t.next_check_at is not None

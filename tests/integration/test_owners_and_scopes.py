@@ -19,12 +19,12 @@ import pytest
 from mcp.client import Client, ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
-from auth_helpers import bearer_client
 from harness import make_harness, view
 from pollwarden.auth import TokenFileVerifier, hash_token
 from pollwarden.principals import PrincipalLogFilter
 from pollwarden.untrusted import OneLineFormatter
-from test_http_auth import AGENT, OPERATOR, Served, add_token, served
+from tests.integration.test_http_auth import AGENT, OPERATOR, Served, add_token, served
+from tests.support.auth_helpers import bearer_client
 from tests.support.fake_provider import FakeProvider, pending, succeeded
 
 pytestmark = pytest.mark.anyio

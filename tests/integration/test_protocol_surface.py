@@ -37,7 +37,7 @@ from mcp_types import (
 from harness import Harness, make_harness, track, view
 from pollwarden.protocol import BoundedEventStore, surface_middleware
 from pollwarden.watch import Subscriptions, Watched, changed, parse_uri, watch_key
-from test_restart_and_transports import (
+from tests.integration.test_restart_and_transports import (
     FAST,
     child_env,
     child_process,

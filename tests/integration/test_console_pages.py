@@ -1,7 +1,9 @@
 """The console's pages over plain HTTP: the Host check, filters and paging, the fleet's pace, the audit.
 
-The same in-process console as the browser tests (tests/test_console_browser.py), read with an HTTP
+The same in-process console as the browser tests (tests/integration/test_console_browser.py), read with an HTTP
 client: these need no browser.
+
+The pure checks are tests/unit/test_console_pages.py.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from harness import Harness, make_harness, make_operator, merge, view
 from pollwarden.audit import read_rows, write_anchor
 from pollwarden.clock import FakeClock
 from pollwarden.console.app import ConsoleSettings, create_app
-from pollwarden.console.charts import pace_chart
 from pollwarden.console.cli import running_console
 from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
@@ -208,16 +209,3 @@ async def test_the_audit_page_verifies_the_chain_against_an_anchor_catches_an_ed
             conn.execute("UPDATE audit SET payload = replace(payload, 'running', 'succeeded') WHERE seq = 2")
         broken = await client.get(base + "/audit")
         assert "Audit chain BROKEN at seq 2" in broken.text
-
-
-def test_the_pace_chart_averages_each_minute_and_finds_the_busiest_second() -> None:
-    now = 10_000.0
-    burst = [now - 100 + 0.1 * i for i in range(5)]  # 5 requests within half a second
-    spread = [now - 3000 + 20 * i for i in range(3)]  # 3 requests 20 s apart, in one minute
-    old = [now - 4000]  # before the hour: not counted
-    chart = pace_chart([*burst, *spread, *old], now=now, pace=2.0, burst=3)
-    assert chart.total == 8
-    assert chart.busiest_second == 5
-    assert [bar.count for bar in chart.bars if bar.count] == [3, 5]
-    assert chart.bars[-2].rate == pytest.approx(5 / 60)
-    assert chart.pace_y < chart.bottom  # the pace line is drawn inside the plot

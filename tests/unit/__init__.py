@@ -1,0 +1,1 @@
+"""Pure tests: no files, network, processes or database; the whole folder runs in seconds."""
