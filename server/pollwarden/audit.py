@@ -53,6 +53,7 @@ from pollwarden.errors import AuditError, AuditKeyError
 from pollwarden.files import write_private_file
 from pollwarden.timefmt import rfc3339 as format_timestamp
 from pollwarden.untrusted import one_line, quoted
+from pollwarden.vocabulary import ApprovalKind
 
 if TYPE_CHECKING:
     from pollwarden.store.location import DatabaseLocation
@@ -804,12 +805,19 @@ def _story_line(row: AuditRow) -> str:
     if kind == "approval_pending":
         note = p.get("note")
         request = _as_object_dict(p.get("request")) or {}
-        what = "extension" if "extra_seconds" in request or not request else "cancel"
-        if "stop_reason" in request:
-            what = "reopen"
+        what = _pending_kind(p.get("approval_kind"), request)
         return f"{at} {what} awaiting operator approval" + (f" {_note(note)}" if note else "")
     detail = p.get("note") or p.get("decision")
     return f"{at} {_value(kind)}" + (f": {_note(detail)}" if detail else "")
+
+
+def _pending_kind(recorded: object, request: Mapping[str, object]) -> str:
+    """What a pending approval asks for: the kind recorded with it, else guessed from rows written before it was."""
+    if isinstance(recorded, str) and recorded in set(ApprovalKind):
+        return recorded.replace("_", " ")
+    if "extra_seconds" in request or not request:
+        return "extension"
+    return "reopen" if "stop_reason" in request else "cancel"
 
 
 def render_story(rows: Sequence[AuditRow]) -> list[str]:

@@ -1005,3 +1005,23 @@ def test_anchor_of_an_empty_chain_is_the_genesis(tmp_path: Path) -> None:
     anchor = write_anchor(db, tmp_path / "a.json")
     assert anchor == Anchor(seq=0, hash=GENESIS_HASH, at=anchor.at)
     assert verify_chain(db, None, anchor).ok
+
+
+def test_a_pending_approval_is_named_by_the_kind_recorded_with_it() -> None:
+    # An extension's request carries the stop reason it answers; it was shown as a "reopen" before.
+    extension = {"operation_id": "op", "stop_reason": "request_budget_exhausted", "extra_seconds": 600}
+    assert (
+        story_of("approval_pending", "10:59:00", note="ap-1", request=extension, approval_kind="extension")
+        == "10:59:00 extension awaiting operator approval ap-1"
+    )
+    assert (
+        story_of("approval_pending", "10:59:00", note="ap-1", request=extension)
+        == "10:59:00 extension awaiting operator approval ap-1"
+    )
+    for kind, shown in [("resubmission", "resubmission"), ("status_request", "status request")]:
+        line = story_of("approval_pending", "10:59:00", note="ap-2", request={"x": 1}, approval_kind=kind)
+        assert line == f"10:59:00 {shown} awaiting operator approval ap-2"
+    reopen = {"reason": "key rotated", "stop_reason": "authorization_denied", "stop_detail": "403"}
+    assert story_of("approval_pending", "11:00:00", note="ap-3", request=reopen).startswith(
+        "11:00:00 reopen awaiting"
+    )

@@ -451,7 +451,13 @@ class PostgresStore:
             await tx.queue(sql.INSERT_APPROVAL, params)
             await writer.flush(current)
             await writer.append(
-                event(record, "approval_pending", at, note=approval_id, extra={"request": dict(request)})
+                event(
+                    record,
+                    "approval_pending",
+                    at,
+                    note=approval_id,
+                    extra={"request": dict(request), "approval_kind": str(kind)},
+                )
             )
             return ApprovalRecord(
                 approval_id,

@@ -213,7 +213,13 @@ def open_approval(
         rows.flush_refusals(conn, record.operation_id, key)
         rows.append(
             conn,
-            event(record, "approval_pending", at, note=approval_id, extra={"request": dict(request)}),
+            event(
+                record,
+                "approval_pending",
+                at,
+                note=approval_id,
+                extra={"request": dict(request), "approval_kind": str(kind)},
+            ),
             key,
         )
         return ApprovalRecord.from_row(row)
