@@ -33,7 +33,12 @@ from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
 from pollwarden.gate import Step
-from pollwarden.job_identity import account_changed_detail, account_context, already_tracked_message
+from pollwarden.job_identity import (
+    account_changed_detail,
+    account_context,
+    already_tracked_message,
+    expected_terminal_state_of,
+)
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, wait_bound
@@ -43,7 +48,7 @@ from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.tool_errors import shown
 from pollwarden.views import OperationView, operation_view, suggested_extension
-from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
+from pollwarden.vocabulary import DelaySource, Outcome, Status, StopReason
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
     MissingCredentialError,
@@ -348,7 +353,7 @@ class Controller:
             "account_context": account,
             "request_fingerprint": request_fingerprint,
             "idempotency_key": key,
-            "expected_terminal_state": ",".join(table.states_of(Category.SUCCEEDED)),
+            "expected_terminal_state": expected_terminal_state_of(table),
             "status": Status.WAITING if submit is None else Status.SUBMITTING,
             "started_at": now,
             "deadline_at": now + deadline_seconds,

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from pollwarden.clock import RandomSource
+from pollwarden.job_identity import terminal_state_mismatch
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import plan_next_check
 from pollwarden.timefmt import iso
@@ -469,6 +470,9 @@ def decide_after_response(
         )
     if (other_job := answer_about_another_job(table, body, record.provider_job_id)) is not None:
         return _stop(answered, StopReason.INTEGRATION_FAILURE, other_job)
+    changed = terminal_state_mismatch(record.expected_terminal_state, table, read.state, read.category)
+    if changed is not None:
+        return _stop(answered, StopReason.INTEGRATION_FAILURE, changed)
     if read.category == "succeeded":
         return _after_success(table, body, read, answered)
     if read.category in ("failed", "cancelled", "expired"):
