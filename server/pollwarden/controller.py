@@ -26,14 +26,14 @@ from typing import Any
 
 import anyio
 
-from pollwarden import approvals, resubmission, submission
+from pollwarden import approvals, resubmission, stop, submission
 from pollwarden.canonical import canonical_json
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
 from pollwarden.gate import Step
-from pollwarden.job_identity import account_changed_detail, account_context, already_tracked_message
+from pollwarden.job_identity import account_context, already_tracked_message
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, wait_bound
@@ -43,7 +43,7 @@ from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.tool_errors import shown
 from pollwarden.views import OperationView, operation_view, suggested_extension
-from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
+from pollwarden.vocabulary import Category, DelaySource, Outcome, Status
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
     MissingCredentialError,
@@ -379,14 +379,15 @@ class Controller:
                     f"operation {operation_id!r} already exists for a different job or payload; "
                     "use a new operation_id"
                 )
-            if record.status == Status.SUBMITTING and record.lease_owner is None:
+            changed = stop.account_context_changed(record, account)
+            if record.status == Status.SUBMITTING and record.lease_owner is None and changed is not None:
                 stopped = await self.store.finish_submission(
                     operation_id,
                     owner=None,
                     changes={
-                        "status": Status.ESCALATED,
-                        "stop_reason": StopReason.ACCOUNT_CONTEXT_CHANGED,
-                        "stop_detail": account_changed_detail(record.account_context, account),
+                        "status": changed.status,
+                        "stop_reason": changed.reason,
+                        "stop_detail": changed.detail,
                         "stopped_at": now,
                     },
                     kind="stopped",
