@@ -12,7 +12,6 @@ request, persist what it meant.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -27,13 +26,13 @@ from typing import Any
 import anyio
 
 from pollwarden import approvals, resubmission, stop, submission
-from pollwarden.canonical import canonical_json
+from pollwarden.approval_flow import NOT_ASKED, Answer
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
 from pollwarden.gate import Step
-from pollwarden.job_identity import account_context, already_tracked_message
+from pollwarden.job_identity import account_context_of, already_tracked_message, fingerprint
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, wait_bound
@@ -112,17 +111,6 @@ def business_deadline(value: str, *, now: float) -> float:
     if at > latest:
         raise InvalidRequest(f"business_deadline_at {shown(value)} is too far ahead; {accepted}")
     return at
-
-
-def fingerprint(provider: str, account_context: str, payload: object) -> str:
-    """SHA-256 of the canonical JSON of provider, account context and payload."""
-    canonical = canonical_json({"provider": provider, "account": account_context, "payload": payload})
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def account_context_of(table: ProviderTable) -> str:
-    """Which provider account the server acts as: the origin and the credential's variable name."""
-    return account_context(table.origin, table.auth.env if table.auth else None)
 
 
 @dataclass
@@ -249,7 +237,7 @@ class Controller:
         business_deadline_at: str | None = None,
         max_status_requests: int | None = None,
         idempotency_key: str | None = None,
-        resubmission_answer: resubmission.Answer = resubmission.NOT_ASKED,
+        resubmission_answer: Answer = NOT_ASKED,
     ) -> OperationView:
         """Record a new operation before any status request (or return the existing one).
 

@@ -51,6 +51,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
 from pollwarden import approvals, followups, resubmission, status_approval
+from pollwarden.approval_flow import DISMISSED, NOT_ASKED, Answer, Flow, settle
 from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
@@ -58,7 +59,6 @@ from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
-from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
 from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
@@ -78,6 +78,8 @@ from pollwarden_providers.table import ProviderTable
 log = logging.getLogger("pollwarden")
 
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 
 INSTRUCTIONS = """\
 pollwarden waits on external asynchronous jobs for you, within bounds a person approved.
@@ -173,13 +175,14 @@ class DatabaseUnavailable:
 
 
 ServerContext = Controller | DatabaseUnavailable
+# What every tool and resolver receives: its lifespan context is the controller, or why there is none.
+Ctx = Context[ServerContext, Any]
 
 
-def _controller(ctx: Context[Any, Any]) -> Controller:
+def _controller(ctx: Ctx) -> Controller:
     controller = ctx.request_context.lifespan_context
     if isinstance(controller, DatabaseUnavailable):
         raise ToolError(controller.message)
-    assert isinstance(controller, Controller)
     return controller
 
 
@@ -202,7 +205,7 @@ async def _read(work: Awaitable[T]) -> T:
 
 
 async def _plan(
-    operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Context[Any, Any]
+    operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Ctx
 ) -> ExtensionPlan:
     return await _run(
         approvals.plan_extension(
@@ -215,7 +218,7 @@ async def _plan(
     )
 
 
-def _client_can_elicit(ctx: Context[Any, Any]) -> bool:
+def _client_can_elicit(ctx: Ctx) -> bool:
     capabilities = ctx.client_capabilities
     elicitation = capabilities.elicitation if capabilities is not None else None
     return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
@@ -258,7 +261,7 @@ def _yes(outcome: ElicitationResult[Any] | None, yes: str) -> bool | None:
 
 
 async def _ask_on_back_channel(
-    ctx: Context[Any, Any],
+    ctx: Ctx,
     question: str,
     schema: type[Schema],
     *,
@@ -295,41 +298,51 @@ async def _ask_on_back_channel(
     return _Answered(outcome)
 
 
-def _has_back_channel(ctx: Context[Any, Any]) -> bool:
+def _has_back_channel(ctx: Ctx) -> bool:
     version = ctx.protocol_version
     return version is None or not is_version_at_least(version, _INPUT_REQUIRED_VERSION)
 
 
-async def _ask_person(
-    plan: Annotated[ExtensionPlan, Resolve(_plan)], ctx: Context[Any, Any]
-) -> Elicit[ExtensionDecision] | _Answered | None:
-    """Ask only when the plan is allowed, the operator wants a prompt, and the client can show one."""
+async def _ask(ctx: Ctx, flow: Flow[P, Any, Any], plan: P) -> Elicit[Any] | _Answered | None:
+    """Ask a person where the flow needs an answer, the operator wants a prompt and the client can show one.
+
+    On the 2025-11-25 back channel an answer that comes after the client stopped
+    waiting is handed to the flow (`Flow.late`) to be recorded.
+    """
     controller = _controller(ctx)
-    if not plan.allowed or controller.config.approval_mode == "tool-confirmation":
+    if not flow.asks(plan) or controller.config.approval_mode == "tool-confirmation":
         return None
     if not _client_can_elicit(ctx):
         return None
+    question = flow.question(plan)
     if not _has_back_channel(ctx):
-        return Elicit(plan.question, ExtensionDecision)
+        return Elicit(question, flow.schema)
 
-    async def late(outcome: ElicitationResult[ExtensionDecision] | None, missing: str) -> None:
-        approve = _yes(outcome, "approve")
-        await approvals.record_late_answer(
-            controller,
-            operation_id=plan.operation_id,
-            kind="extension",
-            request=plan.model_dump(mode="json"),
-            approve=approve,
-            answer=missing if outcome is None else "the question was dismissed (cancelled)",
-        )
+    async def late(outcome: ElicitationResult[Any] | None, missing: str) -> None:
+        await flow.late(controller, plan, _yes(outcome, flow.yes), missing if outcome is None else DISMISSED)
 
-    return await _ask_on_back_channel(
-        ctx, plan.question, ExtensionDecision, tool="request_extension", late=late
-    )
+    return await _ask_on_back_channel(ctx, question, flow.schema, tool=flow.tool, late=late)
+
+
+def _answer(flow: Flow[Any, Any, Any], decision: ElicitationResult[Any]) -> Answer:
+    """What the person said in this call, as the one approval flow takes it."""
+    outcome = _outcome(decision)
+    return NOT_ASKED if outcome is None else Answer(asked=True, approve=_yes(outcome, flow.yes))
+
+
+async def _settle(ctx: Ctx, flow: Flow[P, P, R], plan: P, decision: ElicitationResult[Any]) -> R:
+    """The tool's whole body where the flow settles the plan it asked about."""
+    return await _run(settle(flow, _controller(ctx), plan, _answer(flow, decision)))
+
+
+async def _ask_extension(
+    plan: Annotated[ExtensionPlan, Resolve(_plan)], ctx: Ctx
+) -> Elicit[ExtensionDecision] | _Answered | None:
+    return await _ask(ctx, approvals.EXTENSION, plan)
 
 
 async def _plan_resubmission(
-    provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Context[Any, Any]
+    provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Ctx
 ) -> resubmission.ResubmissionPlan:
     return await _run(
         resubmission.plan(_controller(ctx), provider=provider, operation_id=operation_id, submit=submit)
@@ -337,30 +350,13 @@ async def _plan_resubmission(
 
 
 async def _ask_resubmission(
-    plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)], ctx: Context[Any, Any]
+    plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)], ctx: Ctx
 ) -> Elicit[resubmission.ResubmitDecision] | _Answered | None:
-    """Ask only for a resubmission not yet approved, when the operator wants a prompt and the client can show one."""
-    controller = _controller(ctx)
-    if (
-        not plan.needed
-        or plan.operator_approved
-        or controller.config.approval_mode == "tool-confirmation"
-        or not _client_can_elicit(ctx)
-    ):
-        return None
-    if not _has_back_channel(ctx):
-        return Elicit(plan.question, resubmission.ResubmitDecision)
-
-    async def late(outcome: ElicitationResult[resubmission.ResubmitDecision] | None, missing: str) -> None:
-        await resubmission.record_late_answer(controller, plan, _yes(outcome, "resubmit"))
-
-    return await _ask_on_back_channel(
-        ctx, plan.question, resubmission.ResubmitDecision, tool="start_operation", late=late
-    )
+    return await _ask(ctx, resubmission.RESUBMISSION, plan)
 
 
 async def _plan_status_request(
-    operation_id: str, wait_seconds: float, ctx: Context[Any, Any]
+    operation_id: str, wait_seconds: float, ctx: Ctx
 ) -> status_approval.StatusRequestPlan:
     controller = _controller(ctx)
     if not controller.per_request_providers:
@@ -374,68 +370,19 @@ async def _plan_status_request(
 
 
 async def _ask_status_request(
-    plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)], ctx: Context[Any, Any]
+    plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)], ctx: Ctx
 ) -> Elicit[status_approval.SendDecision] | _Answered | None:
-    """Ask before a status request only where the table requires it, a request would go out, and nobody approved."""
-    controller = _controller(ctx)
-    if (
-        not plan.needed
-        or plan.operator_approval_id is not None
-        or controller.config.approval_mode == "tool-confirmation"
-        or not _client_can_elicit(ctx)
-    ):
-        return None
-    if not _has_back_channel(ctx):
-        return Elicit(plan.question, status_approval.SendDecision)
-
-    async def late(outcome: ElicitationResult[status_approval.SendDecision] | None, missing: str) -> None:
-        # Too late to send with this call: told in the story, nothing sent (the next call asks again).
-        await controller.store.audit_event(
-            plan.operation_id,
-            kind="status_request_unanswered",
-            at=controller.clock.now(),
-            note=f"the answer came after the client stopped waiting ({missing}); nothing was sent",
-            extra={},
-        )
-
-    return await _ask_on_back_channel(
-        ctx, plan.question, status_approval.SendDecision, tool="check_status", late=late
-    )
+    return await _ask(ctx, status_approval.STATUS_REQUEST, plan)
 
 
-async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
+async def _plan_cancel(operation_id: str, ctx: Ctx) -> followups.CancelPlan:
     return await _run(followups.plan_cancel(_controller(ctx), operation_id))
 
 
 async def _ask_cancel(
-    plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)], ctx: Context[Any, Any]
+    plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)], ctx: Ctx
 ) -> Elicit[followups.ConfirmCancel] | _Answered | None:
-    """Ask only when a cancel is allowed, not yet approved, and a prompt is possible."""
-    controller = _controller(ctx)
-    if (
-        not plan.allowed
-        or plan.approved_id is not None
-        or controller.config.approval_mode == "tool-confirmation"
-    ):
-        return None
-    if not _client_can_elicit(ctx):
-        return None
-    if not _has_back_channel(ctx):
-        return Elicit(plan.question, followups.ConfirmCancel)
-
-    async def late(outcome: ElicitationResult[followups.ConfirmCancel] | None, missing: str) -> None:
-        await approvals.record_late_answer(
-            controller,
-            operation_id=plan.operation_id,
-            kind="cancel",
-            request={"question": plan.question, "operation_id": plan.operation_id},
-            approve=_yes(outcome, "cancel_at_provider"),
-            answer=missing if outcome is None else "the question was dismissed (cancelled)",
-        )
-
-    return await _ask_on_back_channel(
-        ctx, plan.question, followups.ConfirmCancel, tool="cancel_operation", late=late
-    )
+    return await _ask(ctx, followups.CANCEL, plan)
 
 
 class PollwardenServer(MCPServer[ServerContext]):
@@ -594,7 +541,7 @@ def build_server(
                 "an unknown name's error lists the loaded ones.",
             ),
         ],
-        ctx: Context[Any, Any],
+        ctx: Ctx,
         # A resubmission of a payload that ended or escalated: a person approves it first.
         plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)],
         decision: Annotated[ElicitationResult[resubmission.ResubmitDecision], Resolve(_ask_resubmission)],
@@ -627,12 +574,7 @@ def build_server(
             str | None, Field(description="Your own idempotency key for submit (one is generated otherwise).")
         ] = None,
     ) -> OperationView:
-        outcome = _outcome(decision) if plan.needed else None
-        answer = (
-            resubmission.NOT_ASKED
-            if outcome is None
-            else resubmission.Answer(asked=True, approve=_yes(outcome, "resubmit"))
-        )
+        answer = _answer(resubmission.RESUBMISSION, decision) if plan.needed else NOT_ASKED
         return await _run(
             _controller(ctx).start_operation(
                 provider=provider,
@@ -663,35 +605,22 @@ def build_server(
     )
     async def check_status(
         operation_id: OperationIdArg,
-        ctx: Context[Any, Any],
+        ctx: Ctx,
         # A provider whose table requires a person for every status request: asked before each one.
         plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)],
         decision: Annotated[ElicitationResult[status_approval.SendDecision], Resolve(_ask_status_request)],
         wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
     ) -> OperationView:
-        controller = _controller(ctx)
-
-        async def progress(done: float, total: float | None, message: str) -> None:
-            await ctx.report_progress(done, total, message)
-
-        async def work() -> OperationView:
-            refusal: str | None = None
-            if plan.needed:
-                outcome = _outcome(decision)
-                refusal = await status_approval.permission(
-                    controller, plan, _yes(outcome, "send"), asked=outcome is not None
-                )
-            shown = await controller.check_status(
-                operation_id,
-                wait_seconds=wait_seconds,
-                progress=progress,
-                person_approved=plan.needed and refusal is None,
-            )
-            if refusal is not None and shown.outcome == "not_yet":
-                shown = shown.model_copy(update={"message": refusal})
-            return shown
-
-        return await _run(work())
+        answer = _answer(status_approval.STATUS_REQUEST, decision)
+        work = status_approval.check_status(
+            _controller(ctx),
+            operation_id,
+            plan,
+            answer,
+            wait_seconds=wait_seconds,
+            progress=ctx.report_progress,
+        )
+        return await _run(work)
 
     @mcp.tool(
         description="Ask a person for more time and/or status requests after waiting stopped "
@@ -711,32 +640,10 @@ def build_server(
             str, Field(max_length=500, description="Why; shown to the person as untrusted text.")
         ],
         plan: Annotated[ExtensionPlan, Resolve(_plan)],
-        decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(_ask_person)],
-        ctx: Context[Any, Any],
+        decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(_ask_extension)],
+        ctx: Ctx,
     ) -> ExtensionResult:
-        controller = _controller(ctx)
-
-        async def work() -> ExtensionResult:
-            record = await controller.load(operation_id)
-            if not plan.allowed:
-                return approvals.refused(controller, plan, record)
-            if controller.config.approval_mode == "tool-confirmation":
-                return await approvals.apply_extension(
-                    controller, plan, by="client tool confirmation", method=METHOD_TOOL_CONFIRMATION
-                )
-            outcome = _outcome(decision)
-            if outcome is None:  # nobody was asked: this client cannot show a prompt
-                return await approvals.request_operator_approval(controller, plan)
-            approve = _yes(outcome, "approve")
-            if approve:
-                return await approvals.apply_extension(
-                    controller, plan, by="person (elicitation)", method=METHOD_ELICITATION
-                )
-            return await approvals.record_answer(
-                controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
-            )
-
-        return await _run(work())
+        return await _settle(ctx, approvals.EXTENSION, plan, decision)
 
     @mcp.tool(
         description="The validated result fields of a succeeded operation, recorded as its own follow-up. "
@@ -745,7 +652,7 @@ def build_server(
         "allowed actions) otherwise.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
-    async def fetch_result(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> FollowUpResult:
+    async def fetch_result(operation_id: OperationIdArg, ctx: Ctx) -> FollowUpResult:
         return await _run(followups.fetch_result(_controller(ctx), operation_id))
 
     @mcp.tool(
@@ -760,49 +667,15 @@ def build_server(
         operation_id: OperationIdArg,
         plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)],
         decision: Annotated[ElicitationResult[followups.ConfirmCancel], Resolve(_ask_cancel)],
-        ctx: Context[Any, Any],
+        ctx: Ctx,
     ) -> FollowUpResult:
-        controller = _controller(ctx)
-
-        async def work() -> FollowUpResult:
-            if not plan.allowed:
-                record = await controller.load(operation_id)
-                return followups.refused_cancel(controller, record, plan)
-            if plan.approved_id is not None:
-                return await followups.send_cancel(
-                    controller,
-                    plan,
-                    approval_id=plan.approved_id,
-                    by=plan.approved_by or "operator",
-                    method=plan.approved_method or "cli",
-                )
-            if controller.config.approval_mode == "tool-confirmation":
-                return await followups.send_cancel(
-                    controller,
-                    plan,
-                    approval_id=None,
-                    by="client tool confirmation",
-                    method=METHOD_TOOL_CONFIRMATION,
-                )
-            outcome = _outcome(decision)
-            if outcome is None:  # nobody was asked: this client cannot show a prompt
-                return await followups.request_cancel_approval(controller, plan)
-            approve = _yes(outcome, "cancel_at_provider")
-            if approve:
-                return await followups.send_cancel(
-                    controller, plan, approval_id=None, by="person (elicitation)", method=METHOD_ELICITATION
-                )
-            return await followups.record_cancel_answer(
-                controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
-            )
-
-        return await _run(work())
+        return await _settle(ctx, followups.CANCEL, plan, decision)
 
     @mcp.tool(
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
-    async def get_operation(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> OperationView:
+    async def get_operation(operation_id: OperationIdArg, ctx: Ctx) -> OperationView:
         return await _run(_controller(ctx).get_operation(operation_id))
 
     @mcp.tool(
@@ -810,7 +683,7 @@ def build_server(
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def list_operations(
-        ctx: Context[Any, Any],
+        ctx: Ctx,
         status: Annotated[Status | None, Field(description="Only operations with this status.")] = None,
         provider: Annotated[
             str | None, Field(max_length=200, description="Only operations of this provider table.")
@@ -826,7 +699,7 @@ def build_server(
         description="The operation view as JSON.",
         mime_type="application/json",
     )
-    async def operation_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
+    async def operation_resource(operation_id: str, ctx: Ctx) -> str:
         view = await _read(_controller(ctx).get_operation(operation_id))
         return view.model_dump_json(indent=2)
 
@@ -836,7 +709,7 @@ def build_server(
         description="The operation's audit story: one line per controller decision.",
         mime_type="text/plain",
     )
-    async def audit_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
+    async def audit_resource(operation_id: str, ctx: Ctx) -> str:
         controller = _controller(ctx)
         await _read(controller.load(operation_id))
         await _read(controller.store.flush_refusals(operation_id))  # the story is told up to now
