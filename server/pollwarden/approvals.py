@@ -263,6 +263,20 @@ def operator_must_decide(approval_id: str, expires_at: float) -> str:
     )
 
 
+async def expire_stale(controller: Controller, approval: ApprovalRecord, now: float) -> bool:
+    """Close a question nobody decided before its TTL as expired (audited); whether it was one."""
+    if approval.status != ApprovalStatus.PENDING or now < approval.expires_at:
+        return False
+    await controller.store.close_approval(
+        approval.approval_id,
+        status=ApprovalStatus.EXPIRED,
+        at=now,
+        note="nobody decided in time",
+        audit_kind="approval_expired",
+    )
+    return True
+
+
 def decision_facts(approval: ApprovalRecord) -> DecisionFacts:
     """What an operator's signature on this decision covers."""
     return DecisionFacts(
@@ -317,15 +331,9 @@ async def apply_decided_approvals(controller: Controller, record: OperationRecor
             continue
         if approval.kind != ApprovalKind.EXTENSION:
             continue  # a cancel approval is used by the next cancel_operation call
-        if approval.status == ApprovalStatus.PENDING and now >= approval.expires_at:
-            await controller.store.close_approval(
-                approval.approval_id,
-                status=ApprovalStatus.EXPIRED,
-                at=now,
-                note="nobody decided in time",
-                audit_kind="approval_expired",
-            )
-        elif approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
+        if await expire_stale(controller, approval, now):
+            continue
+        if approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
             verdict = await check_operator_decision(controller, approval)
             if not verdict.ok:
                 continue

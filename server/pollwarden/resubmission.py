@@ -161,15 +161,9 @@ class ResubmissionFlow:
             if a.kind == ApprovalKind.RESUBMISSION
         ]
         for approval in asked:
-            if approval.status == ApprovalStatus.PENDING and now >= approval.expires_at:
-                await controller.store.close_approval(
-                    approval.approval_id,
-                    status=ApprovalStatus.EXPIRED,
-                    at=now,
-                    note="nobody decided in time",
-                    audit_kind="approval_expired",
-                )
-            elif approval.status == ApprovalStatus.PENDING:
+            if await approvals.expire_stale(controller, approval, now):
+                continue
+            if approval.status == ApprovalStatus.PENDING:
                 return record  # asked already; still waiting for the operator
             elif approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
                 verdict = await check_operator_decision(controller, approval)
