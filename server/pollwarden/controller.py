@@ -32,7 +32,12 @@ from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
 from pollwarden.gate import Step
-from pollwarden.job_identity import account_context_of, already_tracked_message, fingerprint
+from pollwarden.job_identity import (
+    account_context_of,
+    already_tracked_message,
+    expected_terminal_state_of,
+    fingerprint,
+)
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import first_check_at, wait_bound
@@ -42,7 +47,7 @@ from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.tool_errors import shown
 from pollwarden.views import OperationView, operation_view, suggested_extension
-from pollwarden.vocabulary import Category, DelaySource, Outcome, Status
+from pollwarden.vocabulary import DelaySource, Outcome, Status
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
     MissingCredentialError,
@@ -336,7 +341,7 @@ class Controller:
             "account_context": account,
             "request_fingerprint": request_fingerprint,
             "idempotency_key": key,
-            "expected_terminal_state": ",".join(table.states_of(Category.SUCCEEDED)),
+            "expected_terminal_state": expected_terminal_state_of(table),
             "status": Status.WAITING if submit is None else Status.SUBMITTING,
             "started_at": now,
             "deadline_at": now + deadline_seconds,

@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from pollwarden import stop
 from pollwarden.clock import RandomSource
+from pollwarden.job_identity import terminal_state_mismatch
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import plan_next_check
 from pollwarden.stop import Stop
@@ -464,6 +465,9 @@ def decide_after_response(
         )
     if (other_job := answer_about_another_job(table, body, record.provider_job_id)) is not None:
         return _stop(answered, StopReason.INTEGRATION_FAILURE, other_job)
+    changed = terminal_state_mismatch(record.expected_terminal_state, table, read.state, read.category)
+    if changed is not None:
+        return _stop(answered, StopReason.INTEGRATION_FAILURE, changed)
     if read.category == "succeeded":
         return _after_success(table, body, read, answered)
     if read.category in ("failed", "cancelled", "expired"):
