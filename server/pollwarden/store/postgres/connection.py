@@ -3,7 +3,9 @@
 Every store operation borrows a connection and runs one transaction on it in
 pipeline mode (`Tx`): statements are queued, and only reading a result or the
 COMMIT costs a round trip, so a transaction is as many trips as it has
-results it must read before deciding what to write, plus one.
+results it must read before deciding what to write, plus one. A write that is
+one statement and needs no other (the reservation) runs alone in autocommit:
+one trip, no BEGIN or COMMIT to send (`Pool.write_one`).
 
 Durability: `synchronous_commit` is on for every transaction except the one
 that only counts a refused call (the same trade as SQLite's NORMAL: nothing
@@ -70,6 +72,10 @@ def _query(text: str) -> LiteralString:
     return cast("LiteralString", text)
 
 
+class GuardFailed(StoreError):
+    """A guarded write found the row other than it was read; the transaction was rolled back."""
+
+
 def describe(exc: BaseException, location: DatabaseLocation, lock_timeout: float) -> StoreError:
     """A driver error as the problem and its fix; the transaction was rolled back (nothing changed)."""
     where = location.display
@@ -92,7 +98,7 @@ def describe(exc: BaseException, location: DatabaseLocation, lock_timeout: float
             "turn read-only mode off"
         )
     if isinstance(exc, psycopg.errors.DivisionByZero):
-        return StoreError(
+        return GuardFailed(
             f"PostgreSQL ({where}): an operation row changed under this transaction's lock (a guarded "
             "write found another version); nothing was changed — try again"
         )
@@ -121,12 +127,20 @@ class Tx:
     def __init__(self, conn: Connection, stats: EngineStats) -> None:
         self.conn = conn
         self._stats = stats
+        self._unsent = False  # statements queued since the last trip
 
     async def queue(self, sql: str, params: Params = ()) -> AsyncCursor[TupleRow]:
         """Queue a statement (no trip); its cursor holds the result once one is read."""
         cur = self.conn.cursor()
         await cur.execute(_query(sql), plain(params))
+        self._unsent = True
         return cur
+
+    def _trip(self) -> None:
+        # Reading a result sends what is queued; results of statements sent with it come back with it.
+        if self._unsent:
+            self._stats.trips += 1
+            self._unsent = False
 
     async def one(self, sql: str, params: Params = ()) -> Row | None:
         """Run a statement and read its first row (one trip, with everything queued before it)."""
@@ -134,14 +148,14 @@ class Tx:
         return await self.read(cur)
 
     async def read(self, cur: AsyncCursor[TupleRow]) -> Row | None:
-        """The first row of a queued statement (a trip unless already read)."""
-        self._stats.trips += 1
+        """The first row of a queued statement (a trip unless it was sent with one already made)."""
+        self._trip()
         return await cur.fetchone()
 
     async def all(self, sql: str, params: Params = ()) -> list[Row]:
         """Run a statement and read every row (one trip)."""
         cur = await self.queue(sql, params)
-        self._stats.trips += 1
+        self._trip()
         return await cur.fetchall()
 
 
@@ -228,6 +242,24 @@ class Pool:
                         with suppress(psycopg.Error):  # the pool discards a broken connection
                             await conn.rollback()
                     raise
+        except (psycopg.Error, PoolTimeout) as exc:
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                await self._forget_broken()
+            raise self.describe(exc) from None
+
+    async def write_one(self, sql: str, params: Params = ()) -> Row | None:
+        """One statement as a transaction of its own, in one trip; its first row.
+
+        Autocommit: the statement's implicit transaction is committed (synchronous_commit on) before
+        its result comes back. Never retried: after a lost connection its outcome is unknown.
+        """
+        try:
+            async with self._pool.connection() as conn:
+                self.stats.trips += 1
+                cur = await conn.execute(_query(sql), plain(params))
+                row = await cur.fetchone()
+                self.stats.commits += 1
+                return row
         except (psycopg.Error, PoolTimeout) as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 await self._forget_broken()

@@ -5,7 +5,11 @@ each new record in Python from the locked row and queues the UPDATE, guarded by
 the version read (a guard that fails raises in SQL and aborts the transaction,
 so nothing is committed — no extra trip to check a row count). Audit rows are
 linked to the chain head, which the transaction also locks: appends from every
-process form one chain. Everything queued goes to the server with the COMMIT.
+process form one chain. Unkeyed, the row is linked and hashed by the statement
+that inserts it, so the head is locked only from that statement to the COMMIT
+sent with it; keyed, the head is locked with the transaction's first trip and
+the HMAC computed here (the key never goes to the server). Everything queued
+goes to the server with the COMMIT.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from typing import Any
 from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
-from pollwarden.audit_entry import AuditEvent, ChainHead, link, refusal_summary
+from pollwarden.audit import AuditKeyError, key_mismatch
+from pollwarden.audit_entry import AuditEvent, ChainHead, link, refusal_summary, unlinked
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
 from pollwarden.store.postgres import sql
@@ -47,26 +52,46 @@ class Writer:
         self._head_moved = False
         self._unreset: set[str] = set()
 
-    async def lock_head(self) -> None:
-        """Queue the lock of the audit head now (read with the transaction's first result)."""
-        if self._head_cursor is None:
-            self._head_cursor = await self.tx.queue(sql.LOCK_AUDIT_HEAD)
+    async def head_first(self) -> None:
+        """Queue the audit head's read now, to come back with the transaction's first result.
 
-    async def append(self, entry: AuditEvent) -> int:
-        """Append one row to the chain after the locked head; its seq."""
+        Keyed, the head is locked here (the HMAC is computed in Python, from the head it read);
+        unkeyed, it is only read, and locked by the append itself (`sql.APPEND_AUDIT_ROW`).
+        """
+        if self._head_cursor is None:
+            query = sql.READ_AUDIT_HEAD if self._key is None else sql.LOCK_AUDIT_HEAD
+            self._head_cursor = await self.tx.queue(query)
+
+    async def _read_head(self) -> ChainHead | None:
+        await self.head_first()
+        assert self._head_cursor is not None
+        head = await self.tx.read(self._head_cursor)
+        if head is None:
+            raise StoreError("the audit head row is missing; the database was not created by pollwarden")
+        self._head_read = True
+        return None if int(head[0]) == 0 else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
+
+    async def append(self, entry: AuditEvent, *, unread: bool = False) -> None:
+        """Append one row to the chain after the head (one chain for every process).
+
+        `unread` (unkeyed only): append without reading the head first; a keyed head then fails the
+        statement's guard instead of raising `AuditKeyError` (the caller retries on the locked path).
+        """
+        if self._key is None:
+            if not self._head_read and not unread:
+                head = await self._read_head()
+                problem = None if head is None else key_mismatch(head.seq, head.keyed, None)
+                if problem is not None:
+                    raise AuditKeyError(problem)
+            await self.tx.queue(sql.APPEND_AUDIT_ROW, dataclasses.asdict(unlinked(entry)))
+            await self.tx.queue(sql.MOVE_AUDIT_HEAD)
+            return
         if not self._head_read:
-            await self.lock_head()
-            assert self._head_cursor is not None
-            head = await self.tx.read(self._head_cursor)
-            if head is None:
-                raise StoreError("the audit head row is missing; the database was not created by pollwarden")
-            self._head = None if int(head[0]) == 0 else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
-            self._head_read = True
+            self._head = await self._read_head()
         row = link(self._head, entry, key=self._key)
         await self.tx.queue(sql.INSERT_AUDIT_ROW, dataclasses.asdict(row))
         self._head = ChainHead(row.seq, row.hash, row.keyed)
         self._head_moved = True
-        return row.seq
 
     async def flush(self, current: StoredOperation) -> bool:
         """Append the pending summary of refused calls (if any); the counters reset with the next write."""
@@ -78,9 +103,13 @@ class Writer:
         return True
 
     async def write(
-        self, current: StoredOperation, changes: Mapping[str, Any], *, at: float
+        self, current: StoredOperation, changes: Mapping[str, Any], *, at: float, owner: str | None = None
     ) -> OperationRecord:
-        """Write `changes` to the locked operation (version + 1); the new record."""
+        """Write `changes` to the locked operation (version + 1); the new record.
+
+        With `owner`, the row need not be locked: the write holds only if the row is still at the
+        version read, leased by `owner`, with no refused calls counted (else the transaction fails).
+        """
         before = current.record
         op_id = before.operation_id
         reset = op_id in self._unreset
@@ -88,7 +117,9 @@ class Writer:
         columns = tuple(changes)
         params: dict[str, object] = {f"c_{c}": v for c, v in changes.items()}
         params.update(operation_id=op_id, version=before.version, new_version=before.version + 1, at=at)
-        update = sql.write_operation(columns, reset)
+        if owner is not None:
+            params["owner"] = owner
+        update = sql.write_operation(columns, reset, unlocked=owner is not None)
         await self.tx.queue(_GUARDED.format(update=update), params)
         return dataclasses.replace(before, **changes, version=before.version + 1, updated_at=at)
 
