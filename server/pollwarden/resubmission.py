@@ -61,19 +61,24 @@ class Answer:
 
     asked: bool
     approve: bool | None = None
+    operator_only: bool = False  # an authenticated HTTP agent: its client's confirmation counts for nothing
 
 
 NOT_ASKED = Answer(asked=False)
+OPERATOR_DECIDES = Answer(asked=False, operator_only=True)
 
 
-async def earlier_outcome(store: Store, fingerprint: str, *, exclude: str | None) -> OperationRecord | None:
-    """The latest earlier operation of this payload, if it ended or escalated (a person must approve).
+async def earlier_outcome(
+    store: Store, fingerprint: str, *, exclude: str | None, owner: str = "local"
+) -> OperationRecord | None:
+    """The latest earlier operation of this payload by `owner`, if it ended or escalated (a person must approve).
 
     Held resubmissions are skipped (they sent nothing); the latest of the rest
-    decides: one still in flight or succeeded is not a reason to ask.
+    decides: one still in flight or succeeded is not a reason to ask. Another
+    principal's operations do not count (they do not exist for this one).
     """
     for record in await store.operations_of_fingerprint(fingerprint):
-        if record.operation_id == exclude or record.held_for_approval:
+        if record.operation_id == exclude or record.held_for_approval or record.owner != owner:
             continue
         return record if record.status in NEEDS_A_PERSON else None
     return None
@@ -123,7 +128,7 @@ async def clear(controller: ApprovalParts, record: OperationRecord, answer: Answ
     """
     now = controller.clock.now()
     earlier = record.resubmission_of or "?"
-    if controller.config.approval_mode == "tool-confirmation":
+    if controller.config.approval_mode == "tool-confirmation" and not answer.operator_only:
         return await _approve(controller, record, "client tool confirmation", METHOD_TOOL_CONFIRMATION)
     if answer.asked:
         if answer.approve:

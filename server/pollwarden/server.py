@@ -13,11 +13,13 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
 import httpx2
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import (
     AcceptedElicitation,
     Context,
@@ -50,15 +52,16 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
-from pollwarden import approvals, followups, resubmission, status_approval
+from pollwarden import approvals, followups, operator_tools, ownership, resubmission, status_approval
 from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
-from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
+from pollwarden.errors import InvalidRequest, OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
+from pollwarden.principals import Principal, current_principal
 from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
@@ -78,6 +81,7 @@ from pollwarden_providers.table import ProviderTable
 log = logging.getLogger("pollwarden")
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 INSTRUCTIONS = """\
 pollwarden waits on external asynchronous jobs for you, within bounds a person approved.
@@ -201,13 +205,45 @@ async def _read(work: Awaitable[T]) -> T:
         raise ResourceError(str(exc)) from exc
 
 
+async def _resolve(ctx: Context[Any, Any], operation_id: str) -> str:
+    """The stored id of the caller's operation (another principal's is answered as unknown)."""
+    return await _run(ownership.resolve(_controller(ctx), current_principal(), operation_id))
+
+
+def _shown(model: M) -> M:
+    """The result with the caller's own operation ids as it chose them."""
+    return ownership.renamed(model, current_principal())
+
+
+async def _within_limits(controller: Controller, principal: Principal, operation_id: str | None) -> None:
+    """Refuse a new operation beyond the principal's fair share (its existing ones are always answered)."""
+    limits = controller.config.limits
+    if not principal.authenticated or (limits.max_active is None and limits.max_starts_per_minute is None):
+        return
+    if operation_id is not None and await controller.store.get(ownership.stored_id(principal, operation_id)):
+        return  # the same id again returns the same record: nothing new is started
+    now = controller.clock.now()
+    active, started = await controller.store.principal_usage(principal.name, since=now - 60.0)
+    if limits.max_active is not None and active >= limits.max_active:
+        raise InvalidRequest(
+            f"{principal.name} already has {active} active operations, the most the operator allows per principal "
+            f"({limits.max_active}); nothing was started. Finish, cancel or let one stop first"
+        )
+    if limits.max_starts_per_minute is not None and started >= limits.max_starts_per_minute:
+        raise InvalidRequest(
+            f"{principal.name} started {started} operations in the last minute, the most the operator allows "
+            f"({limits.max_starts_per_minute} a minute); nothing was started. Start it again in a minute"
+        )
+
+
 async def _plan(
     operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Context[Any, Any]
 ) -> ExtensionPlan:
+    stored = await _resolve(ctx, operation_id)
     return await _run(
         approvals.plan_extension(
             _controller(ctx),
-            operation_id,
+            stored,
             extra_seconds=extra_seconds,
             extra_status_requests=extra_status_requests,
             reason=reason,
@@ -307,6 +343,8 @@ async def _ask_person(
     controller = _controller(ctx)
     if not plan.allowed or controller.config.approval_mode == "tool-confirmation":
         return None
+    if current_principal().authenticated:
+        return None  # over authenticated HTTP the agent's own client never answers: an operator decides
     if not _client_can_elicit(ctx):
         return None
     if not _has_back_channel(ctx):
@@ -331,6 +369,8 @@ async def _ask_person(
 async def _plan_resubmission(
     provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Context[Any, Any]
 ) -> resubmission.ResubmissionPlan:
+    if current_principal().authenticated:
+        return resubmission.ResubmissionPlan()  # an operator decides; the agent's client is never asked
     return await _run(
         resubmission.plan(_controller(ctx), provider=provider, operation_id=operation_id, submit=submit)
     )
@@ -370,7 +410,8 @@ async def _plan_status_request(
         max_wait=controller.config.max_wait_seconds,
         request_timeout=controller.http.limits.total_timeout_seconds,
     )
-    return await _run(status_approval.plan(controller, operation_id, wait_seconds=bounded))
+    stored = await _resolve(ctx, operation_id)
+    return await _run(status_approval.plan(controller, stored, wait_seconds=bounded))
 
 
 async def _ask_status_request(
@@ -382,6 +423,7 @@ async def _ask_status_request(
         not plan.needed
         or plan.operator_approval_id is not None
         or controller.config.approval_mode == "tool-confirmation"
+        or current_principal().authenticated  # over authenticated HTTP an operator decides
         or not _client_can_elicit(ctx)
     ):
         return None
@@ -404,7 +446,8 @@ async def _ask_status_request(
 
 
 async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
-    return await _run(followups.plan_cancel(_controller(ctx), operation_id))
+    stored = await _resolve(ctx, operation_id)
+    return await _run(followups.plan_cancel(_controller(ctx), stored))
 
 
 async def _ask_cancel(
@@ -416,6 +459,7 @@ async def _ask_cancel(
         not plan.allowed
         or plan.approved_id is not None
         or controller.config.approval_mode == "tool-confirmation"
+        or current_principal().authenticated
     ):
         return None
     if not _client_can_elicit(ctx):
@@ -526,6 +570,8 @@ def build_server(
     name: str = "pollwarden",
     watch_interval: float = WATCH_INTERVAL_SECONDS,
     state_keys: Sequence[bytes] = (),
+    auth: AuthSettings | None = None,
+    token_verifier: TokenVerifier | None = None,
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
 
@@ -534,6 +580,9 @@ def build_server(
     other's state, so the answer may reach another instance or a restarted one.
     The first key seals, every key unseals (rotation). Without keys the SDK uses
     a key of this process only.
+
+    With `auth` and `token_verifier`, streamable HTTP needs a bearer token (the SDK's middleware
+    and RFC 9728 metadata route); stdio is unaffected.
     """
     bus = InMemorySubscriptionBus()
     subscriptions = Subscriptions()
@@ -567,10 +616,16 @@ def build_server(
         version="0.1.0",
         subscriptions=bus,
         request_state_security=security,
+        auth=auth,
+        token_verifier=token_verifier,
     )
     mcp.middleware.append(surface_middleware)
-    mcp.middleware.append(listen_middleware(subscriptions, _reader_of))
-    subscribe, unsubscribe = subscribe_handlers(subscriptions, _reader_of)
+
+    def uri_for(uri: str) -> str:
+        return ownership.watched_uri(current_principal(), uri)
+
+    mcp.middleware.append(listen_middleware(subscriptions, _reader_of, uri_for))
+    subscribe, unsubscribe = subscribe_handlers(subscriptions, _reader_of, uri_for)
     mcp.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
     mcp.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
 
@@ -627,14 +682,20 @@ def build_server(
             str | None, Field(description="Your own idempotency key for submit (one is generated otherwise).")
         ] = None,
     ) -> OperationView:
+        principal = current_principal()
+        await _run(_within_limits(_controller(ctx), principal, operation_id))
         outcome = _outcome(decision) if plan.needed else None
         answer = (
             resubmission.NOT_ASKED
             if outcome is None
             else resubmission.Answer(asked=True, approve=_yes(outcome, "resubmit"))
         )
-        return await _run(
+        if principal.authenticated:
+            answer = resubmission.OPERATOR_DECIDES  # the agent's own client never approves it
+        view = await _run(
             _controller(ctx).start_operation(
+                owner=principal.name,
+                stored_id=partial(ownership.stored_id, principal),
                 provider=provider,
                 operation_id=plan.operation_id if plan.needed else operation_id,
                 resubmission_answer=answer,
@@ -646,6 +707,9 @@ def build_server(
                 idempotency_key=idempotency_key,
             )
         )
+        if principal.authenticated:
+            log.info("start_operation %s for %s: %s", view.operation_id, principal.name, view.status)
+        return _shown(view)
 
     @mcp.tool(
         description="One bounded status check. Sends at most one status request, and only when the "
@@ -674,15 +738,22 @@ def build_server(
         async def progress(done: float, total: float | None, message: str) -> None:
             await ctx.report_progress(done, total, message)
 
+        stored = await _resolve(ctx, operation_id)
+        operator_only = current_principal().authenticated
+
         async def work() -> OperationView:
             refusal: str | None = None
             if plan.needed:
                 outcome = _outcome(decision)
                 refusal = await status_approval.permission(
-                    controller, plan, _yes(outcome, "send"), asked=outcome is not None
+                    controller,
+                    plan,
+                    _yes(outcome, "send"),
+                    asked=outcome is not None,
+                    operator_only=operator_only,
                 )
             shown = await controller.check_status(
-                operation_id,
+                stored,
                 wait_seconds=wait_seconds,
                 progress=progress,
                 person_approved=plan.needed and refusal is None,
@@ -691,7 +762,7 @@ def build_server(
                 shown = shown.model_copy(update={"message": refusal})
             return shown
 
-        return await _run(work())
+        return _shown(await _run(work()))
 
     @mcp.tool(
         description="Ask a person for more time and/or status requests after waiting stopped "
@@ -715,11 +786,15 @@ def build_server(
         ctx: Context[Any, Any],
     ) -> ExtensionResult:
         controller = _controller(ctx)
+        principal = current_principal()
 
         async def work() -> ExtensionResult:
-            record = await controller.load(operation_id)
+            record = await controller.load(plan.operation_id)
             if not plan.allowed:
                 return approvals.refused(controller, plan, record)
+            if principal.authenticated:
+                # An agent never approves its own extension: over HTTP an operator decides, whatever the client.
+                return await approvals.request_operator_approval(controller, plan)
             if controller.config.approval_mode == "tool-confirmation":
                 return await approvals.apply_extension(
                     controller, plan, by="client tool confirmation", method=METHOD_TOOL_CONFIRMATION
@@ -736,7 +811,7 @@ def build_server(
                 controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
             )
 
-        return await _run(work())
+        return _shown(await _run(work()))
 
     @mcp.tool(
         description="The validated result fields of a succeeded operation, recorded as its own follow-up. "
@@ -746,7 +821,8 @@ def build_server(
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def fetch_result(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> FollowUpResult:
-        return await _run(followups.fetch_result(_controller(ctx), operation_id))
+        stored = await _resolve(ctx, operation_id)
+        return _shown(await _run(followups.fetch_result(_controller(ctx), stored)))
 
     @mcp.tool(
         description="Cancel the job at the provider with its documented cancel call, after a person approves. "
@@ -763,10 +839,11 @@ def build_server(
         ctx: Context[Any, Any],
     ) -> FollowUpResult:
         controller = _controller(ctx)
+        principal = current_principal()
 
         async def work() -> FollowUpResult:
             if not plan.allowed:
-                record = await controller.load(operation_id)
+                record = await controller.load(plan.operation_id)
                 return followups.refused_cancel(controller, record, plan)
             if plan.approved_id is not None:
                 return await followups.send_cancel(
@@ -776,6 +853,8 @@ def build_server(
                     by=plan.approved_by or "operator",
                     method=plan.approved_method or "cli",
                 )
+            if principal.authenticated:
+                return await followups.request_cancel_approval(controller, plan)
             if controller.config.approval_mode == "tool-confirmation":
                 return await followups.send_cancel(
                     controller,
@@ -796,14 +875,15 @@ def build_server(
                 controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
             )
 
-        return await _run(work())
+        return _shown(await _run(work()))
 
     @mcp.tool(
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def get_operation(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> OperationView:
-        return await _run(_controller(ctx).get_operation(operation_id))
+        stored = await _resolve(ctx, operation_id)
+        return _shown(await _run(_controller(ctx).get_operation(stored)))
 
     @mcp.tool(
         description="Recent operations, newest first, optionally filtered by status or provider. No provider call.",
@@ -817,8 +897,45 @@ def build_server(
         ] = None,
         limit: Annotated[int, Field(ge=1, le=500)] = 50,
     ) -> OperationList:
-        views = await _run(_controller(ctx).list_operations(status=status, provider=provider, limit=limit))
-        return OperationList(operations=views, count=len(views))
+        principal = current_principal()
+        owner = None if principal.sees_everything else principal.name
+        views = await _run(
+            _controller(ctx).list_operations(status=status, provider=provider, limit=limit, owner=owner)
+        )
+        shown = [ownership.renamed(v, principal) for v in views]
+        return OperationList(operations=shown, count=len(shown))
+
+    @mcp.tool(
+        description="Operators only (a bearer token with pollwarden:operator over HTTP): the approvals waiting "
+        "for a person, or every one with all=true. Agents cannot use it.",
+        annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    )
+    async def list_approvals(
+        ctx: Context[Any, Any],
+        all: Annotated[bool, Field(description="Every approval, not only the pending ones.")] = False,
+    ) -> operator_tools.ApprovalList:
+        return await _run(
+            operator_tools.list_approvals(_controller(ctx), current_principal(), everything=all)
+        )
+
+    @mcp.tool(
+        description="Operators only (a bearer token with pollwarden:operator over HTTP): approve or deny a "
+        "pending approval about another principal's operation. Nobody decides about their own operation; "
+        "agents cannot use it.",
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+        ),
+    )
+    async def decide_approval(
+        approval_id: Annotated[
+            str, Field(min_length=1, max_length=100, description="As list_approvals shows it.")
+        ],
+        decision: Annotated[Literal["approve", "deny"], Field(description="approve or deny.")],
+        ctx: Context[Any, Any],
+    ) -> operator_tools.DecisionResult:
+        return await _run(
+            operator_tools.decide_approval(_controller(ctx), current_principal(), approval_id, decision)
+        )
 
     @mcp.resource(
         "pollwarden://operations/{operation_id}",
@@ -827,7 +944,9 @@ def build_server(
         mime_type="application/json",
     )
     async def operation_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
-        view = await _read(_controller(ctx).get_operation(operation_id))
+        controller = _controller(ctx)
+        stored = await _read(ownership.resolve(controller, current_principal(), operation_id))
+        view = _shown(await _read(controller.get_operation(stored)))
         return view.model_dump_json(indent=2)
 
     @mcp.resource(
@@ -838,10 +957,11 @@ def build_server(
     )
     async def audit_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
         controller = _controller(ctx)
-        await _read(controller.load(operation_id))
-        await _read(controller.store.flush_refusals(operation_id))  # the story is told up to now
+        stored = await _read(ownership.resolve(controller, current_principal(), operation_id))
+        await _read(controller.load(stored))
+        await _read(controller.store.flush_refusals(stored))  # the story is told up to now
         where = controller.store.location
-        rows = await anyio.to_thread.run_sync(lambda: read_rows(where, operation_id))
+        rows = await anyio.to_thread.run_sync(lambda: read_rows(where, stored))
         return "\n".join(render_story(rows)) + "\n"
 
     return mcp

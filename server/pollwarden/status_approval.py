@@ -94,15 +94,22 @@ def question(record: OperationRecord) -> str:
 
 
 async def permission(
-    controller: ApprovalParts, plan: StatusRequestPlan, answer: bool | None, *, asked: bool
+    controller: ApprovalParts,
+    plan: StatusRequestPlan,
+    answer: bool | None,
+    *,
+    asked: bool,
+    operator_only: bool = False,
 ) -> str | None:
     """Whether this call may send its one request: None if a person approved, else what the agent is told.
 
     Every decision is audited on the operation with how it was authenticated.
+    With `operator_only` (an authenticated HTTP agent) the client's tool
+    confirmation counts for nothing: only an operator's decision does.
     """
     now = controller.clock.now()
     op = plan.operation_id
-    if controller.config.approval_mode == "tool-confirmation":
+    if controller.config.approval_mode == "tool-confirmation" and not operator_only:
         await _audit(
             controller, op, "status_request_approved", "client tool confirmation", METHOD_TOOL_CONFIRMATION
         )
