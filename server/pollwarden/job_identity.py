@@ -23,6 +23,10 @@ operation).
 * Operations recorded before this rule (schema 6) that shared a job keep
   their records; the earliest created keeps the job, the others are marked
   `duplicate_of` it and stop at their next check with `job_already_tracked`.
+* The expected terminal state (the table's success states when the operation
+  was recorded) is part of the operation's contract: an end answer is taken at
+  the table's word only while the table still says the same
+  (`terminal_state_mismatch`); otherwise the operation stops for a person.
 * The only ways to more requests for a job stay the existing ones:
   `request_extension` through a person, or an operator's `reopen` after a
   refusal (authorization_denied, integration_failure, account_context_changed).
@@ -32,14 +36,17 @@ Pure functions; the store and the controller call them.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
+from pollwarden.canonical import canonical_json
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import quoted
-from pollwarden.vocabulary import Status, StopReason
+from pollwarden.vocabulary import Category, Status, StopReason
 
 if TYPE_CHECKING:
     from pollwarden.records import OperationRecord
+    from pollwarden_providers.table import ProviderTable
 
 # Stops an operator may reopen once the cause is fixed: the provider refused the
 # caller or the integration, or the account changed. Until then nothing is sent for
@@ -60,12 +67,58 @@ def account_context(origin: str, credential_env: str | None) -> str:
     return f"{origin} as {'$' + credential_env if credential_env else _ANONYMOUS}"
 
 
+def account_context_of(table: ProviderTable) -> str:
+    """Which provider account the server acts as: the origin and the credential's variable name."""
+    return account_context(table.origin, table.auth.env if table.auth else None)
+
+
+def fingerprint(provider: str, account_context: str, payload: object) -> str:
+    """SHA-256 of the canonical JSON of provider, account context and payload."""
+    canonical = canonical_json({"provider": provider, "account": account_context, "payload": payload})
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def account_parts(context: str) -> tuple[str, str | None]:
     """(origin, credential variable name or None) of a recorded account context."""
     origin, _, who = context.rpartition(" as ")
     if not origin:
         return context, None
     return origin, who[1:] if who.startswith("$") else None
+
+
+def expected_terminal_state_of(table: ProviderTable) -> str:
+    """The recorded form of the expected terminal state: the table's success states, comma-separated."""
+    return ",".join(table.states_of(Category.SUCCEEDED))
+
+
+def terminal_state_mismatch(
+    expected: str, table: ProviderTable, state: str, category: Category
+) -> str | None:
+    """Why an answer in `state` may not be read by the table's current categories, or None.
+
+    `expected` is what the operation recorded when it started. While the table
+    still lists exactly those success states, its reading stands. Once they
+    changed, a success state the operation did not expect is no success, and
+    an expected one the table now files elsewhere is no failure: either way
+    the job's end is not reported at the edited table's word; a person looks.
+    """
+    if expected == expected_terminal_state_of(table):
+        return None
+    recorded = [s for s in expected.split(",") if s]
+    if category == Category.SUCCEEDED and state not in recorded:
+        what = f"the {table.name} table now counts {quoted(state)} as success"
+    elif category != Category.SUCCEEDED and state in recorded:
+        what = (
+            f"{quoted(state)} was the expected success, but the {table.name} table now files it as {category}"
+        )
+    else:
+        return None
+    return (
+        f"unexpected terminal state: {what}; the operation was recorded expecting "
+        f"{', '.join(quoted(s) for s in recorded)}. The table's success states changed since it started, so "
+        "this answer is not taken as a success or a failure. A person checks the job at the provider and "
+        "restores the table, then an operator reopens this operation"
+    )
 
 
 def already_tracked_message(owner: OperationRecord, requested_operation_id: str) -> str:

@@ -13,14 +13,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pollwarden.controller import account_context_of, transition_changes
+from pollwarden.controller import transition_changes
 from pollwarden.decide import ProviderAnswer, Transition, decide_after_response
 from pollwarden.errors import SampleError
+from pollwarden.job_identity import account_context_of, expected_terminal_state_of
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso
 from pollwarden.views import allowed_actions, person_must_act_at
-from pollwarden.vocabulary import Category, DelaySource, Status
+from pollwarden.vocabulary import DelaySource, Status
 from pollwarden_providers.interpret import BodyError, get_field, parse_json_object
 from pollwarden_providers.request_building import job_id_form
 from pollwarden_providers.table import CATEGORIES, FieldSpec, ProviderTable
@@ -92,7 +93,7 @@ def first_check_record(
         account_context=account_context_of(table),
         request_fingerprint="0" * 64,
         idempotency_key=None,
-        expected_terminal_state=",".join(table.states_of(Category.SUCCEEDED)),
+        expected_terminal_state=expected_terminal_state_of(table),
         status=Status.WAITING,
         stop_reason=None,
         stop_detail=None,

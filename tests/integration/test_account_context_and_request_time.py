@@ -5,8 +5,12 @@ starts. If either changed since (the table edited, the server started with
 another `[auth] env`), the next check stops with `account_context_changed`
 and sends nothing, instead of polling under another account; a person
 restores it and an operator reopens. The view and the audit's first row show
-both. The record keeps when each status request was sent beside when its
-answer came.
+both. The expected terminal state (the table's success states when the
+operation started) is checked the same way: once the table's success states
+changed, an end answer is not read at the edited table's word (a new success
+state is no success, the expected one filed elsewhere no failure) and stops
+for a person. The record keeps when each status request was sent beside when
+its answer came.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
 from pollwarden.timefmt import parse_iso
 from tests.integration.test_operator_decisions import cli
-from tests.support.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, failed, pending, succeeded
 
 pytestmark = pytest.mark.anyio
 
@@ -123,6 +127,78 @@ async def test_the_first_audit_row_and_the_view_name_the_origin_and_the_credenti
         first.payload_obj["expected_terminal_state"],
     ) == (fake.base_url, "ACME_TOKEN", "succeeded")
     assert SECRET not in first.payload
+
+
+SUCCESS_STATES_CHANGED: list[Any] = [
+    pytest.param(
+        {"states": {"succeeded": ["succeeded", "done"]}},
+        succeeded(state="done"),
+        ("escalated", "integration_failure"),
+        "the acme table now counts done as success",
+        id="a-new-success-state-is-no-success",
+    ),
+    pytest.param(
+        {"states": {"succeeded": ["done"], "failed": ["failed", "succeeded"]}},
+        succeeded(),
+        ("escalated", "integration_failure"),
+        "succeeded was the expected success, but the acme table now files it as failed",
+        id="the-expected-success-filed-as-failure-is-no-failure",
+    ),
+    pytest.param(
+        {"states": {"succeeded": ["succeeded", "done"]}},
+        succeeded(),
+        ("succeeded", "succeeded"),
+        None,
+        id="the-expected-success-still-succeeds",
+    ),
+    pytest.param(
+        {"states": {"succeeded": ["succeeded", "done"]}},
+        failed(),
+        ("failed", "provider_failure"),
+        None,
+        id="a-documented-failure-still-fails",
+    ),
+]
+
+
+@pytest.mark.parametrize(("edit", "answer", "ends", "detail"), SUCCESS_STATES_CHANGED)
+async def test_an_end_answer_is_checked_against_the_expected_terminal_state_recorded_at_start(
+    tmp_path: Path,
+    fake: FakeProvider,
+    edit: dict[str, Any],
+    answer: Any,
+    ends: tuple[str, str],
+    detail: str | None,
+) -> None:
+    fake.script("end", [pending("running"), answer])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        started = await track(client, "end")
+        assert started["expected_terminal_state"] == ["succeeded"]
+        assert (await check(client, "end", wait=50))["outcome"] == "polled"
+    h.table = {**h.table, "states": {**h.table["states"], **edit["states"]}}
+    async with h.client() as client:
+        stopped = await check(client, "end", wait=50)
+        assert (stopped["outcome"], stopped["status"], stopped["stop_reason"]) == ("polled", *ends)
+        assert stopped["expected_terminal_state"] == ["succeeded"]  # what was recorded, not the new table
+        if detail is None:
+            return
+        assert detail in stopped["stop_detail"]
+        assert "recorded expecting succeeded." in stopped["stop_detail"]
+        assert stopped["result"] is None
+        assert stopped["allowed_actions"] == []
+        assert stopped["message"].startswith("Waiting stopped: integration_failure. Do not poll again")
+        assert stopped["escalation"]["options"][0]["action"] == "operator_reopen"
+        again = await check(client, "end", wait=50)
+        assert (again["outcome"], again["status_requests_used"]) == ("stopped", 2)
+        refused = view(await client.call_tool("fetch_result", {"operation_id": "op-end"}))
+        assert (refused["decision"], refused["result"]) == ("refused", None)
+    assert len(fake.status_requests("end")) == 2
+    last = [r.payload_obj for r in read_rows(h.db_path, "op-end") if r.kind == "polled"][-1]
+    assert (last["state"], last["stop_reason"]) == (
+        "done" if "done" in detail else "succeeded",
+        "integration_failure",
+    )
 
 
 class TickingClock(FakeClock):

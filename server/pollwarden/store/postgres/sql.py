@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 
 from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
+from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
 from pollwarden.store.sqlite.queries import MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS
 
 REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
@@ -79,14 +80,13 @@ COUNT_CREATED_SINCE_BY_OWNER = (
     "SELECT count(*) FROM operations WHERE owner = %(owner)s AND created_at > %(since)s"
 )
 
-# The reservation as one statement: the gate's conditions again, and the version the gate read.
+# The reservation as one statement: the gate's conditions again (pollwarden.stop's), and the version it read.
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
     "lease_owner = %(owner)s, lease_expires_at = %(lease_expires_at)s, version = version + 1, "
     "updated_at = %(now)s "
     "WHERE operation_id = %(operation_id)s AND version = %(version)s AND status = 'waiting' "
-    "AND %(now)s < deadline_at AND (business_deadline_at IS NULL OR %(now)s < business_deadline_at) "
-    "AND %(now)s >= next_check_at AND status_requests_used < max_status_requests "
+    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND {BUDGET_LEFT_SQL} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
@@ -205,16 +205,33 @@ WAKE = (
     "UPDATE operations SET next_check_at = %(now)s, woken_at = %(now)s, version = version + 1, "
     "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
     "AND status = 'waiting' AND %(now)s < next_check_at "
-    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') AND %(now)s < deadline_at "
-    "AND (business_deadline_at IS NULL OR %(now)s < business_deadline_at) "
+    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
+    f"AND {deadline_open_sql('%(now)s')} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
-# -- the audit chain: the head row is locked by every append --------------------------------------------
+# -- the audit chain: one head row, locked by every append ---------------------------------------------
 
+# A keyed chain: the head is locked and read, the HMAC computed here (the key never leaves the process).
 LOCK_AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit_head FOR UPDATE"
 SET_AUDIT_HEAD = "UPDATE audit_head SET seq = %(seq)s, hash = %(hash)s, keyed = %(keyed)s"
 INSERT_AUDIT_ROW = (
     "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
     "VALUES (%(seq)s, %(operation_id)s, %(at)s, %(kind)s, %(payload)s, %(prev_hash)s, %(hash)s, %(keyed)s)"
+)
+
+# An unkeyed chain: the head is read without a lock first (only to refuse a keyed chain with the fix),
+# then locked, linked and hashed by the statement that inserts the row, so the lock is held only from
+# that statement to the COMMIT queued behind it, never across a round trip. The message hashed is
+# `audit.row_hash`'s: "[" seq middle "\"" prev_hash "\"]", the middle JSON-escaped by Python
+# (`audit.hashed_middle`). No row (the chain became keyed meanwhile) divides by zero: nothing commits.
+READ_AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit_head"
+APPEND_AUDIT_ROW = (
+    "WITH linked AS (INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
+    "SELECT seq + 1, %(operation_id)s, %(at)s, %(kind)s, %(payload)s, hash, encode(sha256(convert_to("
+    "'[' || (seq + 1)::text || %(middle)s || '\"' || hash || '\"]', 'UTF8')), 'hex'), false "
+    "FROM audit_head WHERE NOT keyed FOR UPDATE RETURNING 1) SELECT 1 / count(*) FROM linked"
+)
+MOVE_AUDIT_HEAD = (
+    "UPDATE audit_head SET seq = a.seq, hash = a.hash FROM audit AS a WHERE a.seq = audit_head.seq + 1"
 )
