@@ -386,3 +386,39 @@ async def test_a_resubmission_counts_only_the_principals_own_payloads_and_only_a
         assert [(r.payload_obj["approved_by"], r.payload_obj["authenticated_by"]) for r in approved] == [
             ("ops", "http-operator")
         ]
+
+
+def send_anyway() -> Any:
+    async def callback(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        return ElicitResult(action="accept", content={"decision": "send"})
+
+    return callback
+
+
+async def test_a_status_request_a_table_guards_waits_for_an_operator_over_http_whatever_the_agents_client_answers(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("guarded", [pending("running")])
+    every = {"every_status_request": True}
+    async with team(tmp_path, fake, approval_mode="tool-confirmation", approval=every) as t:
+        async with t.as_("alice", mode="legacy", elicitation_callback=send_anyway()) as alice:
+            view(await alice.call_tool("start_operation", start_args("g", "guarded")))
+            held = view(await alice.call_tool("check_status", {"operation_id": "g", "wait_seconds": 30}))
+        assert held["outcome"] == "not_yet"
+        assert "A person must decide" in held["message"]
+        assert fake.status_requests("guarded") == []
+        async with t.as_("ops") as ops:
+            listed = view(await ops.call_tool("list_approvals", {}))["approvals"]
+            assert [(a["operation_id"], a["owner"], a["kind"]) for a in listed] == [
+                ("@alice/g", "alice", "status_request")
+            ]
+            decision = {"approval_id": listed[0]["approval_id"], "decision": "approve"}
+            view(await ops.call_tool("decide_approval", decision))
+        async with t.as_("alice") as alice:
+            sent = view(await alice.call_tool("check_status", {"operation_id": "g", "wait_seconds": 30}))
+        assert sent["outcome"] == "polled"
+        assert len(fake.status_requests("guarded")) == 1
+        approved = [r for r in read_rows(t.s.h.db_path, "@alice/g") if r.kind == "status_request_approved"]
+        assert [(r.payload_obj["decided_by"], r.payload_obj["authenticated_by"]) for r in approved] == [
+            ("ops", "http-operator")
+        ]
