@@ -748,6 +748,9 @@ def _start_line(verb: str, p: Mapping[str, object]) -> str:
         text += f", deadline {_hms(p.get('deadline_at'))}"
     if p.get("max_status_requests") is not None:
         text += f", budget {_number(p.get('max_status_requests'))}"
+    principal = p.get("principal")
+    if principal is not None and principal != "local":  # stdio stories read as before
+        text += f", for {_value(principal)}"
     return text
 
 

@@ -46,6 +46,7 @@ def decision_payload(
     waiting = record.status == Status.WAITING
     return {
         "decision": kind,
+        "principal": record.owner,
         "outcome": outcome,
         "status": record.status,
         "state": record.state,

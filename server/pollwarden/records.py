@@ -106,6 +106,7 @@ class OperationRecord:
     # and who approved sending it (nothing is sent while this is None).
     resubmission_of: str | None = None
     resubmission_approved_by: str | None = None
+    owner: str = "local"  # the principal that started it (issue 19); stdio is `local`
     # When a verified provider webhook last brought next_check_at forward (to this time); see webhooks.py.
     woken_at: float | None = None
 

@@ -58,14 +58,17 @@ class ResubmissionPlan(BaseModel):
     operator_approved: bool = False  # an operator's approval waits to be applied: nobody is asked
 
 
-async def earlier_outcome(store: Store, fingerprint: str, *, exclude: str | None) -> OperationRecord | None:
-    """The latest earlier operation of this payload, if it ended or escalated (a person must approve).
+async def earlier_outcome(
+    store: Store, fingerprint: str, *, exclude: str | None, owner: str = "local"
+) -> OperationRecord | None:
+    """The latest earlier operation of this payload by `owner`, if it ended or escalated (a person must approve).
 
     Held resubmissions are skipped (they sent nothing); the latest of the rest
-    decides: one still in flight or succeeded is not a reason to ask.
+    decides: one still in flight or succeeded is not a reason to ask. Another
+    principal's operations do not count (they do not exist for this one).
     """
     for record in await store.operations_of_fingerprint(fingerprint):
-        if record.operation_id == exclude or record.held_for_approval:
+        if record.operation_id == exclude or record.held_for_approval or record.owner != owner:
             continue
         return record if record.status in NEEDS_A_PERSON else None
     return None

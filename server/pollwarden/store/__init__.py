@@ -64,9 +64,14 @@ class Store(Protocol):
         ...
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationRecord]:
-        """Most recent operations first."""
+        """Most recent operations first (only `owner`'s when given)."""
         ...
 
     async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
@@ -127,6 +132,7 @@ class Store(Protocol):
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
         needs_person: frozenset[str] = frozenset(),
+        fleet_slots: int | None = None,
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
 
@@ -140,7 +146,13 @@ class Store(Protocol):
         `fleets` holds the loaded provider tables' [fleet] specs (None without one);
         `accounts` their account contexts now (a waiting operation recorded under
         another one stops with `account_context_changed`, nothing sent).
+        `fleet_slots`: while a pace is used up, at most this many booked slots per principal
+        (issue 19's fair shares; the principal's other checks wait for the earliest of them).
         """
+        ...
+
+    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
+        """(active operations, operations created after `since`) of one principal."""
         ...
 
     async def apply_answer(

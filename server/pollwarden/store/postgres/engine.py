@@ -42,6 +42,7 @@ from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import browse, sql
 from pollwarden.store.postgres.connection import EngineStats, GuardFailed, Pool, Tx, migrate
 from pollwarden.store.postgres.writer import Writer, operation
+from pollwarden.store.sqlite.queries import OPTIONAL_NEW_COLUMNS
 from pollwarden.store.sqlite.rows import StoredOperation, stored
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import (
@@ -112,19 +113,28 @@ class PostgresStore:
         return None if row is None else stored(row).record
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationRecord]:
-        """Most recent operations first."""
-        if status is not None and provider is not None:
-            query = sql.LIST_OPERATIONS_BY_STATUS_AND_PROVIDER
-        elif status is not None:
-            query = sql.LIST_OPERATIONS_BY_STATUS
-        elif provider is not None:
-            query = sql.LIST_OPERATIONS_BY_PROVIDER
-        else:
-            query = sql.LIST_OPERATIONS
-        found = await self._pool.read(query, {"status": status, "provider": provider, "limit": limit})
+        """Most recent operations first (only `owner`'s when given)."""
+        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
+        query = sql.list_operations(
+            *(name for name in ("status", "provider", "owner") if params[name] is not None)
+        )
+        found = await self._pool.read(query, params)
         return [stored(row).record for row in found]
+
+    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
+        """(active operations, operations created after `since`) of one principal."""
+        active = await self._pool.read_one(sql.COUNT_ACTIVE_OF_OWNER, {"owner": owner})
+        started = await self._pool.read_one(
+            sql.COUNT_CREATED_SINCE_BY_OWNER, {"owner": owner, "since": since}
+        )
+        return (0 if active is None else int(active[0])), (0 if started is None else int(started[0]))
 
     async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
         """The operations recorded with this request fingerprint, newest first."""
@@ -190,6 +200,7 @@ class PostgresStore:
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
         needs_person: frozenset[str] = frozenset(),
+        fleet_slots: int | None = None,
     ) -> CheckStart | None:
         """Decide one round of check_status and write it (None: no such operation).
 
@@ -229,7 +240,9 @@ class PostgresStore:
             )
             if not decision.writes:
                 return CheckStart(current.record, decision)
-            return await _carry_out(writer, current, decision, now, owner, lease_seconds, fleet, tat)
+            return await _carry_out(
+                writer, current, decision, now, owner, lease_seconds, fleet, tat, fleet_slots
+            )
 
     async def _decide(
         self,
@@ -380,7 +393,7 @@ class PostgresStore:
         concurrent insert of either to commit; then the operation holding the id,
         else the job's holder, is returned (pollwarden.job_identity).
         """
-        values = {"resubmission_of": None, **values}  # a new operation is no resubmission unless it says so
+        values = {**OPTIONAL_NEW_COLUMNS, **values}
         missing = set(sql.NEW_OPERATION_COLUMNS) - set(values)
         extra = set(values) - set(sql.NEW_OPERATION_COLUMNS)
         if missing or extra:
@@ -395,7 +408,7 @@ class PostgresStore:
             if row is None:
                 existing = await tx.one(sql.SELECT_OPERATION, {"operation_id": operation_id})
                 if existing is None and values["provider_job_id"] is not None:
-                    job = {k: values[k] for k in ("provider", "account_context", "provider_job_id")}
+                    job = {k: values[k] for k in ("provider", "account_context", "provider_job_id", "owner")}
                     existing = await tx.one(sql.SELECT_JOB_OWNER, job)
                 return operation(existing, operation_id).record, False
             created = stored(row).record
@@ -449,7 +462,11 @@ class PostgresStore:
             job_id = changes.get("provider_job_id")
             if job_id is not None:
                 # The provider named a job another operation holds: this submission adopts nothing.
-                job = {"provider": record.provider, "account_context": record.account_context}
+                job = {
+                    "provider": record.provider,
+                    "account_context": record.account_context,
+                    "owner": record.owner,
+                }
                 found = await tx.one(sql.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
                 holder = None if found is None else stored(found).record
                 if holder is not None and holder.operation_id != operation_id:
@@ -776,8 +793,14 @@ async def _carry_out(
     lease_seconds: float,
     fleet: FleetSpec | None,
     tat: float | None,
+    fleet_slots: int | None = None,
 ) -> CheckStart:
-    """Write what the gate decided on the locked row (and the locked pace row)."""
+    """Write what the gate decided on the locked row (and the locked pace row).
+
+    Fair shares (`fleet_slots`): while the pace is used up, one principal holds at
+    most that many booked slots of it; its other checks wait for the earliest of
+    them (nothing taken from the pace), as on SQLite.
+    """
     record = current.record
     outcome = decision.refusal
     if outcome is not None:
@@ -805,6 +828,16 @@ async def _carry_out(
         )
         if not held:
             step = pace(tat, now=now, rate=fleet.max_requests_per_second, burst=fleet.burst)
+            if not step.admitted and fleet_slots is not None:
+                own = await _own_booked_slots(writer, record, now)
+                if own is not None and own[0] >= fleet_slots:
+                    wait = {
+                        "fleet_slot_at": None,
+                        "next_check_at": own[1],
+                        "delay_source": DelaySource.FLEET_PACING,
+                    }
+                    waiting = await writer.write(current, wait, at=now)
+                    return CheckStart(waiting, GateDecision(Step.PACED, allowed_at=waiting.next_check_at))
             await writer.tx.queue(sql.SET_FLEET_TAT, {"provider": record.provider, "tat": step.next_tat})
             if not step.admitted:
                 slot = {
@@ -829,6 +862,20 @@ async def _carry_out(
         at=now,
     )
     return CheckStart(reserved, decision)
+
+
+async def _own_booked_slots(writer: Writer, record: OperationRecord, now: float) -> tuple[int, float] | None:
+    """How many future slots of this provider's pace the record's principal holds, and the earliest."""
+    params = {
+        "provider": record.provider,
+        "owner": record.owner,
+        "now": now,
+        "operation_id": record.operation_id,
+    }
+    row = await writer.tx.one(sql.PRINCIPAL_BOOKED_SLOTS, params)
+    if row is None or row[1] is None:
+        return None
+    return int(row[0]), float(row[1])
 
 
 async def _count_refusal(writer: Writer, current: StoredOperation, outcome: Outcome, at: float) -> None:

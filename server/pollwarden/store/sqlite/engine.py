@@ -58,18 +58,18 @@ class SQLiteStore:
         return await self._db.run(work)
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationRecord]:
-        """Most recent operations first."""
-        if status is not None and provider is not None:
-            sql = queries.LIST_OPERATIONS_BY_STATUS_AND_PROVIDER
-        elif status is not None:
-            sql = queries.LIST_OPERATIONS_BY_STATUS
-        elif provider is not None:
-            sql = queries.LIST_OPERATIONS_BY_PROVIDER
-        else:
-            sql = queries.LIST_OPERATIONS
-        params = {"status": status, "provider": provider, "limit": limit}
+        """Most recent operations first (only `owner`'s when given)."""
+        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
+        sql = queries.list_operations(
+            *(name for name in ("status", "provider", "owner") if params[name] is not None)
+        )
 
         def work(s: Session) -> list[OperationRecord]:
             return [rows.stored(row).record for row in s.conn.execute(sql, params).fetchall()]
@@ -162,6 +162,7 @@ class SQLiteStore:
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
         needs_person: frozenset[str] = frozenset(),
+        fleet_slots: int | None = None,
     ) -> CheckStart | None:
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
@@ -178,8 +179,19 @@ class SQLiteStore:
                 key=self._key,
                 clock=clock,
                 accounts=accounts,
+                fleet_slots=fleet_slots,
             )
         )
+
+    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
+        """(active operations, operations created after `since`) of one principal."""
+
+        def work(s: Session) -> tuple[int, int]:
+            active = s.conn.execute(queries.COUNT_ACTIVE_OF_OWNER, (owner,)).fetchone()
+            started = s.conn.execute(queries.COUNT_CREATED_SINCE_BY_OWNER, (owner, since)).fetchone()
+            return int(active[0]), int(started[0])
+
+        return await self._db.run(work)
 
     async def apply_answer(
         self,
