@@ -6,7 +6,9 @@ printed at its terminal. Opening it turns the token into a session cookie
 under a random path prefix (``/c/<random>/``, in the printed URL) and the
 cookie, named for this console, is scoped to that path: a browser does not
 send it to another web app on the same host (cookies ignore the port), nor to
-another console there. Every POST carries
+another console there. Where it was started with ``--auth-tokens FILE``, an
+operator's bearer token (scope ``pollwarden:operator``) is accepted instead of
+the cookie (`pollwarden.console.bearer`). Every POST from a cookie session carries
 the session's CSRF token; every response carries a Content-Security-Policy
 with no script at all, ``frame-ancestors 'none'`` and ``nosniff``; the Host
 header is checked (DNS rebinding). Every value a provider or an agent wrote
@@ -29,11 +31,13 @@ from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import anyio
 import anyio.to_thread
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
+from mcp.server.auth.provider import TokenVerifier
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -53,9 +57,9 @@ from pollwarden.audit import (
 )
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.config import ServerConfig, load_provider_tables
-from pollwarden.console import charts
+from pollwarden.console import bearer, charts
 from pollwarden.operator_decision import decide
-from pollwarden.operator_keys import METHOD_CONSOLE, OperatorKey
+from pollwarden.operator_keys import METHOD_CONSOLE, METHOD_HTTP_OPERATOR, OperatorKey
 from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
@@ -104,6 +108,8 @@ class ConsoleSettings:
     tables: Mapping[str, ProviderTable] | None = None
     # The random part of this console's path prefix (and of its cookie's name).
     instance: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    # Operators' bearer tokens (`--auth-tokens FILE`); None: only the login URL's cookie.
+    verifier: TokenVerifier | None = None
 
     @property
     def prefix(self) -> str:
@@ -129,6 +135,12 @@ class ConsoleSettings:
     def method(self) -> str:
         """How decisions made here are authenticated (recorded with each)."""
         return self.key.method if self.key is not None else METHOD_CONSOLE
+
+    def decider(self, operator: str | None) -> tuple[str, str]:
+        """(who the audit names, how authenticated) for the cookie's person (None) or a bearer's operator."""
+        if operator is None:
+            return self.decided_by, self.method
+        return f"{operator} (console)", self.key.method if self.key is not None else METHOD_HTTP_OPERATOR
 
 
 def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
@@ -260,14 +272,17 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         flashes = list(session.flashes) if session is not None else []
         if session is not None:
             session.flashes.clear()
+        operator = _operator_of(request)
+        decided_by, method = settings.decider(operator)
         body = state.templates.get_template(name).render(
             csrf=session.csrf if session is not None else "",
+            logged_in=session is not None or operator is not None,
             flashes=flashes,
             base=base,
             path=request.url.path.removeprefix(base) or "/",
             now=_when(settings.clock.now()),
-            decided_by=settings.decided_by,
-            method=settings.method,
+            decided_by=decided_by,
+            method=method,
             source_words=charts.DELAY_SOURCE_WORDS,
             **context,
         )
@@ -278,8 +293,12 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
 
     def authed(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
-            if _session_of(state, request) is None:
+            operator = await bearer.judge(settings.verifier, request.headers.get("authorization"))
+            if isinstance(operator, Response):
+                return operator
+            if operator is None and _session_of(state, request) is None:
                 return needs_login(request)
+            request.state.operator = operator
             return await handler(request)
 
         return run
@@ -305,6 +324,7 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         status = params.get("status") or None
         stop_reason = params.get("stop_reason") or None
         provider = params.get("provider") or None
+        owner = params.get("owner") or None
         if status is not None and status not in set(Status):
             status = None
         if stop_reason is not None and stop_reason not in set(StopReason):
@@ -315,12 +335,17 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             number = 1
         store = state.the_store()
         listing = await store.operations_page(
-            OperationFilter(status=status, provider=provider, stop_reason=stop_reason),
+            OperationFilter(status=status, provider=provider, stop_reason=stop_reason, owner=owner),
             page=number,
             page_size=settings.page_size,
         )
         facets = await store.operation_facets()
-        filters = {"status": status or "", "provider": provider or "", "stop_reason": stop_reason or ""}
+        filters = {
+            "status": status or "",
+            "provider": provider or "",
+            "stop_reason": stop_reason or "",
+            "owner": owner or "",
+        }
         return page(
             request,
             "operations.html",
@@ -329,6 +354,8 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             statuses=[s.value for s in Status],
             stop_reasons=[r.value for r in StopReason],
             providers=sorted(set(facets.providers) | set(state.tables)),
+            owners=facets.owners,
+            query=urlencode(filters),
             pending=len(await store.list_approvals(status="pending")),
             refresh=settings.refresh_seconds,
         )
@@ -377,24 +404,26 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         return page(request, "approvals.html", items=items, decided=decided)
 
     async def decide_post(request: Request) -> Response:
-        session = _session_of(state, request)
-        if session is None:
+        operator = await bearer.judge(settings.verifier, request.headers.get("authorization"))
+        if isinstance(operator, Response):
+            return operator
+        session = _session_of(state, request) if operator is None else None
+        if operator is None and session is None:
             return needs_login(request)
         form = await request.form()
-        csrf = str(form.get("csrf", ""))
-        if not csrf or not hmac.compare_digest(csrf.encode(), session.csrf.encode()):
-            return PlainTextResponse(
-                "refused: this form has no valid CSRF token (reload the Approvals page and decide there); "
-                "nothing was decided",
-                status_code=403,
-            )
-        origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
-            return PlainTextResponse("refused: a decision from another origin; nothing was decided", 403)
+        if session is not None and (refused := _cross_site(request, session, str(form.get("csrf", "")))):
+            return refused
         approval_id = str(form.get("approval_id", ""))
         choice = str(form.get("decision", ""))
         if choice not in ("approve", "deny"):
             return PlainTextResponse("refused: decision must be approve or deny; nothing was decided", 400)
+        if operator is not None and await _owns(state.the_store(), approval_id, operator):
+            return PlainTextResponse(
+                f"refused: approval {one_line(approval_id)} is about an operation {operator} started; another "
+                "operator must decide it (nobody approves their own extension or cancel). Nothing was decided",
+                status_code=403,
+            )
+        by = settings.decider(operator)[0]
         async with (
             state.decide_lock
         ):  # a double submit in this console decides once; the store guards the rest
@@ -402,12 +431,14 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
                 state.the_store(),
                 approval_id,
                 approve=choice == "approve",
-                by=settings.decided_by,
+                by=by,
                 at=settings.clock.now(),
-                method=METHOD_CONSOLE,
+                method=METHOD_CONSOLE if operator is None else METHOD_HTTP_OPERATOR,
                 key=settings.key,
             )
         log.info("console: %s", decision.message)
+        if session is None:  # a bearer client: the outcome itself, no page to come back to
+            return PlainTextResponse(decision.message, status_code=200 if decision.ok else 409)
         session.flashes.append((decision.ok, decision.message))
         return RedirectResponse(f"{base}/approvals", status_code=303)
 
@@ -485,6 +516,33 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
     # Nothing outside the prefix: a page that guesses paths on this port finds no console.
     app = Starlette(routes=[Mount(base, routes=pages)], lifespan=lifespan)
     return _Guard(app, settings.allowed_hosts)
+
+
+def _operator_of(request: Request) -> str | None:
+    """The bearer operator `authed` found for this request (None: the cookie's person, or nobody)."""
+    operator = getattr(request.state, "operator", None)
+    return operator if isinstance(operator, str) else None
+
+
+def _cross_site(request: Request, session: _Session, csrf: str) -> Response | None:
+    """A cookie session's POST without its CSRF token, or from another origin: the refusal to send."""
+    if not csrf or not hmac.compare_digest(csrf.encode(), session.csrf.encode()):
+        return PlainTextResponse(
+            "refused: this form has no valid CSRF token (reload the Approvals page and decide there); "
+            "nothing was decided",
+            status_code=403,
+        )
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+        return PlainTextResponse("refused: a decision from another origin; nothing was decided", 403)
+    return None
+
+
+async def _owns(store: Store, approval_id: str, operator: str) -> bool:
+    """Whether the approval is about an operation `operator` started (the rule `decide_approval` keeps)."""
+    approval = await store.get_approval(approval_id)
+    record = await store.get(approval.operation_id) if approval is not None else None
+    return record is not None and record.owner == operator
 
 
 @dataclass(frozen=True)

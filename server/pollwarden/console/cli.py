@@ -16,6 +16,7 @@ import secrets
 import socket
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import uvicorn
@@ -27,6 +28,7 @@ from pollwarden.errors import ConfigError
 from pollwarden.http_serve import GuardedH11Protocol, HttpOptions, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV
 from pollwarden.person_gate import Deciding, operator_key_for, require_person
+from pollwarden.principals import SCOPE_OPERATOR
 
 __all__ = ["DEFAULT_PORT", "add_console_command", "bind", "running_console", "uvicorn_config"]
 
@@ -125,6 +127,11 @@ def cmd_console(args: argparse.Namespace) -> int:
     if key is None:
         require_person(config, DECIDING)
     writable_existing_database(config.database)
+    verifier = None
+    if args.auth_tokens:
+        from pollwarden.auth import TokenFileVerifier
+
+        verifier = TokenFileVerifier(Path(args.auth_tokens).expanduser())  # refuses a wrong or empty file
     settings = ConsoleSettings(
         config=config,
         login_token=secrets.token_urlsafe(32),
@@ -134,6 +141,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         audit_key=audit_key_from_env(),
         refresh_seconds=args.refresh,
         tables=load_provider_tables(config),
+        verifier=verifier,
     )
     app = create_app(settings)
     sock = bind(options.host, options.port)
@@ -149,6 +157,12 @@ def cmd_console(args: argparse.Namespace) -> int:
         f"?token={settings.login_token}\n",
         flush=True,
     )
+    if args.auth_tokens:
+        print(
+            f"operators' bearer tokens from {args.auth_tokens} (scope {SCOPE_OPERATOR}) are accepted too: "
+            f"Authorization: Bearer <token> on {base}{settings.prefix}/",
+            flush=True,
+        )
     server = uvicorn.Server(uvicorn_config(app, options))
     server.run(sockets=[sock])
     return 0
@@ -195,6 +209,12 @@ def add_console_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     p.add_argument(
         "--by", default="operator", help="who decides, recorded as '<by> (console)' (default: operator)"
+    )
+    p.add_argument(
+        "--auth-tokens",
+        metavar="FILE",
+        help=f"also accept an operator's bearer token listed in FILE (`pollwarden tokens add NAME --scopes "
+        f"{SCOPE_OPERATOR}`); agent tokens are refused",
     )
     p.add_argument("--refresh", type=int, default=10, metavar="SECONDS", help="how often open pages refresh")
     p.set_defaults(func=cmd_console)

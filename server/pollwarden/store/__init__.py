@@ -103,7 +103,7 @@ class Store(Protocol):
         ...
 
     async def operation_facets(self) -> OperationFacets:
-        """Every provider and stop reason some operation has (to filter by)."""
+        """Every provider, stop reason and owner some operation has (to filter by)."""
         ...
 
     async def audit_rows(self, operation_id: str) -> list[AuditRow]:

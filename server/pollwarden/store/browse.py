@@ -42,10 +42,16 @@ class OperationFilter:
     status: str | None = None
     provider: str | None = None
     stop_reason: str | None = None
+    owner: str | None = None  # the principal that started it (issue 19; `local` over stdio)
 
     def given(self) -> dict[str, str]:
         """The filters that are set, column → value (column names are these fields, never caller text)."""
-        values = {"status": self.status, "provider": self.provider, "stop_reason": self.stop_reason}
+        values = {
+            "status": self.status,
+            "provider": self.provider,
+            "stop_reason": self.stop_reason,
+            "owner": self.owner,
+        }
         return {column: value for column, value in values.items() if value}
 
 
@@ -70,6 +76,7 @@ class OperationFacets:
 
     providers: list[str]
     stop_reasons: list[str]
+    owners: list[str]
 
 
 def _where(filters: OperationFilter, mark: Mark) -> str:

@@ -28,13 +28,17 @@ async def operations_page(pool: Pool, filters: OperationFilter, page: int, page_
 
 
 async def facets(pool: Pool) -> OperationFacets:
-    """Every provider and stop reason some operation has."""
+    """Every provider, stop reason and owner some operation has."""
 
     async def distinct(column: str) -> list[str]:
         sql = f"SELECT DISTINCT {column} FROM operations WHERE {column} IS NOT NULL ORDER BY 1"
         return [str(row[0]) for row in await pool.read(sql)]
 
-    return OperationFacets(providers=await distinct("provider"), stop_reasons=await distinct("stop_reason"))
+    return OperationFacets(
+        providers=await distinct("provider"),
+        stop_reasons=await distinct("stop_reason"),
+        owners=await distinct("owner"),
+    )
 
 
 async def audit_rows(pool: Pool, operation_id: str) -> list[AuditRow]:

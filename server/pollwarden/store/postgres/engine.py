@@ -174,7 +174,7 @@ class PostgresStore:
         return await browse.operations_page(self._pool, filters, max(1, page), page_size)
 
     async def operation_facets(self) -> OperationFacets:
-        """Every provider and stop reason some operation has (to filter by)."""
+        """Every provider, stop reason and owner some operation has (to filter by)."""
         return await browse.facets(self._pool)
 
     async def audit_rows(self, operation_id: str) -> list[AuditRow]:

@@ -30,13 +30,15 @@ def operations_page(
 
 
 def facets(conn: sqlite3.Connection) -> OperationFacets:
-    """Every provider and stop reason some operation has."""
+    """Every provider, stop reason and owner some operation has."""
 
     def distinct(column: str) -> list[str]:
         sql = f"SELECT DISTINCT {column} FROM operations WHERE {column} IS NOT NULL ORDER BY 1"
         return [str(row[0]) for row in conn.execute(sql).fetchall()]
 
-    return OperationFacets(providers=distinct("provider"), stop_reasons=distinct("stop_reason"))
+    return OperationFacets(
+        providers=distinct("provider"), stop_reasons=distinct("stop_reason"), owners=distinct("owner")
+    )
 
 
 def audit_rows(conn: sqlite3.Connection, operation_id: str) -> list[AuditRow]:

@@ -135,7 +135,7 @@ class SQLiteStore:
         return await self._db.run(lambda s: browse.operations_page(s.conn, filters, max(1, page), page_size))
 
     async def operation_facets(self) -> OperationFacets:
-        """Every provider and stop reason some operation has (to filter by)."""
+        """Every provider, stop reason and owner some operation has (to filter by)."""
         return await self._db.run(lambda s: browse.facets(s.conn))
 
     async def audit_rows(self, operation_id: str) -> list[AuditRow]:
