@@ -13,7 +13,6 @@ import secrets
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx2
 import pytest
@@ -53,9 +52,16 @@ def listed(html: str) -> list[str]:
     return re.findall(r'data-operation="([^"]+)"', html)
 
 
-async def start(t: Team, who: str, op: str, **extra: Any) -> None:
-    async with t.as_(who) as client:
-        view(await client.call_tool("start_operation", start_args(op, f"job-{op}", **extra)))
+@asynccontextmanager
+async def waiting(tmp_path: Path, fake: FakeProvider, *started: tuple[str, str]) -> AsyncGenerator[Team]:
+    """The team, after each (principal, operation) started a queued job, one second apart, in that order."""
+    async with team(tmp_path, fake) as t:
+        for who, op in started:
+            fake.script(f"job-{op}", [pending("queued")])
+            async with t.as_(who) as client:
+                view(await client.call_tool("start_operation", start_args(op, f"job-{op}")))
+            t.s.h.clock.advance(1)
+        yield t
 
 
 async def stuck_asking(t: Team, who: str, op: str) -> str:
@@ -77,9 +83,7 @@ async def stuck_asking(t: Team, who: str, op: str) -> str:
 async def test_an_operators_token_opens_the_console_an_agents_is_refused_with_403_and_a_wrong_one_with_401(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
-    fake.script("job-a1", [pending("queued")])
-    async with team(tmp_path, fake) as t:
-        await start(t, "alice", "a1")
+    async with waiting(tmp_path, fake, ("alice", "a1")) as t:
         async with console(t.s.h, tmp_path / "tokens") as base, httpx2.AsyncClient() as client:
             seen = await client.get(base + "/", headers=bearer(t.tokens["ops"]))
             assert seen.status_code == 200
@@ -108,32 +112,26 @@ async def test_an_operators_token_opens_the_console_an_agents_is_refused_with_40
 async def test_the_operations_page_filters_by_the_principal_that_started_each_operation(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
-    for job in ("job-a1", "job-a2", "job-b1"):
-        fake.script(job, [pending("queued")])
-    async with team(tmp_path, fake) as t:
-        await start(t, "alice", "a1")
-        t.s.h.clock.advance(1)
-        await start(t, "bob", "b1")
-        t.s.h.clock.advance(1)
-        await start(t, "alice", "a2")
-        async with console(t.s.h, tmp_path / "tokens") as base, httpx2.AsyncClient() as client:
-            everyone = await client.get(base + "/", headers=bearer(t.tokens["ops"]))
-            assert listed(everyone.text) == ["@alice/a2", "@bob/b1", "@alice/a1"]
-            assert re.findall(r'<option value="([^"]*)"', everyone.text.split('name="owner"')[1])[:3] == [
-                "",
-                "alice",
-                "bob",
-            ]
-            alices = await client.get(base + "/?owner=alice", headers=bearer(t.tokens["ops"]))
-            assert listed(alices.text) == ["@alice/a2", "@alice/a1"]
-            assert "2 operations" in alices.text
-            assert '<option value="alice" selected>' in alices.text
-            both = await client.get(base + "/?owner=bob&status=waiting", headers=bearer(t.tokens["ops"]))
-            assert listed(both.text) == ["@bob/b1"]
-            assert (
-                listed((await client.get(base + "/?owner=nobody", headers=bearer(t.tokens["ops"]))).text)
-                == []
-            )
+    started = (("alice", "a1"), ("bob", "b1"), ("alice", "a2"))
+    async with (
+        waiting(tmp_path, fake, *started) as t,
+        console(t.s.h, tmp_path / "tokens") as base,
+        httpx2.AsyncClient() as client,
+    ):
+        everyone = await client.get(base + "/", headers=bearer(t.tokens["ops"]))
+        assert listed(everyone.text) == ["@alice/a2", "@bob/b1", "@alice/a1"]
+        assert re.findall(r'<option value="([^"]*)"', everyone.text.split('name="owner"')[1])[:3] == [
+            "",
+            "alice",
+            "bob",
+        ]
+        alices = await client.get(base + "/?owner=alice", headers=bearer(t.tokens["ops"]))
+        assert listed(alices.text) == ["@alice/a2", "@alice/a1"]
+        assert "2 operations" in alices.text
+        assert '<option value="alice" selected>' in alices.text
+        both = await client.get(base + "/?owner=bob&status=waiting", headers=bearer(t.tokens["ops"]))
+        assert listed(both.text) == ["@bob/b1"]
+        assert listed((await client.get(base + "/?owner=nobody", headers=bearer(t.tokens["ops"]))).text) == []
 
 
 async def test_an_operator_decides_with_a_bearer_token_by_name_but_never_on_an_operation_they_started(
@@ -174,9 +172,7 @@ async def test_an_operator_decides_with_a_bearer_token_by_name_but_never_on_an_o
 async def test_pollwarden_console_with_auth_tokens_accepts_an_operators_token_from_the_file(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
-    fake.script("job-t1", [pending("queued")])
-    async with team(tmp_path, fake) as t:
-        await start(t, "bob", "t1")
+    async with waiting(tmp_path, fake, ("bob", "t1")) as t:
         tokens = tmp_path / "tokens"
         async with (
             console_at_terminal(t.s.h.database, "--auth-tokens", str(tokens)) as (_, shown),

@@ -152,17 +152,17 @@ def cmd_console(args: argparse.Namespace) -> int:
     print(
         f"decisions are recorded as {settings.decided_by!r}, authenticated by {settings.method}", flush=True
     )
-    print(
-        f"open this URL once to log in (it works one time; keep it private):\n\n    {base}{settings.login_path}"
-        f"?token={settings.login_token}\n",
-        flush=True,
-    )
     if args.auth_tokens:
         print(
             f"operators' bearer tokens from {args.auth_tokens} (scope {SCOPE_OPERATOR}) are accepted too: "
             f"Authorization: Bearer <token> on {base}{settings.prefix}/",
             flush=True,
         )
+    print(
+        f"open this URL once to log in (it works one time; keep it private):\n\n    {base}{settings.login_path}"
+        f"?token={settings.login_token}\n",
+        flush=True,
+    )
     server = uvicorn.Server(uvicorn_config(app, options))
     server.run(sockets=[sock])
     return 0
