@@ -39,7 +39,6 @@ Prints a table and writes benchmarks/results/check_cost.json (check_cost_postgre
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import sqlite3
@@ -47,8 +46,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +67,7 @@ from tests.support.live import (
 )
 
 from benchmarks.measure import (
+    DEFAULT_PG_URL,
     RESULTS_DIR,
     dump_json,
     machine,
@@ -75,6 +75,7 @@ from benchmarks.measure import (
     percentile,
     percentile_ms,
     quiet_logs,
+    scratch_schema,
 )
 from pollwarden.controller import Controller
 from pollwarden.server import build_server
@@ -377,21 +378,6 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@contextmanager
-def scratch_schema(pg_url: str) -> Iterator[str]:
-    """A scratch schema on the PostgreSQL server (dropped after); its URL."""
-    import psycopg
-
-    schema = f"pw_check_cost_{os.getpid()}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{pg_url}{'&' if '?' in pg_url else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the fake provider, time the calls, count fsyncs, print and save the table."""
     parser = argparse.ArgumentParser(
@@ -404,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument(
         "--pg-url",
-        default=os.environ.get("POLLWARDEN_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/test",
+        default=DEFAULT_PG_URL,
         help="with --engine postgres: a database to create a scratch schema in (dropped after)",
     )
     parser.add_argument("--fsync-phase", choices=("polled", "not_yet"), help=argparse.SUPPRESS)
@@ -424,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.engine == "sqlite":
             result = anyio.run(run, args.samples, args.warmup, workdir, base_url, where)
         else:
-            with scratch_schema(args.pg_url) as url:
+            with scratch_schema(args.pg_url, "check_cost") as url:
                 result = anyio.run(run, args.samples, args.warmup, workdir, base_url, where, url)
     if args.fsync_calls and args.engine == "sqlite":
         result["fsyncs_per_call"] = count_fsyncs(args.fsync_calls)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -43,7 +42,15 @@ from tests.support.live import (
     write_fast_and_slow_tables,
 )
 
-from benchmarks.measure import RESULTS_DIR, dump_json, machine, percentile_ms, quiet_logs
+from benchmarks.measure import (
+    DEFAULT_PG_URL,
+    RESULTS_DIR,
+    dump_json,
+    machine,
+    percentile_ms,
+    quiet_logs,
+    scratch_schema,
+)
 from pollwarden.config import ServerConfig
 from pollwarden.server import controller_factory
 from pollwarden.store import DatabaseLocation, open_store
@@ -236,16 +243,8 @@ def scratch_database(engine: str, workdir: Path, pg_url: str) -> Iterator[Path |
     if engine == "sqlite":
         yield workdir / "contention.db"
         return
-    import psycopg
-
-    schema = f"pw_contention_{os.getpid()}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{pg_url}{'&' if '?' in pg_url else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    with scratch_schema(pg_url, "contention") as url:
+        yield url
 
 
 async def budget_violations(db: Path | str) -> int:
@@ -283,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument(
         "--pg-url",
-        default=os.environ.get("POLLWARDEN_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/test",
+        default=DEFAULT_PG_URL,
         help="with --engine postgres: a database to create a scratch schema in (dropped after)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -33,13 +32,11 @@ import anyio
 if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.measure import RESULTS_DIR, dump_json, machine, percentile_ms
+from benchmarks.measure import DEFAULT_PG_URL, RESULTS_DIR, dump_json, machine, percentile_ms, scratch_schema
 from pollwarden.audit import verify_chain
 from pollwarden.store import DatabaseLocation, open_store
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.engine import PostgresStore
-
-DEFAULT_URL = os.environ.get("POLLWARDEN_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/test"
 
 
 def _values(operation_id: str) -> dict[str, object]:
@@ -81,9 +78,10 @@ async def _worker(url: str, kind: str, ops: list[str], seconds: float, start_at:
                 began = time.perf_counter()
                 if kind == "reservation":
                     params = {"owner": "bench", "lease_expires_at": now, "now": now, "operation_id": op}
-                    async with pool.transaction() as tx:
-                        cursor = await tx.queue(sql.RESERVE.replace("version = %(version)s AND ", ""), params)
-                    assert await cursor.fetchone() is not None
+                    reserved = await pool.write_one(
+                        sql.RESERVE.replace("version = %(version)s AND ", ""), params
+                    )
+                    assert reserved is not None
                 else:
                     # The answer of a check whose lease is free (owner None matches): applied every time.
                     await pg.apply_answer(
@@ -138,28 +136,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--url", default=DEFAULT_URL, help="a PostgreSQL database to create a schema in")
+    parser.add_argument("--url", default=DEFAULT_PG_URL, help="a PostgreSQL database to create a schema in")
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_alone.json")
     args = parser.parse_args(argv)
 
-    import psycopg
-
-    schema = f"pw_bench_{os.getpid()}"
-    with psycopg.connect(args.url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    url = f"{args.url}{'&' if '?' in args.url else '?'}options=-csearch_path%3D{schema}"
-    try:
+    with scratch_schema(args.url, "bench") as url:
         phases = {
             kind: run(url, kind, connections=args.connections, processes=args.processes, seconds=args.seconds)
             for kind in ("reservation", "answer_audit")
         }
         verdict = verify_chain(DatabaseLocation.parse(url), None)
-    finally:
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
     summary = {
         "engine": "postgresql",
         "connections": args.connections,

@@ -12,13 +12,32 @@ import math
 import os
 import platform
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+# The PostgreSQL server the `--engine postgres` runs create their scratch schemas on.
+DEFAULT_PG_URL = os.environ.get("POLLWARDEN_TEST_PG") or "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@contextmanager
+def scratch_schema(pg_url: str, name: str) -> Iterator[str]:
+    """A scratch schema `pw_<name>_<pid>` on the PostgreSQL server (dropped after); its URL."""
+    import psycopg
+
+    schema = f"pw_{name}_{os.getpid()}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")  # pyright: ignore[reportArgumentType]
+    try:
+        yield f"{pg_url}{'&' if '?' in pg_url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")  # pyright: ignore[reportArgumentType]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

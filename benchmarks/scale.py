@@ -2,13 +2,14 @@
 
     python benchmarks/scale.py                       # 10 then 100,000 active operations, a few minutes
     python benchmarks/scale.py --operations 10000    # quicker
+    python benchmarks/scale.py --engine postgres     # the same on PostgreSQL (two scratch schemas)
 
 The fake provider runs as its own process on 127.0.0.1; pollwarden runs in
 this process behind the in-process MCP `Client`, on the real clock, with
 SQLite files in WAL mode (synchronous=FULL; NORMAL for a refusal's counter).
 Two databases: one keeps 10 active (waiting) operations, the other is filled
 to `--operations` with real `start_operation` calls (through the controller
-directly, one transaction and audit row each, as the tool does). Then the
+directly, one transaction and audit row each, as the tool does; 8 at a time). Then the
 calls are made on each database in turn, so machine load hits both alike:
 `check_status` that polls (one provider request), `check_status` answered
 `not_yet`, and `start_operation` through the MCP client (median, p95,
@@ -16,7 +17,7 @@ throughput). The fill itself gives `start_operation` throughput through the
 controller. The target: a check at 100,000 operations costs at most 1.1 times
 what it costs at 10.
 
-Prints a table and writes benchmarks/results/scale.json.
+Prints a table and writes benchmarks/results/scale.json (scale_postgres.json).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ if not __package__:  # run as `python benchmarks/scale.py`: make the `benchmarks
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.live import (
+    Database,
     call,
     fake_provider_workdir,
     in_process_client,
@@ -43,7 +46,16 @@ from tests.support.live import (
     timing_controller_factory,
 )
 
-from benchmarks.measure import RESULTS_DIR, dump_json, machine, median_p95_ms, quiet_logs
+from benchmarks.measure import (
+    DEFAULT_PG_URL,
+    RESULTS_DIR,
+    dump_json,
+    machine,
+    median_p95_ms,
+    quiet_logs,
+    scratch_schema,
+)
+from pollwarden.store import DatabaseLocation
 
 SMALL = 10
 
@@ -103,10 +115,14 @@ async def _interleaved(
     ]
 
 
-async def run(operations: int, samples: int, workdir: Path, base_url: str) -> dict[str, Any]:
+FILLERS = 8
+
+
+async def run(
+    operations: int, samples: int, workdir: Path, base_url: str, small_db: Database, large_db: Database
+) -> dict[str, Any]:
     """Fill one database to `operations`, keep another at 10, then measure both, interleaved."""
     await script_running(base_url, "scale-poll", "scale-idle")
-    small_db, large_db = workdir / "small.db", workdir / "large.db"
     small_factory = timing_controller_factory(small_db, base_url)
     large_factory = timing_controller_factory(large_db, base_url)
     async with (
@@ -120,11 +136,17 @@ async def run(operations: int, samples: int, workdir: Path, base_url: str) -> di
         poll_large = await large.start("fast", "scale-poll")
 
         fill = operations - 1
+
+        async def fill_some(first: int) -> None:
+            for n in range(first, fill, FILLERS):
+                await filler.start_operation(
+                    provider="slow", operation_id=f"fill-{n:06d}", provider_job_id=f"scale-idle-fill-{n:06d}"
+                )
+
         started = time.perf_counter()
-        for n in range(fill):
-            await filler.start_operation(
-                provider="slow", operation_id=f"fill-{n:06d}", provider_job_id=f"scale-idle-fill-{n:06d}"
-            )
+        async with anyio.create_task_group() as tg:
+            for first in range(FILLERS):
+                tg.start_soon(fill_some, first)
         fill_seconds = time.perf_counter() - started
         # Idle operations spread across the whole id range, so reads are not all in one page.
         spread = [f"fill-{n:06d}" for n in range(0, fill, max(1, fill // 50))]
@@ -139,11 +161,25 @@ async def run(operations: int, samples: int, workdir: Path, base_url: str) -> di
         "large": {"operations": counts[0], **measured[1]},
         "fill": {
             "start_operation_calls": fill,
+            "concurrent_calls": FILLERS,
             "seconds": round(fill_seconds, 2),
             "start_operation_controller_per_second": round(fill / fill_seconds, 1),
         },
-        "database_bytes": large_db.stat().st_size + sum(p.stat().st_size for p in workdir.glob("large.db-*")),
+        "database_bytes": _database_bytes(large_db),
     }
+
+
+def _database_bytes(db: Database) -> int:
+    if isinstance(db, Path):
+        return db.stat().st_size + sum(p.stat().st_size for p in db.parent.glob(f"{db.name}-*"))
+    import psycopg
+
+    with psycopg.connect(db.dsn) as conn:
+        row = conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relkind = 'r'"
+        ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def render(result: dict[str, Any]) -> str:
@@ -177,25 +213,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--operations", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=400)
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/scale[_postgres].json")
+    parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument(
+        "--pg-url",
+        default=DEFAULT_PG_URL,
+        help="with --engine postgres: a database to create two scratch schemas in (dropped after)",
+    )
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = RESULTS_DIR / ("scale.json" if args.engine == "sqlite" else "scale_postgres.json")
     quiet_logs()
     if not 100 <= args.operations <= 100_000:
         parser.error("--operations must be 100 to 100000")
     if not 10 <= args.samples <= 10_000:
         parser.error("--samples must be 10 to 10000")
     where = machine()
-    with fake_provider_workdir() as (workdir, base_url):
-        measured = anyio.run(run, args.operations, args.samples, workdir, base_url)
+    with fake_provider_workdir() as (workdir, base_url), ExitStack() as scratch:
+        if args.engine == "sqlite":
+            small_db: Database = workdir / "small.db"
+            large_db: Database = workdir / "large.db"
+        else:
+            small_db = DatabaseLocation.parse(
+                scratch.enter_context(scratch_schema(args.pg_url, "scale_small"))
+            )
+            large_db = DatabaseLocation.parse(
+                scratch.enter_context(scratch_schema(args.pg_url, "scale_large"))
+            )
+        measured = anyio.run(run, args.operations, args.samples, workdir, base_url, small_db, large_db)
     result = {
         "benchmark": "scale",
+        "engine": args.engine,
         "samples": args.samples,
         "start_operation_mcp_calls": args.samples,
         "interleaved": True,
         "machine": where,
         **measured,
     }
-    print(f"check_status cost as the database grows ({args.samples} samples each, in-process MCP client)")
+    print(
+        f"check_status cost as the database grows on {args.engine} "
+        f"({args.samples} samples each, in-process MCP client)"
+    )
     print(render(result))
     dump_json(args.out, result, sort_keys=False)
     print(f"wrote {args.out}")

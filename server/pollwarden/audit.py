@@ -74,6 +74,7 @@ __all__ = [
     "describe_mode",
     "export_jsonl",
     "format_timestamp",
+    "hashed_middle",
     "key_problem",
     "read_anchor",
     "read_rows",
@@ -123,6 +124,17 @@ def row_hash(
     if key is None:
         return hashlib.sha256(message).hexdigest()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def hashed_middle(*, operation_id: str, at: str, kind: str, payload: str) -> str:
+    """The part of a row's hashed message that does not depend on its place in the chain.
+
+    The message `row_hash` hashes is ``"[" + str(seq) + middle + '"' + prev_hash + '"]'``
+    (``prev_hash`` is lowercase hex, which JSON needs no escaping for): what lets
+    PostgreSQL hash a row in the statement that links it, with every JSON escape
+    done here.
+    """
+    return "," + ",".join(canonical_json(part) for part in (operation_id, at, kind, payload)) + ","
 
 
 def audit_key_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:

@@ -20,6 +20,7 @@ from pollwarden.audit import (
     AuditKeyError,
     canonical_json,
     format_timestamp,
+    hashed_middle,
     key_mismatch,
     row_hash,
 )
@@ -164,6 +165,26 @@ class ChainRow:
     prev_hash: str
     hash: str
     keyed: bool
+
+
+@dataclass(frozen=True)
+class UnlinkedRow:
+    """One audit row's text before its place in the chain is known (an unkeyed append that the
+    database links and hashes in one statement: `pollwarden.store.postgres.writer`)."""
+
+    operation_id: str
+    at: str
+    kind: str
+    payload: str
+    middle: str
+
+
+def unlinked(entry: AuditEvent) -> UnlinkedRow:
+    """The stored text of `entry` and the seq-free middle of its hashed message (`audit.hashed_middle`)."""
+    at = format_timestamp(to_datetime(entry.at))
+    payload = canonical_json(dict(entry.payload))
+    middle = hashed_middle(operation_id=entry.operation_id, at=at, kind=entry.kind, payload=payload)
+    return UnlinkedRow(entry.operation_id, at, entry.kind, payload, middle)
 
 
 def link(head: ChainHead | None, entry: AuditEvent, *, key: bytes | None) -> ChainRow:

@@ -8,18 +8,31 @@ to one chain.
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
+import psycopg
+import psycopg.errors
 import pytest
 
 from harness import database_in, db_rows, db_write
-from pollwarden.audit import read_rows, verify_chain
+from pollwarden.audit import (
+    GENESIS_HASH,
+    AuditKeyError,
+    export_jsonl,
+    read_rows,
+    rekey_chain,
+    row_hash,
+    verify_chain,
+)
 from pollwarden.config import load_config
 from pollwarden.errors import ConfigError, StoreError
 from pollwarden.store import Engine, open_store
@@ -29,6 +42,17 @@ from pollwarden.store.postgres import schema
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]
 
 SECRET = "s3cr3t-Pa55"
+
+
+def _new_operation(operation_id: str) -> dict[str, object]:
+    """The columns of a new waiting operation with no job, as `Store.create_operation` takes them."""
+    return dict(
+        operation_id=operation_id, provider="acme", provider_job_id=None, account_context="a",
+        request_fingerprint="f", idempotency_key=None, expected_terminal_state="succeeded",
+        status="waiting", started_at=0.0, deadline_at=1e9, business_deadline_at=None,
+        max_status_requests=5, max_transport_failures=3, max_rate_limited=3, next_check_at=0.0,
+        delay_source="local_backoff", submit_payload_json=None, created_at=0.0, updated_at=0.0,
+    )  # fmt: skip
 
 
 def _postgres_only(engine: Engine) -> None:
@@ -190,16 +214,115 @@ async def test_a_deleted_operation_story_breaks_the_one_chain(
     where = database_in(tmp_path)
     async with open_store(where) as store:
         for n in range(3):
-            values = dict(
-                operation_id=f"op-{n}", provider="acme", provider_job_id=None, account_context="a",
-                request_fingerprint="f", idempotency_key=None, expected_terminal_state="succeeded",
-                status="waiting", started_at=0.0, deadline_at=1e9, business_deadline_at=None,
-                max_status_requests=5, max_transport_failures=3, max_rate_limited=3, next_check_at=0.0,
-                delay_source="local_backoff", submit_payload_json=None, created_at=0.0, updated_at=0.0,
-            )  # fmt: skip
+            values = _new_operation(f"op-{n}")
             await store.create_operation(values, kind="tracking_started", at=1.0 + n)
     assert verify_chain(where, None).ok
     db_write(where, "DELETE FROM audit WHERE operation_id = ?", "op-1")
     broken = verify_chain(where, None)
     assert not broken.ok
     assert broken.first_broken_seq == 2
+
+
+# Text a JSON encoder must escape (quotes, backslashes, control characters) or pass through (non-ASCII,
+# astral characters, U+2028): the row's hash must be the same wherever it was computed.
+AWKWARD = 'quote " back \\ slash\nnew line\ttab \x01\x1f del \x7f é ✓ 🦜 \u2028 </script>'
+
+
+async def test_rows_linked_by_either_engine_verify_and_re_hash_from_the_export_the_same_way(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    where = database_in(tmp_path)
+    async with open_store(where) as store:
+        values = _new_operation("op-é")
+        await store.create_operation(values, kind="tracking_started", at=1.0)
+        for i in range(3):
+            await store.audit_event(
+                "op-é", kind="polled", at=2.5 + i, note=AWKWARD, extra={AWKWARD: [i, AWKWARD, None]}
+            )
+    verdict = verify_chain(where, None)
+    assert verdict.ok, verdict.problem
+    assert verdict.rows_checked == 4
+    exported = io.StringIO()
+    assert export_jsonl(where, exported) == 4
+    prev = GENESIS_HASH
+    for line in exported.getvalue().rstrip("\n").split("\n"):  # not splitlines: U+2028 is no line end
+        row = json.loads(line)
+        assert row["prev_hash"] == prev
+        assert row["payload"]["note"] in (None, AWKWARD)
+        parts = {k: row[k] for k in ("seq", "operation_id", "at", "kind")}
+        assert row["hash"] == row_hash(prev_hash=prev, payload=row["payload_text"], key=None, **parts)
+        prev = row["hash"]
+
+
+async def test_a_server_without_the_key_refuses_to_extend_a_keyed_chain_and_says_how(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    where = database_in(tmp_path)
+    key = b"an audit key"
+    values = _new_operation("op-1")
+    async with open_store(where) as store:
+        await store.create_operation(values, kind="tracking_started", at=1.0)
+    async with open_store(where, audit_key=key) as store:
+        with pytest.raises(AuditKeyError, match="the audit chain is not keyed"):
+            await store.audit_event("op-1", kind="polled", at=2.0, note=None, extra={})
+    rekey_chain(where, key, by="ops", at=datetime(2026, 1, 1, tzinfo=UTC))
+    async with open_store(where) as store:
+        with pytest.raises(AuditKeyError, match=r"the audit chain is keyed \(head seq 2\); set POLLWARDEN"):
+            await store.audit_event("op-1", kind="polled", at=3.0, note=None, extra={})
+    async with open_store(where, audit_key=key) as store:
+        await store.audit_event("op-1", kind="polled", at=3.0, note=None, extra={})
+    assert [row.keyed for row in read_rows(where)] == [False, True, True]
+    assert verify_chain(where, key, rekeyed_at=2).ok
+
+
+async def test_a_postgresql_database_at_schema_5_holding_one_job_twice_upgrades_and_the_earliest_keeps_it(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    where = database_in(tmp_path)
+    first_release = schema.MIGRATIONS[0]
+    assert first_release.number == 5
+    columns = {
+        "provider": "acme", "account_context": "a", "request_fingerprint": "f",
+        "expected_terminal_state": "succeeded", "started_at": 0.0, "deadline_at": 1e9,
+        "max_status_requests": 5, "max_transport_failures": 3, "max_rate_limited": 3, "next_check_at": 0.0,
+        "delay_source": "local_backoff", "updated_at": 0.0,
+    }  # fmt: skip
+    with psycopg.connect(where.dsn, autocommit=True) as conn:
+        conn.execute(schema.VERSION_TABLE)
+        for statement in first_release.statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO pollwarden_schema (version) VALUES (5)")
+        for operation_id, job, created_at, status in (
+            ("b-later", "dup-job", 1002.0, "waiting"),
+            ("a-first", "dup-job", 1001.0, "escalated"),
+            ("c-last", "dup-job", 1003.0, "waiting"),
+            ("alone", "solo", 1000.0, "waiting"),
+            ("no-job", None, 1000.0, "waiting"),
+        ):
+            row = {**columns, "operation_id": operation_id, "provider_job_id": job}
+            row.update(created_at=created_at, status=status)
+            names = ", ".join(row)
+            marks = ", ".join(f"%({name})s" for name in row)
+            conn.execute(f"INSERT INTO operations ({names}) VALUES ({marks})", row)  # pyright: ignore[reportArgumentType]
+
+    async with open_store(where) as store:
+        found = {op: await store.get(op) for op in ("a-first", "b-later", "c-last", "alone", "no-job")}
+        assert {op: None if r is None else r.duplicate_of for op, r in found.items()} == {
+            "a-first": None,
+            "b-later": "a-first",
+            "c-last": "a-first",
+            "alone": None,
+            "no-job": None,
+        }
+        # A new start of the job is answered with the earliest operation; the database holds no second.
+        values = {
+            **columns, "operation_id": "d-new", "provider_job_id": "dup-job", "status": "waiting",
+            "business_deadline_at": None, "idempotency_key": None, "submit_payload_json": None,
+            "created_at": 2000.0,
+        }  # fmt: skip
+        held, created = await store.create_operation(values, kind="tracking", at=2000.0)
+        assert (held.operation_id, created) == ("a-first", False)
+    assert db_rows(where, "SELECT version FROM pollwarden_schema") == [{"version": schema.LATEST}]
+    with pytest.raises(psycopg.errors.UniqueViolation), psycopg.connect(where.dsn) as conn:
+        conn.execute("UPDATE operations SET duplicate_of = NULL WHERE operation_id = 'b-later'")

@@ -3,7 +3,9 @@
 Every store operation borrows a connection and runs one transaction on it in
 pipeline mode (`Tx`): statements are queued, and only reading a result or the
 COMMIT costs a round trip, so a transaction is as many trips as it has
-results it must read before deciding what to write, plus one.
+results it must read before deciding what to write, plus one. A write that is
+one statement and needs no other (the reservation) runs alone in autocommit:
+one trip, no BEGIN or COMMIT to send (`Pool.write_one`).
 
 Durability: `synchronous_commit` is on for every transaction except the one
 that only counts a refused call (the same trade as SQLite's NORMAL: nothing
@@ -228,6 +230,24 @@ class Pool:
                         with suppress(psycopg.Error):  # the pool discards a broken connection
                             await conn.rollback()
                     raise
+        except (psycopg.Error, PoolTimeout) as exc:
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                await self._forget_broken()
+            raise self.describe(exc) from None
+
+    async def write_one(self, sql: str, params: Params = ()) -> Row | None:
+        """One statement as a transaction of its own, in one trip; its first row.
+
+        Autocommit: the statement's implicit transaction is committed (synchronous_commit on) before
+        its result comes back. Never retried: after a lost connection its outcome is unknown.
+        """
+        try:
+            async with self._pool.connection() as conn:
+                self.stats.trips += 1
+                cur = await conn.execute(_query(sql), plain(params))
+                row = await cur.fetchone()
+                self.stats.commits += 1
+                return row
         except (psycopg.Error, PoolTimeout) as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 await self._forget_broken()

@@ -2,12 +2,14 @@
 
 Each method is one transaction, in pipeline mode (see `connection`), in as few
 round trips as its reads allow; the guarantee each gives is stated on it. The
-shape of most writes is two trips: the first locks the operation row (and,
-when the decision writes audit rows, the audit head; when the provider has a
-[fleet] pace, its pace row) and reads them; the second carries the new rows
-and the COMMIT. The reservation and the count of a refused call, when nothing
-else goes with them, are one guarded `UPDATE … RETURNING` committed in one
-trip. Nothing uses SKIP LOCKED: a peer that skipped a locked row could spend
+shape of most writes is two trips: the first locks the operation row (when the
+provider has a [fleet] pace, its pace row too) and reads it; the second carries
+the new rows and the COMMIT. The audit head is locked by the statement that
+appends to it, in that second trip (unkeyed: `writer`), so the one global
+chain is held only while the database runs that trip, never while Python
+decides. The reservation, when nothing else goes with it, is one guarded
+`UPDATE … RETURNING` that commits itself (autocommit, one trip); the count
+of a refused call is one guarded statement in one trip. Nothing uses SKIP LOCKED: a peer that skipped a locked row could spend
 the same budget or pace. Every time written comes from the caller's clock.
 """
 
@@ -82,14 +84,14 @@ class PostgresStore:
     async def _locked(
         self, operation_id: str | None = None, *, audit: bool = True, durable: bool = True
     ) -> AsyncGenerator[tuple[Writer, Tx, Any]]:
-        """A transaction that locks the operation row (and the audit head) first; yields the row's cursor."""
+        """A transaction that locks the operation row first (and reads the audit head); yields the row's cursor."""
         async with self._pool.transaction(durable=durable) as tx:
             writer = Writer(tx, self._key)
             cursor = None
             if operation_id is not None:
                 cursor = await tx.queue(sql.LOCK_OPERATION, {"operation_id": operation_id})
             if audit:
-                await writer.lock_head()
+                await writer.head_first()
             yield writer, tx, cursor
             await writer.finish()
 
@@ -266,9 +268,7 @@ class PostgresStore:
             "operation_id": record.operation_id,
             "version": record.version,
         }
-        async with self._pool.transaction() as tx:
-            cursor = await tx.queue(sql.RESERVE, params)
-        reserved = await cursor.fetchone()
+        reserved = await self._pool.write_one(sql.RESERVE, params)
         return None if reserved is None else CheckStart(stored(reserved).record, decision)
 
     async def apply_answer(
@@ -330,7 +330,7 @@ class PostgresStore:
                 if in_flight is not None and await tx.read(same_id) is None:
                     return stored(in_flight).record, False
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
-            await writer.lock_head()
+            await writer.head_first()
             row = await tx.read(inserted)
             if row is None:
                 existing = await tx.one(sql.SELECT_OPERATION, {"operation_id": operation_id})

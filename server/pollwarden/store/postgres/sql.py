@@ -198,11 +198,28 @@ WAKE = (
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
-# -- the audit chain: the head row is locked by every append --------------------------------------------
+# -- the audit chain: one head row, locked by every append ---------------------------------------------
 
+# A keyed chain: the head is locked and read, the HMAC computed here (the key never leaves the process).
 LOCK_AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit_head FOR UPDATE"
 SET_AUDIT_HEAD = "UPDATE audit_head SET seq = %(seq)s, hash = %(hash)s, keyed = %(keyed)s"
 INSERT_AUDIT_ROW = (
     "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
     "VALUES (%(seq)s, %(operation_id)s, %(at)s, %(kind)s, %(payload)s, %(prev_hash)s, %(hash)s, %(keyed)s)"
+)
+
+# An unkeyed chain: the head is read without a lock first (only to refuse a keyed chain with the fix),
+# then locked, linked and hashed by the statement that inserts the row, so the lock is held only from
+# that statement to the COMMIT queued behind it, never across a round trip. The message hashed is
+# `audit.row_hash`'s: "[" seq middle "\"" prev_hash "\"]", the middle JSON-escaped by Python
+# (`audit.hashed_middle`). No row (the chain became keyed meanwhile) divides by zero: nothing commits.
+READ_AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit_head"
+APPEND_AUDIT_ROW = (
+    "WITH linked AS (INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
+    "SELECT seq + 1, %(operation_id)s, %(at)s, %(kind)s, %(payload)s, hash, encode(sha256(convert_to("
+    "'[' || (seq + 1)::text || %(middle)s || '\"' || hash || '\"]', 'UTF8')), 'hex'), false "
+    "FROM audit_head WHERE NOT keyed FOR UPDATE RETURNING 1) SELECT 1 / count(*) FROM linked"
+)
+MOVE_AUDIT_HEAD = (
+    "UPDATE audit_head SET seq = a.seq, hash = a.hash FROM audit AS a WHERE a.seq = audit_head.seq + 1"
 )

@@ -5,7 +5,11 @@ each new record in Python from the locked row and queues the UPDATE, guarded by
 the version read (a guard that fails raises in SQL and aborts the transaction,
 so nothing is committed — no extra trip to check a row count). Audit rows are
 linked to the chain head, which the transaction also locks: appends from every
-process form one chain. Everything queued goes to the server with the COMMIT.
+process form one chain. Unkeyed, the row is linked and hashed by the statement
+that inserts it, so the head is locked only from that statement to the COMMIT
+sent with it; keyed, the head is locked with the transaction's first trip and
+the HMAC computed here (the key never goes to the server). Everything queued
+goes to the server with the COMMIT.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from typing import Any
 from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
-from pollwarden.audit_entry import AuditEvent, ChainHead, link, refusal_summary
+from pollwarden.audit import AuditKeyError, key_mismatch
+from pollwarden.audit_entry import AuditEvent, ChainHead, link, refusal_summary, unlinked
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
 from pollwarden.store.postgres import sql
@@ -47,26 +52,42 @@ class Writer:
         self._head_moved = False
         self._unreset: set[str] = set()
 
-    async def lock_head(self) -> None:
-        """Queue the lock of the audit head now (read with the transaction's first result)."""
-        if self._head_cursor is None:
-            self._head_cursor = await self.tx.queue(sql.LOCK_AUDIT_HEAD)
+    async def head_first(self) -> None:
+        """Queue the audit head's read now, to come back with the transaction's first result.
 
-    async def append(self, entry: AuditEvent) -> int:
-        """Append one row to the chain after the locked head; its seq."""
+        Keyed, the head is locked here (the HMAC is computed in Python, from the head it read);
+        unkeyed, it is only read, and locked by the append itself (`sql.APPEND_AUDIT_ROW`).
+        """
+        if self._head_cursor is None:
+            query = sql.READ_AUDIT_HEAD if self._key is None else sql.LOCK_AUDIT_HEAD
+            self._head_cursor = await self.tx.queue(query)
+
+    async def _read_head(self) -> ChainHead | None:
+        await self.head_first()
+        assert self._head_cursor is not None
+        head = await self.tx.read(self._head_cursor)
+        if head is None:
+            raise StoreError("the audit head row is missing; the database was not created by pollwarden")
+        self._head_read = True
+        return None if int(head[0]) == 0 else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
+
+    async def append(self, entry: AuditEvent) -> None:
+        """Append one row to the chain after the head (one chain for every process)."""
+        if self._key is None:
+            if not self._head_read:
+                head = await self._read_head()
+                problem = None if head is None else key_mismatch(head.seq, head.keyed, None)
+                if problem is not None:
+                    raise AuditKeyError(problem)
+            await self.tx.queue(sql.APPEND_AUDIT_ROW, dataclasses.asdict(unlinked(entry)))
+            await self.tx.queue(sql.MOVE_AUDIT_HEAD)
+            return
         if not self._head_read:
-            await self.lock_head()
-            assert self._head_cursor is not None
-            head = await self.tx.read(self._head_cursor)
-            if head is None:
-                raise StoreError("the audit head row is missing; the database was not created by pollwarden")
-            self._head = None if int(head[0]) == 0 else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
-            self._head_read = True
+            self._head = await self._read_head()
         row = link(self._head, entry, key=self._key)
         await self.tx.queue(sql.INSERT_AUDIT_ROW, dataclasses.asdict(row))
         self._head = ChainHead(row.seq, row.hash, row.keyed)
         self._head_moved = True
-        return row.seq
 
     async def flush(self, current: StoredOperation) -> bool:
         """Append the pending summary of refused calls (if any); the counters reset with the next write."""
