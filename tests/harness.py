@@ -7,7 +7,7 @@ import random
 import sqlite3
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,10 @@ from pollwarden.clock import FakeClock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.operator_keys import PUBKEYS_ENV, OperatorPolicy, generate_key_file, load_public_keys
 from pollwarden.provider_http import HttpLimits
+from pollwarden.records import OperationRecord
 from pollwarden.server import build_server, controller_factory
 from pollwarden.store import DatabaseLocation, Engine
+from pollwarden.vocabulary import Category, DelaySource, Status
 from pollwarden_providers import ProviderTable, TableError, load_table
 from tests.support.fake_provider import FakeProvider
 from tests.support.live import ALL_RESPONSE_FIELDS, fake_provider_table, table_toml, write_table
@@ -255,12 +257,13 @@ def make_operator(directory: Path, name: str = "operator") -> Operator:
     return Operator(key_file, pubkeys)
 
 
-def operation_record(**changes: Any) -> Any:
+def provider_table(overrides: Mapping[str, Any] | None = None) -> ProviderTable:
+    """The `acme` table on http://127.0.0.1:9 (nothing listens there) with `overrides`, built in code."""
+    return ProviderTable.model_validate(merge(base_table("http://127.0.0.1:9"), overrides or {}))
+
+
+def operation_record(**changes: Any) -> OperationRecord:
     """An `OperationRecord` of provider `acme` (started at 1000.0, deadline 3400.0, 12 requests) with `changes`."""
-    from dataclasses import replace
-
-    from pollwarden.records import OperationRecord
-
     base = OperationRecord(
         operation_id="op",
         provider="acme",
@@ -269,11 +272,11 @@ def operation_record(**changes: Any) -> Any:
         request_fingerprint="f",
         idempotency_key=None,
         expected_terminal_state="succeeded",
-        status="waiting",  # type: ignore[arg-type]
+        status=Status.WAITING,
         stop_reason=None,
         stop_detail=None,
         state="running",
-        category="pending",  # type: ignore[arg-type]
+        category=Category.PENDING,
         started_at=1000.0,
         deadline_at=3400.0,
         business_deadline_at=None,
@@ -285,7 +288,7 @@ def operation_record(**changes: Any) -> Any:
         rate_limited_used=0,
         polls_completed=12,
         next_check_at=1005.0,
-        delay_source="local_backoff",  # type: ignore[arg-type]
+        delay_source=DelaySource.LOCAL_BACKOFF,
         retry_after_seconds=None,
         last_http_status=200,
         last_http_at=1500.0,

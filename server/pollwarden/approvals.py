@@ -11,44 +11,27 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from pollwarden import extensions
-from pollwarden.clock import Clock
-from pollwarden.config import ServerConfig
+from pollwarden.approval_flow import LATE_ANSWER_BY, Approver, No
 from pollwarden.errors import InvalidRequest
-from pollwarden.extensions import ExtensionPlan, ExtensionResult, extension_changes
+from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult, extension_changes
 from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
 from pollwarden.records import OperationRecord
-from pollwarden.store import ApprovalRecord, Store
+from pollwarden.store import ApprovalRecord
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import quoted
-from pollwarden.views import OperationView, allowed_actions
+from pollwarden.views import allowed_actions
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus
-from pollwarden_providers.table import ProviderTable
 
-
-class ApprovalParts(Protocol):
-    """What extensions and approvals use of the controller (`Controller` is one).
-
-    Named here rather than imported, because the controller imports this module.
-    """
-
-    store: Store
-    clock: Clock
-    config: ServerConfig
-    tables: Mapping[str, ProviderTable]
-
-    def table_for(self, provider: str) -> ProviderTable: ...
-
-    async def load(self, operation_id: str) -> OperationRecord: ...
-
-    def view(self, record: OperationRecord) -> OperationView: ...
+if TYPE_CHECKING:
+    from pollwarden.controller import Controller
 
 
 async def plan_extension(
-    controller: ApprovalParts,
+    controller: Controller,
     operation_id: str,
     *,
     extra_seconds: float,
@@ -71,7 +54,7 @@ async def plan_extension(
 
 
 async def apply_extension(
-    controller: ApprovalParts,
+    controller: Controller,
     plan: ExtensionPlan,
     *,
     method: str,
@@ -135,7 +118,7 @@ async def apply_extension(
 
 
 async def record_answer(
-    controller: ApprovalParts, plan: ExtensionPlan, decision: str, *, method: str | None = None
+    controller: Controller, plan: ExtensionPlan, decision: str, *, method: str | None = None
 ) -> ExtensionResult:
     """Audit a person's deny or cancel (with how the answer was authenticated); nothing else changes."""
     record = await controller.load(plan.operation_id)
@@ -155,11 +138,8 @@ async def record_answer(
     return _extension_result(controller, record, decision, f"{text}; nothing changed. " + _after_no(record))
 
 
-LATE_ANSWER_BY = "person (elicitation, answered after the client stopped waiting)"
-
-
 async def record_late_answer(
-    controller: ApprovalParts,
+    controller: Controller,
     *,
     operation_id: str,
     kind: str,
@@ -184,32 +164,16 @@ async def record_late_answer(
             extra={},
         )
         return
-    record = await controller.load(operation_id)
-    approval = await controller.store.open_approval(
-        approval_id=f"ap-{uuid.uuid4().hex[:10]}",
-        record=record,
-        kind=kind,
-        request=request,
-        at=now,
-        ttl_seconds=controller.config.approval_ttl_seconds,
-    )
+    approval = await open_question(controller, await controller.load(operation_id), kind, request)
     await controller.store.decide_approval(
         approval.approval_id, approve=approve, by=LATE_ANSWER_BY, at=now, method=METHOD_ELICITATION
     )
 
 
-async def request_operator_approval(controller: ApprovalParts, plan: ExtensionPlan) -> ExtensionResult:
+async def request_operator_approval(controller: Controller, plan: ExtensionPlan) -> ExtensionResult:
     """Record a pending approval for an operator to decide outside the chat."""
     record = await controller.load(plan.operation_id)
-    now = controller.clock.now()
-    approval = await controller.store.open_approval(
-        approval_id=f"ap-{uuid.uuid4().hex[:10]}",
-        record=record,
-        kind="extension",
-        request=plan.model_dump(mode="json"),
-        at=now,
-        ttl_seconds=controller.config.approval_ttl_seconds,
-    )
+    approval = await open_question(controller, record, ApprovalKind.EXTENSION, plan.model_dump(mode="json"))
     return _extension_result(
         controller,
         record,
@@ -220,6 +184,76 @@ async def request_operator_approval(controller: ApprovalParts, plan: ExtensionPl
     )
 
 
+class ExtensionFlow:
+    """request_extension through the one approval flow (`approval_flow`); an operator's decision is applied
+    by the agent's next check_status (`apply_decided_approvals`), not here."""
+
+    tool = "request_extension"
+    schema = ExtensionDecision
+    yes = "approve"
+
+    def asks(self, plan: ExtensionPlan) -> bool:
+        """A person is asked only about an allowed extension."""
+        return plan.allowed
+
+    def question(self, plan: ExtensionPlan) -> str:
+        """The plan's facts, clipped to the operator caps."""
+        return plan.question
+
+    async def late(
+        self, controller: Controller, plan: ExtensionPlan, approve: bool | None, missing: str
+    ) -> None:
+        """A late answer becomes the person's decision on an approval (applied by the next check_status)."""
+        await record_late_answer(
+            controller,
+            operation_id=plan.operation_id,
+            kind=ApprovalKind.EXTENSION,
+            request=plan.model_dump(mode="json"),
+            approve=approve,
+            answer=missing,
+        )
+
+    async def settled(self, controller: Controller, plan: ExtensionPlan) -> ExtensionResult | None:
+        """A structured refusal when the extension is not allowed."""
+        return None if plan.allowed else refused(controller, plan, await controller.load(plan.operation_id))
+
+    async def approve(
+        self, controller: Controller, plan: ExtensionPlan, approver: Approver
+    ) -> ExtensionResult:
+        """Apply the approved plan."""
+        return await apply_extension(controller, plan, by=approver.by, method=approver.method)
+
+    async def deny(self, controller: Controller, plan: ExtensionPlan, no: No) -> ExtensionResult:
+        """Audit the denial (or dismissal); nothing changes."""
+        return await record_answer(controller, plan, no, method=METHOD_ELICITATION)
+
+    async def ask_operator(self, controller: Controller, plan: ExtensionPlan) -> ExtensionResult:
+        """Record a pending approval for an operator."""
+        return await request_operator_approval(controller, plan)
+
+
+EXTENSION = ExtensionFlow()
+
+
+def new_approval_id() -> str:
+    """A fresh approval id (``ap-`` and ten hex digits)."""
+    return f"ap-{uuid.uuid4().hex[:10]}"
+
+
+async def open_question(
+    controller: Controller, record: OperationRecord, kind: str, request: Mapping[str, object]
+) -> ApprovalRecord:
+    """Record a pending approval bound to `record` as it is now, for an operator to decide before its TTL."""
+    return await controller.store.open_approval(
+        approval_id=new_approval_id(),
+        record=record,
+        kind=kind,
+        request=request,
+        at=controller.clock.now(),
+        ttl_seconds=controller.config.approval_ttl_seconds,
+    )
+
+
 def operator_must_decide(approval_id: str, expires_at: float) -> str:
     """What the agent is told when a person must decide outside the chat: who and where, never a command."""
     return (
@@ -227,6 +261,20 @@ def operator_must_decide(approval_id: str, expires_at: float) -> str:
         f"{approval_id} for an operator, who reads it and decides at the operator's own terminal or console "
         f"(not in this chat, and not by an agent) before {iso(expires_at)}."
     )
+
+
+async def expire_stale(controller: Controller, approval: ApprovalRecord, now: float) -> bool:
+    """Close a question nobody decided before its TTL as expired (audited); whether it was one."""
+    if approval.status != ApprovalStatus.PENDING or now < approval.expires_at:
+        return False
+    await controller.store.close_approval(
+        approval.approval_id,
+        status=ApprovalStatus.EXPIRED,
+        at=now,
+        note="nobody decided in time",
+        audit_kind="approval_expired",
+    )
+    return True
 
 
 def decision_facts(approval: ApprovalRecord) -> DecisionFacts:
@@ -243,7 +291,7 @@ def decision_facts(approval: ApprovalRecord) -> DecisionFacts:
     )
 
 
-async def check_operator_decision(controller: ApprovalParts, approval: ApprovalRecord) -> Verdict:
+async def check_operator_decision(controller: Controller, approval: ApprovalRecord) -> Verdict:
     """Authenticate a decision recorded outside the client before it is used; void and audit a refused one."""
     verdict = authenticate(
         decision_facts(approval),
@@ -267,7 +315,7 @@ async def check_operator_decision(controller: ApprovalParts, approval: ApprovalR
     return verdict
 
 
-async def apply_decided_approvals(controller: ApprovalParts, record: OperationRecord) -> OperationRecord:
+async def apply_decided_approvals(controller: Controller, record: OperationRecord) -> OperationRecord:
     """Apply an operator's CLI decision on the agent's next check; expire or void stale ones.
 
     A decision is applied only after `check_operator_decision` accepts how it was
@@ -283,15 +331,9 @@ async def apply_decided_approvals(controller: ApprovalParts, record: OperationRe
             continue
         if approval.kind != ApprovalKind.EXTENSION:
             continue  # a cancel approval is used by the next cancel_operation call
-        if approval.status == ApprovalStatus.PENDING and now >= approval.expires_at:
-            await controller.store.close_approval(
-                approval.approval_id,
-                status=ApprovalStatus.EXPIRED,
-                at=now,
-                note="nobody decided in time",
-                audit_kind="approval_expired",
-            )
-        elif approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
+        if await expire_stale(controller, approval, now):
+            continue
+        if approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
             verdict = await check_operator_decision(controller, approval)
             if not verdict.ok:
                 continue
@@ -311,7 +353,7 @@ async def apply_decided_approvals(controller: ApprovalParts, record: OperationRe
     return await controller.load(record.operation_id)
 
 
-async def _apply_reopen(controller: ApprovalParts, approval: ApprovalRecord) -> None:
+async def _apply_reopen(controller: Controller, approval: ApprovalRecord) -> None:
     """An operator's recorded reopen takes effect only once this server verified who decided it."""
     verdict = await check_operator_decision(controller, approval)
     if not verdict.ok:
@@ -347,7 +389,7 @@ async def _apply_reopen(controller: ApprovalParts, approval: ApprovalRecord) -> 
 
 
 def _extension_result(
-    controller: ApprovalParts,
+    controller: Controller,
     record: OperationRecord,
     decision: str,
     message: str,
@@ -367,7 +409,7 @@ def _extension_result(
     )
 
 
-def refused(controller: ApprovalParts, plan: ExtensionPlan, record: OperationRecord) -> ExtensionResult:
+def refused(controller: Controller, plan: ExtensionPlan, record: OperationRecord) -> ExtensionResult:
     """A structured refusal naming why and what is allowed."""
     return _extension_result(controller, record, "refused", f"Refused: {plan.refusal}.")
 

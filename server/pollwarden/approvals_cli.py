@@ -30,31 +30,12 @@ from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError
 from pollwarden.operator_decision import decide, header, not_found, refusal
-from pollwarden.operator_keys import (
-    METHOD_TTY,
-    PUBKEYS_ENV,
-    REQUIRE_ENV,
-    OperatorKey,
-    describe_keys,
-    generate_key_file,
-    load_operator_key,
-)
+from pollwarden.operator_keys import METHOD_TTY, PUBKEYS_ENV, generate_key_file, load_operator_key
+from pollwarden.person_gate import SERVER_VERIFIES, Deciding, operator_key_for, require_person
 from pollwarden.store import ApprovalRecord, open_store
 from pollwarden.untrusted import one_line, quoted
 
-__all__ = ["add_approval_commands", "operator_key_for", "question_lines"]
-
-NOT_A_PERSON = (
-    "pollwarden {verb} needs a person: run it at an interactive terminal (stdin and stdout must be a terminal; "
-    "the question is shown and you type the approval id), or pass --operator-key FILE with an operator key "
-    "the agent cannot read. Nothing was decided"
-)
-
-SERVER_VERIFIES = (
-    "note: the server applies a key-signed decision only if the key is among the operator public keys the "
-    f"server itself was started with ({PUBKEYS_ENV} in its own environment); a file named here proves nothing "
-    "to it"
-)
+__all__ = ["add_approval_commands", "question_lines"]
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
@@ -89,32 +70,10 @@ async def _list(config: ServerConfig, show_all: bool) -> int:
     return 0
 
 
-def _interactive() -> bool:
-    return sys.stdin.isatty() and sys.stdout.isatty()
-
-
-def operator_key_for(config: ServerConfig, path: str) -> OperatorKey:
-    """The operator key in `path`, refused unless its public key is among the configured ones."""
-    key = load_operator_key(Path(path).expanduser())
-    if config.operator.find(key.public.key_id) is None:
-        raise ConfigError(
-            f"the operator key {path} (id {key.public.key_id}) is not among the operator public keys "
-            f"({PUBKEYS_ENV}: {describe_keys(config.operator.keys)}); add its public line "
-            "(`pollwarden operator-key show FILE`) to that file, where the agent cannot change it. Nothing was "
-            "decided"
-        )
-    return key
-
-
-def _require_person(config: ServerConfig, verb: str) -> None:
-    """Without an operator key: a person at an interactive terminal, unless the operator requires a key."""
-    if not _interactive():
-        raise ConfigError(NOT_A_PERSON.format(verb=verb))
-    if config.operator.require_key:
-        raise ConfigError(
-            f"the operator requires an operator key for every decision ({REQUIRE_ENV}): pass "
-            "--operator-key FILE. Nothing was decided"
-        )
+def _deciding(verb: str) -> Deciding:
+    return Deciding(
+        f"pollwarden {verb}", "the question is shown and you type the approval id", "Nothing was decided"
+    )
 
 
 def _confirmed(approval: ApprovalRecord, verb: str) -> bool:
@@ -131,7 +90,7 @@ async def _decide(
     config: ServerConfig, approval_id: str, approve: bool, by: str, key_path: str | None
 ) -> int:
     verb = "approve" if approve else "deny"
-    key = operator_key_for(config, key_path) if key_path else None
+    key = operator_key_for(config, key_path, _deciding(verb)) if key_path else None
     writable_existing_database(config.database)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
@@ -144,7 +103,7 @@ async def _decide(
             print(refusal(approval), file=sys.stderr)
             return 1
         if key is None:
-            _require_person(config, verb)
+            require_person(config, _deciding(verb))
         print(header(approval))
         for line in question_lines(approval):
             print(line)

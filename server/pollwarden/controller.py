@@ -12,7 +12,6 @@ request, persist what it meant.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -26,18 +25,18 @@ from typing import Any
 
 import anyio
 
-from pollwarden import approvals, resubmission, submission
-from pollwarden.canonical import canonical_json
+from pollwarden import approvals, resubmission, stop, submission
+from pollwarden.approval_flow import NOT_ASKED, Answer
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
 from pollwarden.gate import Step
 from pollwarden.job_identity import (
-    account_changed_detail,
-    account_context,
+    account_context_of,
     already_tracked_message,
     expected_terminal_state_of,
+    fingerprint,
     payload_in_flight_message,
 )
 from pollwarden.provider_http import ProviderHTTP
@@ -49,7 +48,7 @@ from pollwarden.stored_result import encode_result
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.tool_errors import shown
 from pollwarden.views import OperationView, operation_view, suggested_extension
-from pollwarden.vocabulary import DelaySource, Outcome, Status, StopReason
+from pollwarden.vocabulary import DelaySource, Outcome, Status
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
     MissingCredentialError,
@@ -118,17 +117,6 @@ def business_deadline(value: str, *, now: float) -> float:
     if at > latest:
         raise InvalidRequest(f"business_deadline_at {shown(value)} is too far ahead; {accepted}")
     return at
-
-
-def fingerprint(provider: str, account_context: str, payload: object) -> str:
-    """SHA-256 of the canonical JSON of provider, account context and payload."""
-    canonical = canonical_json({"provider": provider, "account": account_context, "payload": payload})
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def account_context_of(table: ProviderTable) -> str:
-    """Which provider account the server acts as: the origin and the credential's variable name."""
-    return account_context(table.origin, table.auth.env if table.auth else None)
 
 
 @dataclass
@@ -261,7 +249,7 @@ class Controller:
         business_deadline_at: str | None = None,
         max_status_requests: int | None = None,
         idempotency_key: str | None = None,
-        resubmission_answer: resubmission.Answer = resubmission.NOT_ASKED,
+        resubmission_answer: Answer = NOT_ASKED,
     ) -> OperationView:
         """Record a new operation before any status request (or return the existing one).
 
@@ -392,14 +380,15 @@ class Controller:
                     f"operation {operation_id!r} already exists for a different job or payload; "
                     "use a new operation_id"
                 )
-            if record.status == Status.SUBMITTING and record.lease_owner is None:
+            changed = stop.account_context_changed(record, account)
+            if record.status == Status.SUBMITTING and record.lease_owner is None and changed is not None:
                 stopped = await self.store.finish_submission(
                     operation_id,
                     owner=None,
                     changes={
-                        "status": Status.ESCALATED,
-                        "stop_reason": StopReason.ACCOUNT_CONTEXT_CHANGED,
-                        "stop_detail": account_changed_detail(record.account_context, account),
+                        "status": changed.status,
+                        "stop_reason": changed.reason,
+                        "stop_detail": changed.detail,
                         "stopped_at": now,
                     },
                     kind="stopped",

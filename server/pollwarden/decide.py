@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
+from pollwarden import stop
 from pollwarden.clock import RandomSource
 from pollwarden.job_identity import terminal_state_mismatch
 from pollwarden.records import OperationRecord
 from pollwarden.schedule import plan_next_check
+from pollwarden.stop import Stop
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import Category, DelaySource, Status, StopReason, status_for
 from pollwarden_providers.interpret import (
@@ -111,8 +114,48 @@ class Transition:
         return self.status != Status.WAITING
 
 
+class StatusClass(StrEnum):
+    """What a status or submit answer's HTTP status code says before its body is read."""
+
+    SERVER_ERROR = "server_error"  # 500–599: counted as a transport failure
+    REFUSED = "refused"  # 401, or a 403 that is not the provider's rate limit
+    RATE_LIMITED = "rate_limited"  # 429, or a 403 the table documents as its rate limit
+    REDIRECT = "redirect"  # 3xx: never followed
+    NOT_FOUND = "not_found"  # 404
+    SUCCESS = "success"  # 2xx: the body is read
+    OTHER = "other"  # anything else, including 600–999 (no HTTP status)
+
+
+def sort_status(code: int, *, rate_limit_403: bool = False) -> StatusClass:
+    """Sort an HTTP status code; `rate_limit_403` says a 403 carries the table's rate-limit signal."""
+    if 500 <= code <= 599:
+        return StatusClass.SERVER_ERROR
+    if code == 429 or (code == 403 and rate_limit_403):
+        return StatusClass.RATE_LIMITED
+    if code in (401, 403):
+        return StatusClass.REFUSED
+    if 300 <= code < 400:
+        return StatusClass.REDIRECT
+    if code == 404:
+        return StatusClass.NOT_FOUND
+    if 200 <= code < 300:
+        return StatusClass.SUCCESS
+    return StatusClass.OTHER
+
+
+def location_shown(headers: Mapping[str, str]) -> str | None:
+    """The Location header as it may be shown (never followed), or None."""
+    raw = headers.get("location")
+    return describe_location(raw) if raw else None
+
+
 def _stop(base: Transition, reason: StopReason, detail: str, **facts: object) -> Transition:
     return replace(base, status=status_for(reason), stop_reason=reason, stop_detail=detail, **facts)
+
+
+def _halt(base: Transition, stopped: Stop, **facts: object) -> Transition:
+    """`base` stopped as `stopped` (a condition of `pollwarden.stop`) says."""
+    return _stop(base, stopped.reason, stopped.detail, **facts)
 
 
 def _keep_waiting(
@@ -133,8 +176,7 @@ def _keep_waiting(
     it is recorded as ignored and the local backoff is used instead.
     """
     rejected = base.rejected_hints
-    deadline = record.effective_deadline
-    if poll_hint.seconds is not None and now + poll_hint.seconds >= deadline:
+    if poll_hint.seconds is not None and stop.reaches_deadline(record, now + poll_hint.seconds):
         rejected += (
             RejectedHint(
                 poll_hint.source or "poll_after",
@@ -143,19 +185,10 @@ def _keep_waiting(
             ),
         )
         poll_hint = HintCheck()
-    used_after = record.status_requests_used
-    if used_after >= record.max_status_requests:
-        return replace(
-            base,
-            status=Status.ESCALATED,
-            stop_reason=StopReason.REQUEST_BUDGET_EXHAUSTED,
-            stop_detail=(
-                f"all {record.max_status_requests} status requests are used and the job is not finished"
-            ),
-            # Kept so that an approved extension still waits for it (a minimum; README "How a check decides").
-            retry_after_seconds=retry_after.seconds,
-            rejected_hints=rejected,
-        )
+    if (used := stop.budget_used(record, unfinished=True)) is not None:
+        # Retry-After kept so that an approved extension still waits for it (a minimum; README
+        # "How a check decides").
+        return _halt(base, used, retry_after_seconds=retry_after.seconds, rejected_hints=rejected)
     plan = plan_next_check(
         now=now,
         attempt=record.polls_completed + 1,
@@ -166,19 +199,8 @@ def _keep_waiting(
         poll_hint=poll_hint.seconds,
         rate_limited_without_guidance=rate_limited_without_guidance,
     )
-    if plan.at >= deadline:
-        why = "the provider's Retry-After" if plan.mandatory else "the next allowed check"
-        return replace(
-            base,
-            status=Status.ESCALATED,
-            stop_reason=StopReason.DEADLINE_EXCEEDED,
-            stop_detail=(
-                f"{why} ends {plan.at - now:.0f} s from now, after the {record.deadline_name}; "
-                "no further status request fits inside it"
-            ),
-            retry_after_seconds=retry_after.seconds,
-            rejected_hints=rejected,
-        )
+    if (late := stop.no_check_fits(record, now, plan.at, mandatory=plan.mandatory)) is not None:
+        return _halt(base, late, retry_after_seconds=retry_after.seconds, rejected_hints=rejected)
     return replace(
         base,
         status=Status.WAITING,
@@ -303,17 +325,11 @@ def decide_after_response(
     """Apply the documented rule for one status answer (README "How a check decides", "Stop reasons")."""
     now = answer.received_at
     max_hint = table.limits.max_deadline_seconds
-    limits_note = f"{record.transport_failures_used + 1} of {record.max_transport_failures}"
 
     if isinstance(answer, NoAnswer):
         base = Transition(status=Status.WAITING, transport_failure=True, note=answer.detail)
-        if record.transport_failures_used + 1 >= record.max_transport_failures:
-            return replace(
-                base,
-                status=Status.ESCALATED,
-                stop_reason=StopReason.DELIVERY_AMBIGUOUS,
-                stop_detail=f"no answer ({answer.detail}); transport failures {limits_note}",
-            )
+        if (used_up := stop.transport_failures_used_up(record, f"no answer ({answer.detail})")) is not None:
+            return _halt(base, used_up)
         return _keep_waiting(
             record,
             table,
@@ -347,16 +363,12 @@ def decide_after_response(
         rejected_hints=tuple(w.rejected for w in header_waits if w.rejected is not None),
     )
 
-    if 500 <= code <= 599:  # 600–999 are no HTTP status: integration_failure below
+    limit_signal = rate_limited_refusal(table, headers, answer.body) if code == 403 else None
+    sorted_as = sort_status(code, rate_limit_403=limit_signal is not None)
+    if sorted_as == StatusClass.SERVER_ERROR:
         base = replace(answered, transport_failure=True)
-        if record.transport_failures_used + 1 >= record.max_transport_failures:
-            return replace(
-                base,
-                status=Status.ESCALATED,
-                stop_reason=StopReason.DELIVERY_AMBIGUOUS,
-                stop_detail=f"HTTP {code}; transport failures {limits_note}",
-                retry_after_seconds=retry_after.seconds,
-            )
+        if (used_up := stop.transport_failures_used_up(record, f"HTTP {code}")) is not None:
+            return _halt(base, used_up, retry_after_seconds=retry_after.seconds)
         return _keep_waiting(
             record,
             table,
@@ -368,16 +380,10 @@ def decide_after_response(
             base=base,
         )
 
-    limit_signal = rate_limited_refusal(table, headers, answer.body) if code == 403 else None
-    if code in (401, 403) and limit_signal is None:
-        return _stop(
-            answered,
-            StopReason.AUTHORIZATION_DENIED,
-            f"HTTP {code}: the provider refused these credentials; a person must check access",
-        )
+    if sorted_as == StatusClass.REFUSED:
+        return _halt(answered, stop.credentials_refused(code))
 
-    if code == 429 or limit_signal is not None:
-        used = record.rate_limited_used + 1
+    if sorted_as == StatusClass.RATE_LIMITED:
         base = replace(answered, rate_limited=True)
         if limit_signal is not None:
             base = replace(base, note=f"HTTP 403 {limit_signal}: the provider's rate limit, not a refusal")
@@ -393,14 +399,8 @@ def decide_after_response(
         if retry_after.seconds is None and minimum is not None:
             # The provider's documented shortest wait (GitHub: "at least one minute").
             retry_after = HintCheck(seconds=minimum, source="rate_limit_minimum")
-        if used >= record.max_rate_limited:
-            return replace(
-                base,
-                status=Status.ESCALATED,
-                stop_reason=StopReason.RATE_LIMITED,
-                stop_detail=f"rate limited {used} times, the last with HTTP {code} (limit {record.max_rate_limited})",
-                retry_after_seconds=retry_after.seconds,
-            )
+        if (used_up := stop.rate_limits_used_up(record, code)) is not None:
+            return _halt(base, used_up, retry_after_seconds=retry_after.seconds)
         return _keep_waiting(
             record,
             table,
@@ -412,18 +412,13 @@ def decide_after_response(
             base=base,
         )
 
-    if 300 <= code < 400:
-        raw_location = headers.get("location")
-        location = describe_location(raw_location) if raw_location else None
-        return _stop(
-            answered,
-            StopReason.INTEGRATION_FAILURE,
-            f"HTTP {code} redirect, not followed (requests go to {table.origin} only); "
-            f"Location {location or '(none)'}",
-            location=location,
+    if sorted_as == StatusClass.REDIRECT:
+        location = location_shown(headers)
+        return _halt(
+            answered, stop.redirected(code, origin=table.origin, location=location), location=location
         )
 
-    if code == 404:
+    if sorted_as == StatusClass.NOT_FOUND:
         since_start = now - record.started_at
         retention = table.not_found.retention_seconds
         if since_start < table.not_found.grace_seconds:
@@ -447,7 +442,7 @@ def decide_after_response(
             f"outside the {table.not_found.grace_seconds:g} s grace window",
         )
 
-    if not 200 <= code < 300:
+    if sorted_as != StatusClass.SUCCESS:
         return _stop(answered, StopReason.INTEGRATION_FAILURE, f"unexpected HTTP status {code}")
 
     try:

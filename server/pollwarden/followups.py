@@ -12,14 +12,22 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from pollwarden.approvals import check_operator_decision, operator_must_decide
-from pollwarden.controller import Controller, account_context_of
+from pollwarden.approval_flow import Approver, No
+from pollwarden.approvals import (
+    check_operator_decision,
+    open_question,
+    operator_must_decide,
+    record_late_answer,
+)
+from pollwarden.controller import Controller
 from pollwarden.decide import NoAnswer, UnusableAnswer
-from pollwarden.job_identity import account_changed_detail
+from pollwarden.job_identity import account_changed_detail, account_context_of
+from pollwarden.operator_keys import METHOD_ELICITATION
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
 from pollwarden.untrusted import quoted
 from pollwarden.views import OperationView, allowed_actions
+from pollwarden.vocabulary import ApprovalKind
 from pollwarden_providers.interpret import truncate_text
 
 FollowUpDecision = Literal[
@@ -191,6 +199,68 @@ async def plan_cancel(controller: Controller, operation_id: str) -> CancelPlan:
     )
 
 
+def _cancel_request(plan: CancelPlan) -> dict[str, object]:
+    return {"question": plan.question, "operation_id": plan.operation_id}
+
+
+class CancelFlow:
+    """cancel_operation through the one approval flow (`approval_flow`)."""
+
+    tool = "cancel_operation"
+    schema = ConfirmCancel
+    yes = "cancel_at_provider"
+
+    def asks(self, plan: CancelPlan) -> bool:
+        """A person is asked only about an allowed cancel that no operator approved yet."""
+        return plan.allowed and plan.approved_id is None
+
+    def question(self, plan: CancelPlan) -> str:
+        """The job, its last state and what a cancel loses."""
+        return plan.question
+
+    async def late(
+        self, controller: Controller, plan: CancelPlan, approve: bool | None, missing: str
+    ) -> None:
+        """A late answer becomes the person's decision, used by the next cancel_operation."""
+        await record_late_answer(
+            controller,
+            operation_id=plan.operation_id,
+            kind=ApprovalKind.CANCEL,
+            request=_cancel_request(plan),
+            approve=approve,
+            answer=missing,
+        )
+
+    async def settled(self, controller: Controller, plan: CancelPlan) -> FollowUpResult | None:
+        """A refusal, or the cancel an operator already approved (sent now, once)."""
+        if not plan.allowed:
+            return refused_cancel(controller, await controller.load(plan.operation_id), plan)
+        if plan.approved_id is None:
+            return None
+        return await send_cancel(
+            controller,
+            plan,
+            approval_id=plan.approved_id,
+            by=plan.approved_by or "operator",
+            method=plan.approved_method or "cli",
+        )
+
+    async def approve(self, controller: Controller, plan: CancelPlan, approver: Approver) -> FollowUpResult:
+        """Send the cancel call once."""
+        return await send_cancel(controller, plan, approval_id=None, by=approver.by, method=approver.method)
+
+    async def deny(self, controller: Controller, plan: CancelPlan, no: No) -> FollowUpResult:
+        """The job is kept: audited, nothing sent."""
+        return await record_cancel_answer(controller, plan, no, method=METHOD_ELICITATION)
+
+    async def ask_operator(self, controller: Controller, plan: CancelPlan) -> FollowUpResult:
+        """Record a pending cancel approval for an operator."""
+        return await request_cancel_approval(controller, plan)
+
+
+CANCEL = CancelFlow()
+
+
 def refused_cancel(controller: Controller, record: OperationRecord, plan: CancelPlan) -> FollowUpResult:
     """A structured refusal naming why and what is allowed."""
     return _result(controller, record, "cancel_operation", "refused", f"Refused: {plan.refusal}.")
@@ -199,14 +269,7 @@ def refused_cancel(controller: Controller, record: OperationRecord, plan: Cancel
 async def request_cancel_approval(controller: Controller, plan: CancelPlan) -> FollowUpResult:
     """Record a pending cancel approval for an operator (the client cannot ask a person)."""
     record = await controller.load(plan.operation_id)
-    approval = await controller.store.open_approval(
-        approval_id=f"ap-{uuid.uuid4().hex[:10]}",
-        record=record,
-        kind="cancel",
-        request={"question": plan.question, "operation_id": plan.operation_id},
-        at=controller.clock.now(),
-        ttl_seconds=controller.config.approval_ttl_seconds,
-    )
+    approval = await open_question(controller, record, ApprovalKind.CANCEL, _cancel_request(plan))
     return _result(
         controller,
         record,

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from pollwarden.job_identity import account_changed_detail, duplicate_detail
-from pollwarden.timefmt import iso
+from pollwarden import stop
 from pollwarden.vocabulary import Outcome, Status, StopReason
 
 if TYPE_CHECKING:
@@ -99,28 +98,16 @@ def decide_check(
     if record.status != Status.WAITING:
         return GateDecision(Step.STOPPED)
     busy = lease_busy(record, now)
-    if not busy and record.duplicate_of is not None:
-        return GateDecision(
-            Step.STOP, stop_reason=StopReason.JOB_ALREADY_TRACKED, stop_detail=duplicate_detail(record)
-        )
-    if not busy and account_context is not None and account_context != record.account_context:
-        return GateDecision(
-            Step.STOP,
-            stop_reason=StopReason.ACCOUNT_CONTEXT_CHANGED,
-            stop_detail=account_changed_detail(record.account_context, account_context),
-        )
-    if not busy and now >= record.effective_deadline:
-        return GateDecision(
-            Step.STOP,
-            stop_reason=StopReason.DEADLINE_EXCEEDED,
-            stop_detail=f"the {record.deadline_name} {iso(record.effective_deadline)} passed before this check",
-        )
-    if not busy and record.status_requests_used >= record.max_status_requests:
-        return GateDecision(
-            Step.STOP,
-            stop_reason=StopReason.REQUEST_BUDGET_EXHAUSTED,
-            stop_detail=f"all {record.max_status_requests} status requests are used",
-        )
+    if not busy:
+        # Checked only once no request is in flight: its answer may stop the operation itself.
+        for stopped in (
+            stop.job_already_tracked(record),
+            stop.account_context_changed(record, account_context),
+            stop.deadline_passed(record, now, before="this check"),
+            stop.budget_used(record),
+        ):
+            if stopped is not None:
+                return GateDecision(Step.STOP, stop_reason=stopped.reason, stop_detail=stopped.detail)
     allowed_at = record.next_check_at
     if busy:
         # Another request is in flight: its answer will move next_check_at, so
@@ -140,8 +127,8 @@ def may_reserve(record: OperationRecord, now: float) -> bool:
     """The reservation's preconditions, as the store's SQL guard states them."""
     return (
         record.status == Status.WAITING
-        and now < record.effective_deadline
+        and not stop.reaches_deadline(record, now)
         and now >= record.next_check_at
-        and record.status_requests_used < record.max_status_requests
+        and stop.budget_used(record) is None
         and not lease_busy(record, now)
     )

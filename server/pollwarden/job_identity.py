@@ -46,9 +46,11 @@ Pure functions; the store and the controller call them.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from pollwarden.canonical import canonical_json
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import quoted
 from pollwarden.vocabulary import Category, Status, StopReason
@@ -74,6 +76,17 @@ _ANONYMOUS = "anonymous"
 def account_context(origin: str, credential_env: str | None) -> str:
     """The recorded form of an account context: `<origin> as $<VARIABLE>` (or `as anonymous`)."""
     return f"{origin} as {'$' + credential_env if credential_env else _ANONYMOUS}"
+
+
+def account_context_of(table: ProviderTable) -> str:
+    """Which provider account the server acts as: the origin and the credential's variable name."""
+    return account_context(table.origin, table.auth.env if table.auth else None)
+
+
+def fingerprint(provider: str, account_context: str, payload: object) -> str:
+    """SHA-256 of the canonical JSON of provider, account context and payload."""
+    canonical = canonical_json({"provider": provider, "account": account_context, "payload": payload})
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def account_parts(context: str) -> tuple[str, str | None]:

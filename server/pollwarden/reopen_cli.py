@@ -19,11 +19,9 @@ import argparse
 import getpass
 import sys
 import uuid
-from pathlib import Path
 
 import anyio
 
-from pollwarden.approvals_cli import SERVER_VERIFIES
 from pollwarden.audit import audit_key_from_env
 from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.clock import SystemClock
@@ -31,14 +29,8 @@ from pollwarden.config import ServerConfig, load_config
 from pollwarden.errors import ConfigError
 from pollwarden.job_identity import reopen_refusal, reopen_summary
 from pollwarden.operator_decision import decide
-from pollwarden.operator_keys import (
-    METHOD_TTY,
-    PUBKEYS_ENV,
-    REQUIRE_ENV,
-    OperatorKey,
-    describe_keys,
-    load_operator_key,
-)
+from pollwarden.operator_keys import METHOD_TTY, PUBKEYS_ENV
+from pollwarden.person_gate import SERVER_VERIFIES, Deciding, operator_key_for, require_person
 from pollwarden.store import open_store
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
@@ -50,32 +42,9 @@ __all__ = ["add_reopen_command"]
 REOPEN_TTL_SECONDS = 7 * 24 * 3600.0
 MAX_REASON = 500
 
-NOT_A_PERSON = (
-    "pollwarden reopen needs a person: run it at an interactive terminal (stdin and stdout must be a terminal; "
-    "the facts are shown and you type the operation id), or pass --operator-key FILE with an operator key the "
-    "agent cannot read. Nothing was reopened"
+DECIDING = Deciding(
+    "pollwarden reopen", "the facts are shown and you type the operation id", "Nothing was reopened"
 )
-
-
-def _operator_key(config: ServerConfig, path: str) -> OperatorKey:
-    key = load_operator_key(Path(path).expanduser())
-    if config.operator.find(key.public.key_id) is None:
-        raise ConfigError(
-            f"the operator key {path} (id {key.public.key_id}) is not among the operator public keys "
-            f"({PUBKEYS_ENV}: {describe_keys(config.operator.keys)}); add its public line to that file. "
-            "Nothing was reopened"
-        )
-    return key
-
-
-def _require_person(config: ServerConfig) -> None:
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise ConfigError(NOT_A_PERSON)
-    if config.operator.require_key:
-        raise ConfigError(
-            f"the operator requires an operator key for every decision ({REQUIRE_ENV}): pass --operator-key FILE. "
-            "Nothing was reopened"
-        )
 
 
 def _confirmed(operation_id: str) -> bool:
@@ -91,7 +60,7 @@ async def _reopen(config: ServerConfig, operation_id: str, reason: str, by: str,
     if not reason:
         raise ConfigError("--reason must say what was fixed, e.g. --reason 'rotated the API token'")
     reason = reason[:MAX_REASON]
-    key = _operator_key(config, key_path) if key_path else None
+    key = operator_key_for(config, key_path, DECIDING) if key_path else None
     writable_existing_database(config.database)
     async with open_store(
         config.database, audit_key=audit_key_from_env(), busy_timeout_seconds=config.busy_timeout_seconds
@@ -105,7 +74,7 @@ async def _reopen(config: ServerConfig, operation_id: str, reason: str, by: str,
             print(refusal, file=sys.stderr)
             return 1
         if key is None:
-            _require_person(config)
+            require_person(config, DECIDING)
         for line in reopen_summary(record):
             print(one_line(line))
         print(f"Reason: {quoted(reason)}")

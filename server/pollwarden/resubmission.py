@@ -16,23 +16,25 @@ succeeded) is not a resubmission: it behaves as before.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from pollwarden import approvals
-from pollwarden.approvals import ApprovalParts, check_operator_decision, operator_must_decide
-from pollwarden.job_identity import payload_in_flight
-from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
+from pollwarden.approval_flow import Answer, Approver, No, settle
+from pollwarden.approvals import check_operator_decision, operator_must_decide
+from pollwarden.job_identity import account_context_of, fingerprint, payload_in_flight
+from pollwarden.operator_keys import METHOD_ELICITATION
 from pollwarden.records import OperationRecord
 from pollwarden.store import Store
 from pollwarden.timefmt import to_datetime
 from pollwarden.untrusted import one_line, quoted
 from pollwarden.views import human_duration
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, Status
+
+if TYPE_CHECKING:
+    from pollwarden.controller import Controller
 
 # An earlier operation in one of these makes the same payload a resubmission that a person approves.
 NEEDS_A_PERSON = frozenset({Status.FAILED, Status.CANCELLED, Status.EXPIRED, Status.ESCALATED})
@@ -54,17 +56,6 @@ class ResubmissionPlan(BaseModel):
     earlier_operation_id: str | None = None
     question: str = ""
     operator_approved: bool = False  # an operator's approval waits to be applied: nobody is asked
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What the person said in this call: approve (True), deny (False), dismissed (None); or not asked."""
-
-    asked: bool
-    approve: bool | None = None
-
-
-NOT_ASKED = Answer(asked=False)
 
 
 async def earlier_outcome(store: Store, fingerprint: str, *, exclude: str | None) -> OperationRecord | None:
@@ -117,72 +108,104 @@ def question(held_id: str, provider: str, earlier: OperationRecord) -> str:
     return "\n".join(lines)
 
 
-async def clear(controller: ApprovalParts, record: OperationRecord, answer: Answer) -> OperationRecord:
+class ResubmissionFlow:
+    """A held resubmission through the one approval flow (`approval_flow`): asked about with the
+    `ResubmissionPlan` start_operation resolves, settled on the held record it writes."""
+
+    tool = "start_operation"
+    schema = ResubmitDecision
+    yes = "resubmit"
+
+    def asks(self, plan: ResubmissionPlan) -> bool:
+        """Asked only for a resubmission that no operator approved yet."""
+        return plan.needed and not plan.operator_approved
+
+    def question(self, plan: ResubmissionPlan) -> str:
+        """The earlier outcome and what resubmitting sends."""
+        return plan.question
+
+    async def late(
+        self, controller: Controller, plan: ResubmissionPlan, approve: bool | None, missing: str
+    ) -> None:
+        """See `record_late_answer`."""
+        await record_late_answer(controller, plan, approve, missing)
+
+    async def settled(self, controller: Controller, record: OperationRecord) -> OperationRecord | None:
+        """Nothing is settled before the person or an operator decides."""
+        return None
+
+    async def approve(
+        self, controller: Controller, record: OperationRecord, approver: Approver
+    ) -> OperationRecord:
+        """Record the approval; the caller then sends it."""
+        return await _approve(controller, record, approver.by, approver.method)
+
+    async def deny(self, controller: Controller, record: OperationRecord, no: No) -> OperationRecord:
+        """Keep it held, saying who decided; nothing is sent."""
+        word = "denied" if no == "denied" else "dismissed without an answer (cancelled)"
+        return await _keep_held(
+            controller,
+            record,
+            kind=f"resubmission_{no}",
+            detail=f"the person {word} resubmitting the payload of {quoted(record.resubmission_of or '?')}; "
+            "nothing was sent",
+            extra={"authenticated_by": METHOD_ELICITATION},
+        )
+
+    async def ask_operator(self, controller: Controller, record: OperationRecord) -> OperationRecord:
+        """Apply an operator's verified decision; expire a stale question; else ask one (once)."""
+        now = controller.clock.now()
+        asked = [
+            a
+            for a in await controller.store.list_approvals(operation_id=record.operation_id)
+            if a.kind == ApprovalKind.RESUBMISSION
+        ]
+        for approval in asked:
+            if await approvals.expire_stale(controller, approval, now):
+                continue
+            if approval.status == ApprovalStatus.PENDING:
+                return record  # asked already; still waiting for the operator
+            elif approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
+                verdict = await check_operator_decision(controller, approval)
+                if not verdict.ok:
+                    continue
+                if approval.status == ApprovalStatus.APPROVED:
+                    return await _approve(
+                        controller,
+                        record,
+                        approval.decided_by or "operator",
+                        verdict.method,
+                        approval_id=approval.approval_id,
+                    )
+                await controller.store.close_approval(
+                    approval.approval_id, status=ApprovalStatus.APPLIED, at=now, note="denied"
+                )
+                return await _keep_held(
+                    controller,
+                    record,
+                    kind="resubmission_denied",
+                    detail=f"an operator ({quoted(approval.decided_by or 'operator')}) denied resubmitting the "
+                    f"payload of {quoted(record.resubmission_of or '?')}; nothing was sent",
+                    extra={"authenticated_by": verdict.method, "approval_id": approval.approval_id},
+                )
+        return await _ask_operator(controller, record)
+
+
+RESUBMISSION = ResubmissionFlow()
+
+
+async def clear(controller: Controller, record: OperationRecord, answer: Answer) -> OperationRecord:
     """Approve a held resubmission if a person did; otherwise keep it held, saying why and who decides.
 
     Returns the record: still `held_for_approval` means nothing may be sent.
     """
-    now = controller.clock.now()
-    earlier = record.resubmission_of or "?"
-    if controller.config.approval_mode == "tool-confirmation":
-        return await _approve(controller, record, "client tool confirmation", METHOD_TOOL_CONFIRMATION)
-    if answer.asked:
-        if answer.approve:
-            return await _approve(controller, record, "person (elicitation)", METHOD_ELICITATION)
-        word = "denied" if answer.approve is False else "dismissed without an answer (cancelled)"
-        return await _keep_held(
-            controller,
-            record,
-            kind="resubmission_denied" if answer.approve is False else "resubmission_cancelled",
-            detail=f"the person {word} resubmitting the payload of {quoted(earlier)}; nothing was sent",
-            extra={"authenticated_by": METHOD_ELICITATION},
-        )
-    approvals = [
-        a
-        for a in await controller.store.list_approvals(operation_id=record.operation_id)
-        if a.kind == ApprovalKind.RESUBMISSION
-    ]
-    for approval in approvals:
-        if approval.status == ApprovalStatus.PENDING and now >= approval.expires_at:
-            await controller.store.close_approval(
-                approval.approval_id,
-                status=ApprovalStatus.EXPIRED,
-                at=now,
-                note="nobody decided in time",
-                audit_kind="approval_expired",
-            )
-        elif approval.status == ApprovalStatus.PENDING:
-            return record  # asked already; still waiting for the operator
-        elif approval.status in (ApprovalStatus.APPROVED, ApprovalStatus.DENIED):
-            verdict = await check_operator_decision(controller, approval)
-            if not verdict.ok:
-                continue
-            if approval.status == ApprovalStatus.APPROVED:
-                return await _approve(
-                    controller,
-                    record,
-                    approval.decided_by or "operator",
-                    verdict.method,
-                    approval_id=approval.approval_id,
-                )
-            await controller.store.close_approval(
-                approval.approval_id, status=ApprovalStatus.APPLIED, at=now, note="denied"
-            )
-            return await _keep_held(
-                controller,
-                record,
-                kind="resubmission_denied",
-                detail=f"an operator ({quoted(approval.decided_by or 'operator')}) denied resubmitting the "
-                f"payload of {quoted(earlier)}; nothing was sent",
-                extra={"authenticated_by": verdict.method, "approval_id": approval.approval_id},
-            )
-    return await _ask_operator(controller, record)
+    return await settle(RESUBMISSION, controller, record, answer)
 
 
-async def _ask_operator(controller: ApprovalParts, record: OperationRecord) -> OperationRecord:
+async def _ask_operator(controller: Controller, record: OperationRecord) -> OperationRecord:
     """Record a pending approval for an operator (this client cannot ask a person)."""
     now = controller.clock.now()
-    approval_id = f"ap-{uuid.uuid4().hex[:10]}"
+    approval_id = approvals.new_approval_id()
     expires_at = now + controller.config.approval_ttl_seconds
     held = await _keep_held(
         controller,
@@ -212,7 +235,7 @@ async def _ask_operator(controller: ApprovalParts, record: OperationRecord) -> O
 
 
 async def _keep_held(
-    controller: ApprovalParts, record: OperationRecord, *, kind: str, detail: str, extra: dict[str, object]
+    controller: Controller, record: OperationRecord, *, kind: str, detail: str, extra: dict[str, object]
 ) -> OperationRecord:
     updated = await controller.store.finish_submission(
         record.operation_id,
@@ -227,7 +250,7 @@ async def _keep_held(
 
 
 async def _approve(
-    controller: ApprovalParts,
+    controller: Controller,
     record: OperationRecord,
     by: str,
     method: str,
@@ -258,14 +281,12 @@ async def _approve(
 
 
 async def plan(
-    controller: ApprovalParts, *, provider: str, operation_id: str | None, submit: Mapping[str, Any] | None
+    controller: Controller, *, provider: str, operation_id: str | None, submit: Mapping[str, Any] | None
 ) -> ResubmissionPlan:
     """Whether this start_operation call is a resubmission a person must approve (no side effects).
 
     Wrong arguments are not judged here: the call itself refuses them with its own words.
     """
-    from pollwarden.controller import account_context_of, fingerprint  # the controller imports this module
-
     table = controller.tables.get(provider)
     if submit is None or table is None or table.submit is None:
         return ResubmissionPlan()
@@ -311,7 +332,9 @@ async def plan(
     )
 
 
-async def record_late_answer(controller: ApprovalParts, plan: ResubmissionPlan, approve: bool | None) -> None:
+async def record_late_answer(
+    controller: Controller, plan: ResubmissionPlan, approve: bool | None, missing: str
+) -> None:
     """A person's answer that came after the client stopped waiting (2025-11-25 era).
 
     On a held operation already recorded it becomes the person's decision on an
@@ -331,7 +354,7 @@ async def record_late_answer(controller: ApprovalParts, plan: ResubmissionPlan, 
                 "resubmission_of": held.resubmission_of,
             },
             approve=approve,
-            answer="the question was dismissed (cancelled)" if approve is None else "answered late",
+            answer=missing,
         )
         return
     if plan.earlier_operation_id is not None:

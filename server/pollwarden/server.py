@@ -11,17 +11,13 @@ import logging
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
 import anyio
-import anyio.lowlevel
 import httpx2
 from mcp.server.mcpserver import (
-    AcceptedElicitation,
     Context,
-    DeclinedElicitation,
     Elicit,
     ElicitationResult,
     MCPServer,
@@ -38,7 +34,6 @@ from mcp.server.streamable_http import EventStore
 from mcp.server.streamable_http_manager import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
-from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CallToolResult,
     InputRequiredResult,
@@ -46,11 +41,23 @@ from mcp_types import (
     ToolAnnotations,
     UnsubscribeRequestParams,
 )
-from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
 from pollwarden import approvals, followups, resubmission, status_approval
+from pollwarden.approval_flow import NOT_ASKED
+from pollwarden.asking import (
+    MISMATCHED_ANSWER,
+    Answered,
+    Ctx,
+    DatabaseUnavailable,
+    ServerContext,
+    answer_of,
+    ask,
+    controller_of,
+    run_tool,
+    settle_tool,
+)
 from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
@@ -58,7 +65,6 @@ from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
-from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
 from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
@@ -78,6 +84,8 @@ from pollwarden_providers.table import ProviderTable
 log = logging.getLogger("pollwarden")
 
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 
 INSTRUCTIONS = """\
 pollwarden waits on external asynchronous jobs for you, within bounds a person approved.
@@ -157,56 +165,21 @@ def controller_factory(
     return factory
 
 
-@dataclass(frozen=True)
-class DatabaseUnavailable:
-    """The lifespan context when the database could not be opened at start-up (missing, read-only, locked)."""
-
-    reason: str
-
-    @property
-    def message(self) -> str:
-        """What every tool call answers: the problem and its fix, then the restart it needs."""
-        return (
-            f"{self.reason}. pollwarden could not open its database when it started, so no tool works; "
-            "fix this, then restart the pollwarden server (reconnect it in the MCP client)"
-        )
-
-
-ServerContext = Controller | DatabaseUnavailable
-
-
-def _controller(ctx: Context[Any, Any]) -> Controller:
-    controller = ctx.request_context.lifespan_context
-    if isinstance(controller, DatabaseUnavailable):
-        raise ToolError(controller.message)
-    assert isinstance(controller, Controller)
-    return controller
-
-
-async def _run(work: Awaitable[T]) -> T:
-    """Turn expected errors into a ToolError the agent can read (the only text that reaches it)."""
-    try:
-        return await work
-    except PollwardenError as exc:
-        raise ToolError(str(exc)) from exc
-
-
 async def _read(work: Awaitable[T]) -> T:
     """For resources: an unknown operation is 'not found' with the message, not an internal error."""
     try:
         return await work
-    except OperationNotFound as exc:
-        raise ResourceNotFoundError(str(exc)) from exc
     except PollwardenError as exc:
-        raise ResourceError(str(exc)) from exc
+        unreadable = ResourceNotFoundError if isinstance(exc, OperationNotFound) else ResourceError
+        raise unreadable(str(exc)) from exc
 
 
 async def _plan(
-    operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Context[Any, Any]
+    operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Ctx
 ) -> ExtensionPlan:
-    return await _run(
+    return await run_tool(
         approvals.plan_extension(
-            _controller(ctx),
+            controller_of(ctx),
             operation_id,
             extra_seconds=extra_seconds,
             extra_status_requests=extra_status_requests,
@@ -215,154 +188,30 @@ async def _plan(
     )
 
 
-def _client_can_elicit(ctx: Context[Any, Any]) -> bool:
-    capabilities = ctx.client_capabilities
-    elicitation = capabilities.elicitation if capabilities is not None else None
-    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
-
-
-# The first protocol revision without a back channel: a question travels inside tools/call rounds.
-_INPUT_REQUIRED_VERSION = "2026-07-28"
-MISMATCHED_ANSWER = (
-    "the answer to the question did not match the choices offered, so it was not taken as a decision "
-    "and nothing changed; call {tool} again to ask again"
-)
-Schema = TypeVar("Schema", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class _Answered:
-    """A person's answer, asked here on the 2025-11-25 back channel (the SDK hands it on as accepted data)."""
-
-    outcome: ElicitationResult[Any]
-
-
-def _outcome(decision: ElicitationResult[Any]) -> ElicitationResult[Any] | None:
-    """What the person answered, or None when nobody was asked (the client cannot show a prompt)."""
-    if isinstance(decision, AcceptedElicitation):
-        data: object = decision.data
-        if isinstance(data, _Answered):
-            return data.outcome
-        if data is None:
-            return None
-    return decision
-
-
-def _yes(outcome: ElicitationResult[Any] | None, yes: str) -> bool | None:
-    """True for the approving choice, False for the other one or a decline, None for no answer."""
-    if isinstance(outcome, AcceptedElicitation):
-        return getattr(outcome.data, "decision", None) == yes
-    if isinstance(outcome, DeclinedElicitation):
-        return False
-    return None
-
-
-async def _ask_on_back_channel(
-    ctx: Context[Any, Any],
-    question: str,
-    schema: type[Schema],
-    *,
-    tool: str,
-    late: Callable[[ElicitationResult[Schema] | None, str], Awaitable[None]],
-) -> _Answered:
-    """Ask on the 2025-11-25 back channel, and keep listening if the client gives up meanwhile.
-
-    The wait is shielded from the call's cancellation (and bounded by the
-    approval TTL), so an answer that arrives after the client timed out or
-    cancelled is still received and handed to `late` to be recorded, instead of
-    being lost with the call.
-    """
-    outcome: ElicitationResult[Schema] | None = None
-    missing = "no answer came in time"
-    failure: Exception | None = None
-    with anyio.CancelScope(shield=True), anyio.move_on_after(_controller(ctx).config.approval_ttl_seconds):
-        try:
-            outcome = await ctx.elicit(question, schema)
-        except ValueError:
-            missing = "the answer did not match the choices offered"
-        except (MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
-            missing, failure = "the client went away before an answer came", exc
-    try:
-        await anyio.lowlevel.checkpoint()
-    except anyio.get_cancelled_exc_class():
-        with anyio.CancelScope(shield=True):
-            await late(outcome, missing)
-        raise
-    if failure is not None:
-        raise failure
-    if outcome is None:
-        raise ToolError(MISMATCHED_ANSWER.format(tool=tool))
-    return _Answered(outcome)
-
-
-def _has_back_channel(ctx: Context[Any, Any]) -> bool:
-    version = ctx.protocol_version
-    return version is None or not is_version_at_least(version, _INPUT_REQUIRED_VERSION)
-
-
-async def _ask_person(
-    plan: Annotated[ExtensionPlan, Resolve(_plan)], ctx: Context[Any, Any]
-) -> Elicit[ExtensionDecision] | _Answered | None:
-    """Ask only when the plan is allowed, the operator wants a prompt, and the client can show one."""
-    controller = _controller(ctx)
-    if not plan.allowed or controller.config.approval_mode == "tool-confirmation":
-        return None
-    if not _client_can_elicit(ctx):
-        return None
-    if not _has_back_channel(ctx):
-        return Elicit(plan.question, ExtensionDecision)
-
-    async def late(outcome: ElicitationResult[ExtensionDecision] | None, missing: str) -> None:
-        approve = _yes(outcome, "approve")
-        await approvals.record_late_answer(
-            controller,
-            operation_id=plan.operation_id,
-            kind="extension",
-            request=plan.model_dump(mode="json"),
-            approve=approve,
-            answer=missing if outcome is None else "the question was dismissed (cancelled)",
-        )
-
-    return await _ask_on_back_channel(
-        ctx, plan.question, ExtensionDecision, tool="request_extension", late=late
-    )
+async def _ask_extension(
+    plan: Annotated[ExtensionPlan, Resolve(_plan)], ctx: Ctx
+) -> Elicit[ExtensionDecision] | Answered | None:
+    return await ask(ctx, approvals.EXTENSION, plan)
 
 
 async def _plan_resubmission(
-    provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Context[Any, Any]
+    provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Ctx
 ) -> resubmission.ResubmissionPlan:
-    return await _run(
-        resubmission.plan(_controller(ctx), provider=provider, operation_id=operation_id, submit=submit)
+    return await run_tool(
+        resubmission.plan(controller_of(ctx), provider=provider, operation_id=operation_id, submit=submit)
     )
 
 
 async def _ask_resubmission(
-    plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)], ctx: Context[Any, Any]
-) -> Elicit[resubmission.ResubmitDecision] | _Answered | None:
-    """Ask only for a resubmission not yet approved, when the operator wants a prompt and the client can show one."""
-    controller = _controller(ctx)
-    if (
-        not plan.needed
-        or plan.operator_approved
-        or controller.config.approval_mode == "tool-confirmation"
-        or not _client_can_elicit(ctx)
-    ):
-        return None
-    if not _has_back_channel(ctx):
-        return Elicit(plan.question, resubmission.ResubmitDecision)
-
-    async def late(outcome: ElicitationResult[resubmission.ResubmitDecision] | None, missing: str) -> None:
-        await resubmission.record_late_answer(controller, plan, _yes(outcome, "resubmit"))
-
-    return await _ask_on_back_channel(
-        ctx, plan.question, resubmission.ResubmitDecision, tool="start_operation", late=late
-    )
+    plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)], ctx: Ctx
+) -> Elicit[resubmission.ResubmitDecision] | Answered | None:
+    return await ask(ctx, resubmission.RESUBMISSION, plan)
 
 
 async def _plan_status_request(
-    operation_id: str, wait_seconds: float, ctx: Context[Any, Any]
+    operation_id: str, wait_seconds: float, ctx: Ctx
 ) -> status_approval.StatusRequestPlan:
-    controller = _controller(ctx)
+    controller = controller_of(ctx)
     if not controller.per_request_providers:
         return status_approval.StatusRequestPlan()  # the common case: no table asks for it, nothing read
     bounded = wait_bound(
@@ -370,72 +219,23 @@ async def _plan_status_request(
         max_wait=controller.config.max_wait_seconds,
         request_timeout=controller.http.limits.total_timeout_seconds,
     )
-    return await _run(status_approval.plan(controller, operation_id, wait_seconds=bounded))
+    return await run_tool(status_approval.plan(controller, operation_id, wait_seconds=bounded))
 
 
 async def _ask_status_request(
-    plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)], ctx: Context[Any, Any]
-) -> Elicit[status_approval.SendDecision] | _Answered | None:
-    """Ask before a status request only where the table requires it, a request would go out, and nobody approved."""
-    controller = _controller(ctx)
-    if (
-        not plan.needed
-        or plan.operator_approval_id is not None
-        or controller.config.approval_mode == "tool-confirmation"
-        or not _client_can_elicit(ctx)
-    ):
-        return None
-    if not _has_back_channel(ctx):
-        return Elicit(plan.question, status_approval.SendDecision)
-
-    async def late(outcome: ElicitationResult[status_approval.SendDecision] | None, missing: str) -> None:
-        # Too late to send with this call: told in the story, nothing sent (the next call asks again).
-        await controller.store.audit_event(
-            plan.operation_id,
-            kind="status_request_unanswered",
-            at=controller.clock.now(),
-            note=f"the answer came after the client stopped waiting ({missing}); nothing was sent",
-            extra={},
-        )
-
-    return await _ask_on_back_channel(
-        ctx, plan.question, status_approval.SendDecision, tool="check_status", late=late
-    )
+    plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)], ctx: Ctx
+) -> Elicit[status_approval.SendDecision] | Answered | None:
+    return await ask(ctx, status_approval.STATUS_REQUEST, plan)
 
 
-async def _plan_cancel(operation_id: str, ctx: Context[Any, Any]) -> followups.CancelPlan:
-    return await _run(followups.plan_cancel(_controller(ctx), operation_id))
+async def _plan_cancel(operation_id: str, ctx: Ctx) -> followups.CancelPlan:
+    return await run_tool(followups.plan_cancel(controller_of(ctx), operation_id))
 
 
 async def _ask_cancel(
-    plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)], ctx: Context[Any, Any]
-) -> Elicit[followups.ConfirmCancel] | _Answered | None:
-    """Ask only when a cancel is allowed, not yet approved, and a prompt is possible."""
-    controller = _controller(ctx)
-    if (
-        not plan.allowed
-        or plan.approved_id is not None
-        or controller.config.approval_mode == "tool-confirmation"
-    ):
-        return None
-    if not _client_can_elicit(ctx):
-        return None
-    if not _has_back_channel(ctx):
-        return Elicit(plan.question, followups.ConfirmCancel)
-
-    async def late(outcome: ElicitationResult[followups.ConfirmCancel] | None, missing: str) -> None:
-        await approvals.record_late_answer(
-            controller,
-            operation_id=plan.operation_id,
-            kind="cancel",
-            request={"question": plan.question, "operation_id": plan.operation_id},
-            approve=_yes(outcome, "cancel_at_provider"),
-            answer=missing if outcome is None else "the question was dismissed (cancelled)",
-        )
-
-    return await _ask_on_back_channel(
-        ctx, plan.question, followups.ConfirmCancel, tool="cancel_operation", late=late
-    )
+    plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)], ctx: Ctx
+) -> Elicit[followups.ConfirmCancel] | Answered | None:
+    return await ask(ctx, followups.CANCEL, plan)
 
 
 class PollwardenServer(MCPServer[ServerContext]):
@@ -594,7 +394,7 @@ def build_server(
                 "an unknown name's error lists the loaded ones.",
             ),
         ],
-        ctx: Context[Any, Any],
+        ctx: Ctx,
         # A resubmission of a payload that ended or escalated: a person approves it first.
         plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)],
         decision: Annotated[ElicitationResult[resubmission.ResubmitDecision], Resolve(_ask_resubmission)],
@@ -627,14 +427,9 @@ def build_server(
             str | None, Field(description="Your own idempotency key for submit (one is generated otherwise).")
         ] = None,
     ) -> OperationView:
-        outcome = _outcome(decision) if plan.needed else None
-        answer = (
-            resubmission.NOT_ASKED
-            if outcome is None
-            else resubmission.Answer(asked=True, approve=_yes(outcome, "resubmit"))
-        )
-        return await _run(
-            _controller(ctx).start_operation(
+        answer = answer_of(resubmission.RESUBMISSION, decision) if plan.needed else NOT_ASKED
+        return await run_tool(
+            controller_of(ctx).start_operation(
                 provider=provider,
                 operation_id=plan.operation_id if plan.needed else operation_id,
                 resubmission_answer=answer,
@@ -663,35 +458,22 @@ def build_server(
     )
     async def check_status(
         operation_id: OperationIdArg,
-        ctx: Context[Any, Any],
+        ctx: Ctx,
         # A provider whose table requires a person for every status request: asked before each one.
         plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)],
         decision: Annotated[ElicitationResult[status_approval.SendDecision], Resolve(_ask_status_request)],
         wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
     ) -> OperationView:
-        controller = _controller(ctx)
-
-        async def progress(done: float, total: float | None, message: str) -> None:
-            await ctx.report_progress(done, total, message)
-
-        async def work() -> OperationView:
-            refusal: str | None = None
-            if plan.needed:
-                outcome = _outcome(decision)
-                refusal = await status_approval.permission(
-                    controller, plan, _yes(outcome, "send"), asked=outcome is not None
-                )
-            shown = await controller.check_status(
-                operation_id,
-                wait_seconds=wait_seconds,
-                progress=progress,
-                person_approved=plan.needed and refusal is None,
-            )
-            if refusal is not None and shown.outcome == "not_yet":
-                shown = shown.model_copy(update={"message": refusal})
-            return shown
-
-        return await _run(work())
+        answer = answer_of(status_approval.STATUS_REQUEST, decision)
+        work = status_approval.check_status(
+            controller_of(ctx),
+            operation_id,
+            plan,
+            answer,
+            wait_seconds=wait_seconds,
+            progress=ctx.report_progress,
+        )
+        return await run_tool(work)
 
     @mcp.tool(
         description="Ask a person for more time and/or status requests after waiting stopped "
@@ -711,32 +493,10 @@ def build_server(
             str, Field(max_length=500, description="Why; shown to the person as untrusted text.")
         ],
         plan: Annotated[ExtensionPlan, Resolve(_plan)],
-        decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(_ask_person)],
-        ctx: Context[Any, Any],
+        decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(_ask_extension)],
+        ctx: Ctx,
     ) -> ExtensionResult:
-        controller = _controller(ctx)
-
-        async def work() -> ExtensionResult:
-            record = await controller.load(operation_id)
-            if not plan.allowed:
-                return approvals.refused(controller, plan, record)
-            if controller.config.approval_mode == "tool-confirmation":
-                return await approvals.apply_extension(
-                    controller, plan, by="client tool confirmation", method=METHOD_TOOL_CONFIRMATION
-                )
-            outcome = _outcome(decision)
-            if outcome is None:  # nobody was asked: this client cannot show a prompt
-                return await approvals.request_operator_approval(controller, plan)
-            approve = _yes(outcome, "approve")
-            if approve:
-                return await approvals.apply_extension(
-                    controller, plan, by="person (elicitation)", method=METHOD_ELICITATION
-                )
-            return await approvals.record_answer(
-                controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
-            )
-
-        return await _run(work())
+        return await settle_tool(ctx, approvals.EXTENSION, plan, decision)
 
     @mcp.tool(
         description="The validated result fields of a succeeded operation, recorded as its own follow-up. "
@@ -745,8 +505,8 @@ def build_server(
         "allowed actions) otherwise.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
-    async def fetch_result(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> FollowUpResult:
-        return await _run(followups.fetch_result(_controller(ctx), operation_id))
+    async def fetch_result(operation_id: OperationIdArg, ctx: Ctx) -> FollowUpResult:
+        return await run_tool(followups.fetch_result(controller_of(ctx), operation_id))
 
     @mcp.tool(
         description="Cancel the job at the provider with its documented cancel call, after a person approves. "
@@ -760,64 +520,32 @@ def build_server(
         operation_id: OperationIdArg,
         plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)],
         decision: Annotated[ElicitationResult[followups.ConfirmCancel], Resolve(_ask_cancel)],
-        ctx: Context[Any, Any],
+        ctx: Ctx,
     ) -> FollowUpResult:
-        controller = _controller(ctx)
-
-        async def work() -> FollowUpResult:
-            if not plan.allowed:
-                record = await controller.load(operation_id)
-                return followups.refused_cancel(controller, record, plan)
-            if plan.approved_id is not None:
-                return await followups.send_cancel(
-                    controller,
-                    plan,
-                    approval_id=plan.approved_id,
-                    by=plan.approved_by or "operator",
-                    method=plan.approved_method or "cli",
-                )
-            if controller.config.approval_mode == "tool-confirmation":
-                return await followups.send_cancel(
-                    controller,
-                    plan,
-                    approval_id=None,
-                    by="client tool confirmation",
-                    method=METHOD_TOOL_CONFIRMATION,
-                )
-            outcome = _outcome(decision)
-            if outcome is None:  # nobody was asked: this client cannot show a prompt
-                return await followups.request_cancel_approval(controller, plan)
-            approve = _yes(outcome, "cancel_at_provider")
-            if approve:
-                return await followups.send_cancel(
-                    controller, plan, approval_id=None, by="person (elicitation)", method=METHOD_ELICITATION
-                )
-            return await followups.record_cancel_answer(
-                controller, plan, "cancelled" if approve is None else "denied", method=METHOD_ELICITATION
-            )
-
-        return await _run(work())
+        return await settle_tool(ctx, followups.CANCEL, plan, decision)
 
     @mcp.tool(
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
-    async def get_operation(operation_id: OperationIdArg, ctx: Context[Any, Any]) -> OperationView:
-        return await _run(_controller(ctx).get_operation(operation_id))
+    async def get_operation(operation_id: OperationIdArg, ctx: Ctx) -> OperationView:
+        return await run_tool(controller_of(ctx).get_operation(operation_id))
 
     @mcp.tool(
         description="Recent operations, newest first, optionally filtered by status or provider. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def list_operations(
-        ctx: Context[Any, Any],
+        ctx: Ctx,
         status: Annotated[Status | None, Field(description="Only operations with this status.")] = None,
         provider: Annotated[
             str | None, Field(max_length=200, description="Only operations of this provider table.")
         ] = None,
         limit: Annotated[int, Field(ge=1, le=500)] = 50,
     ) -> OperationList:
-        views = await _run(_controller(ctx).list_operations(status=status, provider=provider, limit=limit))
+        views = await run_tool(
+            controller_of(ctx).list_operations(status=status, provider=provider, limit=limit)
+        )
         return OperationList(operations=views, count=len(views))
 
     @mcp.resource(
@@ -826,8 +554,8 @@ def build_server(
         description="The operation view as JSON.",
         mime_type="application/json",
     )
-    async def operation_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
-        view = await _read(_controller(ctx).get_operation(operation_id))
+    async def operation_resource(operation_id: str, ctx: Ctx) -> str:
+        view = await _read(controller_of(ctx).get_operation(operation_id))
         return view.model_dump_json(indent=2)
 
     @mcp.resource(
@@ -836,8 +564,8 @@ def build_server(
         description="The operation's audit story: one line per controller decision.",
         mime_type="text/plain",
     )
-    async def audit_resource(operation_id: str, ctx: Context[Any, Any]) -> str:
-        controller = _controller(ctx)
+    async def audit_resource(operation_id: str, ctx: Ctx) -> str:
+        controller = controller_of(ctx)
         await _read(controller.load(operation_id))
         await _read(controller.store.flush_refusals(operation_id))  # the story is told up to now
         where = controller.store.location

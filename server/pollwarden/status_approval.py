@@ -13,18 +13,22 @@ approval in this call, no request for such a provider is reserved.
 
 from __future__ import annotations
 
-import uuid
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from pollwarden.approvals import ApprovalParts, check_operator_decision, operator_must_decide
+from pollwarden.approval_flow import ELICITATION, Answer, Approver, No, settle
+from pollwarden.approvals import check_operator_decision, open_question, operator_must_decide
 from pollwarden.gate import Step, decide_check
-from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
 from pollwarden.records import OperationRecord
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import quoted
+from pollwarden.views import OperationView
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus
+
+if TYPE_CHECKING:
+    from pollwarden.controller import Controller, ProgressCallback
 
 
 class SendDecision(BaseModel):
@@ -44,13 +48,13 @@ class StatusRequestPlan(BaseModel):
     operator_approval_id: str | None = None  # an operator's approval for one request, waiting to be used
 
 
-def requires_person(controller: ApprovalParts, record: OperationRecord) -> bool:
+def requires_person(controller: Controller, record: OperationRecord) -> bool:
     """Whether the operation's provider table requires a person for every status request."""
     table = controller.tables.get(record.provider)
     return table is not None and table.approval.every_status_request
 
 
-async def plan(controller: ApprovalParts, operation_id: str, *, wait_seconds: float) -> StatusRequestPlan:
+async def plan(controller: Controller, operation_id: str, *, wait_seconds: float) -> StatusRequestPlan:
     """Ask only when a request would really go out in this call (now, or within its wait)."""
     record = await controller.store.get(operation_id)
     if record is None or not requires_person(controller, record):
@@ -93,83 +97,131 @@ def question(record: OperationRecord) -> str:
     )
 
 
-async def permission(
-    controller: ApprovalParts, plan: StatusRequestPlan, answer: bool | None, *, asked: bool
-) -> str | None:
-    """Whether this call may send its one request: None if a person approved, else what the agent is told.
+@dataclass(frozen=True)
+class Permission:
+    """Whether this call may send its one status request; if not, what the agent is told."""
 
-    Every decision is audited on the operation with how it was authenticated.
-    """
-    now = controller.clock.now()
-    op = plan.operation_id
-    if controller.config.approval_mode == "tool-confirmation":
-        await _audit(
-            controller, op, "status_request_approved", "client tool confirmation", METHOD_TOOL_CONFIRMATION
-        )
-        return None
-    if asked:
-        if answer:
-            await _audit(
-                controller, op, "status_request_approved", "person (elicitation)", METHOD_ELICITATION
-            )
-            return None
-        word = "denied it" if answer is False else "dismissed the question without an answer"
-        await _audit(
-            controller,
-            op,
-            "status_request_denied" if answer is False else "status_request_unanswered",
-            "person (elicitation)",
-            METHOD_ELICITATION,
-        )
-        return (
-            f"Nothing was sent: this provider requires a person to approve every status request, and the "
-            f"person {word}. Call check_status again to ask again."
-        )
-    if plan.operator_approval_id is not None:
-        approval = await controller.store.get_approval(plan.operator_approval_id)
-        if approval is not None and approval.status == ApprovalStatus.APPROVED:
-            verdict = await check_operator_decision(controller, approval)
-            if verdict.ok:
-                await controller.store.close_approval(
-                    approval.approval_id,
-                    status=ApprovalStatus.APPLIED,
-                    at=now,
-                    note="used by one status request",
-                )
-                await _audit(
-                    controller,
-                    op,
-                    "status_request_approved",
-                    approval.decided_by or "operator",
-                    verdict.method,
-                )
-                return None
-    record = await controller.load(op)
-    pending = [
-        a
-        for a in await controller.store.list_approvals(operation_id=op, status=ApprovalStatus.PENDING)
-        if a.kind == ApprovalKind.STATUS_REQUEST and a.expires_at > now
-    ]
-    if pending:
-        approval_id, expires_at = pending[0].approval_id, pending[0].expires_at
-    else:
-        opened = await controller.store.open_approval(
-            approval_id=f"ap-{uuid.uuid4().hex[:10]}",
-            record=record,
-            kind=ApprovalKind.STATUS_REQUEST,
-            request={"question": plan.question, "operation_id": op},
-            at=now,
-            ttl_seconds=controller.config.approval_ttl_seconds,
-        )
-        approval_id, expires_at = opened.approval_id, opened.expires_at
-    return (
-        "Nothing was sent: this provider requires a person to approve every status request. "
-        + operator_must_decide(approval_id, expires_at)
-        + " Then call check_status once: an approved request is sent then."
+    granted: bool
+    refusal: str | None = None
+
+
+_NOT_NEEDED = Permission(granted=False)
+
+
+def _refused(word: str) -> Permission:
+    return Permission(
+        False,
+        f"Nothing was sent: this provider requires a person to approve every status request, and the "
+        f"person {word}. Call check_status again to ask again.",
     )
 
 
-async def _audit(controller: ApprovalParts, operation_id: str, kind: str, by: str, method: str) -> None:
+class StatusRequestFlow:
+    """One status request through the one approval flow (`approval_flow`); every decision is audited."""
+
+    tool = "check_status"
+    schema = SendDecision
+    yes = "send"
+
+    def asks(self, plan: StatusRequestPlan) -> bool:
+        """Asked only where a request would go out and no operator approved one."""
+        return plan.needed and plan.operator_approval_id is None
+
+    def question(self, plan: StatusRequestPlan) -> str:
+        """The facts of the one request."""
+        return plan.question
+
+    async def late(
+        self, controller: Controller, plan: StatusRequestPlan, approve: bool | None, missing: str
+    ) -> None:
+        """Too late to send with this call: told in the story, nothing sent (the next call asks again)."""
+        await controller.store.audit_event(
+            plan.operation_id,
+            kind="status_request_unanswered",
+            at=controller.clock.now(),
+            note=f"the answer came after the client stopped waiting ({missing}); nothing was sent",
+            extra={},
+        )
+
+    async def settled(self, controller: Controller, plan: StatusRequestPlan) -> Permission | None:
+        """No person is needed in this call: nothing to grant."""
+        return None if plan.needed else _NOT_NEEDED
+
+    async def approve(
+        self, controller: Controller, plan: StatusRequestPlan, approver: Approver
+    ) -> Permission:
+        """Audited; the call may send its one request."""
+        await _audit(controller, plan.operation_id, "status_request_approved", approver.by, approver.method)
+        return Permission(True)
+
+    async def deny(self, controller: Controller, plan: StatusRequestPlan, no: No) -> Permission:
+        """Audited; nothing is sent."""
+        kind = "status_request_denied" if no == "denied" else "status_request_unanswered"
+        await _audit(controller, plan.operation_id, kind, ELICITATION.by, ELICITATION.method)
+        return _refused("denied it" if no == "denied" else "dismissed the question without an answer")
+
+    async def ask_operator(self, controller: Controller, plan: StatusRequestPlan) -> Permission:
+        """Use an operator's approval of one request, or record a question for one."""
+        now = controller.clock.now()
+        op = plan.operation_id
+        if plan.operator_approval_id is not None:
+            approval = await controller.store.get_approval(plan.operator_approval_id)
+            if approval is not None and approval.status == ApprovalStatus.APPROVED:
+                verdict = await check_operator_decision(controller, approval)
+                if verdict.ok:
+                    await controller.store.close_approval(
+                        approval.approval_id,
+                        status=ApprovalStatus.APPLIED,
+                        at=now,
+                        note="used by one status request",
+                    )
+                    by = approval.decided_by or "operator"
+                    await _audit(controller, op, "status_request_approved", by, verdict.method)
+                    return Permission(True)
+        pending = [
+            a
+            for a in await controller.store.list_approvals(operation_id=op, status=ApprovalStatus.PENDING)
+            if a.kind == ApprovalKind.STATUS_REQUEST and a.expires_at > now
+        ]
+        if pending:
+            approval_id, expires_at = pending[0].approval_id, pending[0].expires_at
+        else:
+            request = {"question": plan.question, "operation_id": op}
+            opened = await open_question(
+                controller, await controller.load(op), ApprovalKind.STATUS_REQUEST, request
+            )
+            approval_id, expires_at = opened.approval_id, opened.expires_at
+        return Permission(
+            False,
+            "Nothing was sent: this provider requires a person to approve every status request. "
+            + operator_must_decide(approval_id, expires_at)
+            + " Then call check_status once: an approved request is sent then.",
+        )
+
+
+STATUS_REQUEST = StatusRequestFlow()
+
+
+async def check_status(
+    controller: Controller,
+    operation_id: str,
+    plan: StatusRequestPlan,
+    answer: Answer,
+    *,
+    wait_seconds: float,
+    progress: ProgressCallback | None,
+) -> OperationView:
+    """check_status, with a person's permission where the table requires one for every status request."""
+    permission = await settle(STATUS_REQUEST, controller, plan, answer)
+    shown = await controller.check_status(
+        operation_id, wait_seconds=wait_seconds, progress=progress, person_approved=permission.granted
+    )
+    if permission.refusal is not None and shown.outcome == "not_yet":
+        shown = shown.model_copy(update={"message": permission.refusal})
+    return shown
+
+
+async def _audit(controller: Controller, operation_id: str, kind: str, by: str, method: str) -> None:
     await controller.store.audit_event(
         operation_id,
         kind=kind,

@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pollwarden.controller import account_context_of, transition_changes
+from pollwarden.controller import transition_changes
 from pollwarden.decide import ProviderAnswer, Transition, decide_after_response
 from pollwarden.errors import SampleError
-from pollwarden.job_identity import expected_terminal_state_of
+from pollwarden.job_identity import account_context_of, expected_terminal_state_of
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso

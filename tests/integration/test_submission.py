@@ -16,7 +16,7 @@ import pytest
 
 from harness import Harness, db_rows, error_text, make_harness, view, write_table
 from pollwarden.audit import read_rows
-from pollwarden.controller import account_context_of, fingerprint
+from pollwarden.job_identity import account_context_of, fingerprint
 from pollwarden.provider_http import HttpLimits
 from pollwarden.server import controller_factory
 from pollwarden_providers.loader import load_table

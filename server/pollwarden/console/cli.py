@@ -14,20 +14,19 @@ import argparse
 import logging
 import secrets
 import socket
-import sys
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 
 import anyio
 import uvicorn
 
-from pollwarden.approvals_cli import operator_key_for
 from pollwarden.audit import audit_key_from_env
 from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.config import load_config, load_provider_tables
 from pollwarden.errors import ConfigError
 from pollwarden.http_serve import GuardedH11Protocol, HttpOptions, transport_security
-from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from pollwarden.operator_keys import PUBKEYS_ENV
+from pollwarden.person_gate import Deciding, operator_key_for, require_person
 
 __all__ = ["DEFAULT_PORT", "add_console_command", "bind", "running_console", "uvicorn_config"]
 
@@ -35,10 +34,13 @@ log = logging.getLogger("pollwarden.console")
 
 DEFAULT_PORT = 8750
 
-NOT_A_PERSON = (
-    "pollwarden console needs a person: start it at an interactive terminal (stdin and stdout must be a "
-    "terminal; the one-time login URL is shown only there), or pass --operator-key FILE with an operator key "
-    "the agent cannot read (every decision made in the console is then signed with it). Nothing was started"
+DECIDING = Deciding(
+    "pollwarden console",
+    "the one-time login URL is shown only there",
+    "Nothing was started",
+    run="start",
+    with_key=" (every decision made in the console is then signed with it)",
+    pass_key="start the console with --operator-key FILE",
 )
 
 
@@ -97,10 +99,6 @@ async def running_console(app: object, options: HttpOptions | None = None) -> As
             server.should_exit = True
 
 
-def _interactive() -> bool:
-    return sys.stdin.isatty() and sys.stdout.isatty()
-
-
 def cmd_console(args: argparse.Namespace) -> int:
     """Check who is starting the console, print the login URL, and serve until interrupted."""
     try:
@@ -123,15 +121,9 @@ def cmd_console(args: argparse.Namespace) -> int:
         operator_pubkeys=args.operator_pubkeys,
         busy_timeout=args.busy_timeout,
     )
-    key = operator_key_for(config, args.operator_key) if args.operator_key else None
+    key = operator_key_for(config, args.operator_key, DECIDING) if args.operator_key else None
     if key is None:
-        if not _interactive():
-            raise ConfigError(NOT_A_PERSON)
-        if config.operator.require_key:
-            raise ConfigError(
-                f"the operator requires an operator key for every decision ({REQUIRE_ENV}): start the console "
-                "with --operator-key FILE. Nothing was started"
-            )
+        require_person(config, DECIDING)
     if not config.database.is_sqlite:
         raise ConfigError(
             f"the console reads a SQLite file; {config.database} is a PostgreSQL database, which it does not "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 
 from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
+from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
 from pollwarden.store.sqlite.queries import MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS
 
 REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
@@ -67,14 +68,13 @@ SELECT_PAYLOAD_IN_FLIGHT = (
     "ORDER BY created_at DESC, operation_id LIMIT 1"
 )
 
-# The reservation as one statement: the gate's conditions again, and the version the gate read.
+# The reservation as one statement: the gate's conditions again (pollwarden.stop's), and the version it read.
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
     "lease_owner = %(owner)s, lease_expires_at = %(lease_expires_at)s, version = version + 1, "
     "updated_at = %(now)s "
     "WHERE operation_id = %(operation_id)s AND version = %(version)s AND status = 'waiting' "
-    "AND %(now)s < deadline_at AND (business_deadline_at IS NULL OR %(now)s < business_deadline_at) "
-    "AND %(now)s >= next_check_at AND status_requests_used < max_status_requests "
+    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND {BUDGET_LEFT_SQL} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
@@ -193,8 +193,8 @@ WAKE = (
     "UPDATE operations SET next_check_at = %(now)s, woken_at = %(now)s, version = version + 1, "
     "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
     "AND status = 'waiting' AND %(now)s < next_check_at "
-    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') AND %(now)s < deadline_at "
-    "AND (business_deadline_at IS NULL OR %(now)s < business_deadline_at) "
+    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
+    f"AND {deadline_open_sql('%(now)s')} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 

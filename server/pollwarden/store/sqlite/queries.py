@@ -14,6 +14,7 @@ from enum import StrEnum
 from functools import cache
 
 from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
+from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
 
 # -- connection and transactions -----------------------------------------------------------
 
@@ -110,13 +111,12 @@ REOPEN = (
     f"AND provider_job_id IS NOT NULL AND duplicate_of IS NULL RETURNING {OPERATION_ROW}"
 )
 
-# The gate's RESERVE, guarded by the same conditions (and the version the gate read).
+# The gate's RESERVE, guarded by the same conditions (pollwarden.stop's, and the version the gate read).
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
     "lease_owner = :owner, lease_expires_at = :lease_expires_at, version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' "
-    "AND :now < deadline_at AND (business_deadline_at IS NULL OR :now < business_deadline_at) "
-    "AND :now >= next_check_at AND status_requests_used < max_status_requests "
+    f"AND {deadline_open_sql(':now')} AND :now >= next_check_at AND {BUDGET_LEFT_SQL} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
 
@@ -294,6 +294,6 @@ WAKE = (
     "UPDATE operations SET next_check_at = :now, woken_at = :now, version = version + 1, updated_at = :now "
     "WHERE provider = :provider AND provider_job_id = :job_id AND status = 'waiting' "
     "AND :now < next_check_at AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
-    "AND :now < deadline_at AND (business_deadline_at IS NULL OR :now < business_deadline_at) "
+    f"AND {deadline_open_sql(':now')} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
