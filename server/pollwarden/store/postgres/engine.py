@@ -38,7 +38,7 @@ from pollwarden.records import (
 from pollwarden.schedule import pace, slot_still_held
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
-from pollwarden.store.postgres.connection import EngineStats, Pool, Tx, migrate
+from pollwarden.store.postgres.connection import EngineStats, GuardFailed, Pool, Tx, migrate
 from pollwarden.store.postgres.writer import Writer, operation
 from pollwarden.store.sqlite.rows import StoredOperation, stored
 from pollwarden.vocabulary import (
@@ -57,6 +57,9 @@ from pollwarden_providers.table import FleetSpec
 # Connections per process: concurrent tool calls of one HTTP instance each borrow one.
 POOL_SIZE = 10
 
+# Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
+_RESERVED_KEPT = 256
+
 # What a submission answer that named another operation's job still records about itself.
 _SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
 
@@ -74,6 +77,9 @@ class PostgresStore:
         self._pool = pool
         self._key = audit_key
         self.location = location
+        # The rows this process reserved in one statement, by (operation, lease owner): the answer
+        # that follows is written in one trip if the row is still exactly that (see apply_answer).
+        self._reserved: dict[tuple[str, str], StoredOperation] = {}
 
     @property
     def stats(self) -> EngineStats:
@@ -269,7 +275,13 @@ class PostgresStore:
             "version": record.version,
         }
         reserved = await self._pool.write_one(sql.RESERVE, params)
-        return None if reserved is None else CheckStart(stored(reserved).record, decision)
+        if reserved is None:
+            return None
+        held = stored(reserved)
+        if len(self._reserved) >= _RESERVED_KEPT:
+            del self._reserved[next(iter(self._reserved))]  # a check that never answered
+        self._reserved[(record.operation_id, owner)] = held
+        return CheckStart(held.record, decision)
 
     async def apply_answer(
         self,
@@ -283,8 +295,15 @@ class PostgresStore:
         """Persist what one status answer meant and release the lease; (record, applied).
 
         Guarantee: applied only while this call still holds the lease (checked
-        on the locked row); a late answer is audited, not applied. Two trips.
+        on the locked row); a late answer is audited, not applied. Two trips;
+        one when this process reserved the row in one statement and it is
+        still exactly as reserved (`_answer_as_reserved`).
         """
+        reserved = self._reserved.pop((operation_id, owner), None)
+        if reserved is not None and self._key is None:
+            answered = await self._answer_as_reserved(reserved, owner, changes, at, payload_extra)
+            if answered is not None:
+                return answered, True
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             await writer.flush(current)
@@ -298,6 +317,35 @@ class PostgresStore:
             updated = await writer.write(current, released, at=at)
             await writer.append(event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra))
             return updated, True
+
+    async def _answer_as_reserved(
+        self,
+        reserved: StoredOperation,
+        owner: str,
+        changes: Mapping[str, object],
+        at: float,
+        payload_extra: Mapping[str, object],
+    ) -> OperationRecord | None:
+        """The answer in one trip, computed from the row as this process reserved it (None: it changed).
+
+        Written without reading the row first: the UPDATE's guard states that the row is still at the
+        reserved version, leased by `owner`, with no refused call counted since — then it is the row
+        reserved, and this is exactly what the locked path would write. Otherwise (or on a keyed audit
+        head) the guard fails, nothing is committed, and the caller takes the locked path.
+        """
+        if reserved.refusals.count:
+            return None
+        released = {**changes, "lease_owner": None, "lease_expires_at": None}
+        try:
+            async with self._pool.transaction() as tx:
+                writer = Writer(tx, self._key)
+                updated = await writer.write(reserved, released, at=at, owner=owner)
+                polled = event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra)
+                await writer.append(polled, unread=True)
+                await writer.finish()
+        except GuardFailed:
+            return None
+        return updated
 
     # -- creating and submitting ---------------------------------------------------------------
 

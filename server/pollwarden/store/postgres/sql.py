@@ -101,10 +101,12 @@ _WRITABLE = tuple(sorted(MUTABLE_COLUMNS | {"extensions_used"}))
 
 
 @cache
-def write_operation(columns: tuple[str, ...], reset_refusals: bool) -> str:
+def write_operation(columns: tuple[str, ...], reset_refusals: bool, *, unlocked: bool = False) -> str:
     """`UPDATE operations SET <columns>` guarded by the version read under the row lock.
 
-    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`.
+    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`. `unlocked`: the row
+    was not read under this transaction's lock; the guard also states what the write assumes of it
+    (the lease `owner` holds it, no refused calls counted since).
     """
     unknown = [c for c in columns if c not in _WRITABLE]
     if unknown:
@@ -115,6 +117,7 @@ def write_operation(columns: tuple[str, ...], reset_refusals: bool) -> str:
     return (
         f"UPDATE operations SET {sets}version = %(new_version)s, updated_at = %(at)s "
         "WHERE operation_id = %(operation_id)s AND version = %(version)s"
+        + (" AND lease_owner = %(owner)s AND refused_count = 0" if unlocked else "")
     )
 
 
