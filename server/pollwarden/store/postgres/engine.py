@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
+from pollwarden.audit import AuditRow
 from pollwarden.audit_entry import NO_REFUSALS, REFUSALS_PER_SUMMARY, PendingRefusals, event, lease_recovered
 from pollwarden.errors import StoreError
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
@@ -36,11 +37,13 @@ from pollwarden.records import (
     WakeResult,
 )
 from pollwarden.schedule import pace, slot_still_held
+from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.postgres import sql
+from pollwarden.store.postgres import browse, sql
 from pollwarden.store.postgres.connection import EngineStats, GuardFailed, Pool, Tx, migrate
 from pollwarden.store.postgres.writer import Writer, operation
 from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.timefmt import iso
 from pollwarden.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
     ApprovalKind,
@@ -153,6 +156,24 @@ class PostgresStore:
         """The follow-ups of one operation, oldest first."""
         found = await self._pool.read(sql.LIST_FOLLOWUPS, {"operation_id": operation_id})
         return [FollowupRecord.from_row(row) for row in found]
+
+    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
+
+    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
+        """One page of the operations matching `filters`, newest first, and how many match."""
+        return await browse.operations_page(self._pool, filters, max(1, page), page_size)
+
+    async def operation_facets(self) -> OperationFacets:
+        """Every provider and stop reason some operation has (to filter by)."""
+        return await browse.facets(self._pool)
+
+    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
+        """One operation's audit rows in chain order (its story and timeline)."""
+        return await browse.audit_rows(self._pool, operation_id)
+
+    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
+        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
+        return await browse.polled_times(self._pool, providers, iso(since) or "")
 
     # -- the check procedure ------------------------------------------------------------------
 
