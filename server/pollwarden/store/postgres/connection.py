@@ -73,6 +73,10 @@ def _query(text: str) -> LiteralString:
     return cast("LiteralString", text)
 
 
+class GuardFailed(StoreError):
+    """A guarded write found the row other than it was read; the transaction was rolled back."""
+
+
 def describe(exc: BaseException, location: DatabaseLocation, lock_timeout: float) -> StoreError:
     """A driver error as the problem and its fix; the transaction was rolled back (nothing changed)."""
     where = location.display
@@ -95,7 +99,7 @@ def describe(exc: BaseException, location: DatabaseLocation, lock_timeout: float
             "turn read-only mode off"
         )
     if isinstance(exc, psycopg.errors.DivisionByZero):
-        return StoreError(
+        return GuardFailed(
             f"PostgreSQL ({where}): an operation row changed under this transaction's lock (a guarded "
             "write found another version); nothing was changed — try again"
         )
@@ -124,12 +128,20 @@ class Tx:
     def __init__(self, conn: Connection, stats: EngineStats) -> None:
         self.conn = conn
         self._stats = stats
+        self._unsent = False  # statements queued since the last trip
 
     async def queue(self, sql: str, params: Params = ()) -> AsyncCursor[TupleRow]:
         """Queue a statement (no trip); its cursor holds the result once one is read."""
         cur = self.conn.cursor()
         await cur.execute(_query(sql), plain(params))
+        self._unsent = True
         return cur
+
+    def _trip(self) -> None:
+        # Reading a result sends what is queued; results of statements sent with it come back with it.
+        if self._unsent:
+            self._stats.trips += 1
+            self._unsent = False
 
     async def one(self, sql: str, params: Params = ()) -> Row | None:
         """Run a statement and read its first row (one trip, with everything queued before it)."""
@@ -137,14 +149,14 @@ class Tx:
         return await self.read(cur)
 
     async def read(self, cur: AsyncCursor[TupleRow]) -> Row | None:
-        """The first row of a queued statement (a trip unless already read)."""
-        self._stats.trips += 1
+        """The first row of a queued statement (a trip unless it was sent with one already made)."""
+        self._trip()
         return await cur.fetchone()
 
     async def all(self, sql: str, params: Params = ()) -> list[Row]:
         """Run a statement and read every row (one trip)."""
         cur = await self.queue(sql, params)
-        self._stats.trips += 1
+        self._trip()
         return await cur.fetchall()
 
 

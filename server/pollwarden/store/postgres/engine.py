@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
+from pollwarden.audit import AuditRow
 from pollwarden.audit_entry import NO_REFUSALS, REFUSALS_PER_SUMMARY, PendingRefusals, event, lease_recovered
 from pollwarden.errors import StoreError
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
@@ -36,12 +37,14 @@ from pollwarden.records import (
     WakeResult,
 )
 from pollwarden.schedule import pace, slot_still_held
+from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.postgres import sql
-from pollwarden.store.postgres.connection import EngineStats, Pool, Tx, migrate
+from pollwarden.store.postgres import browse, sql
+from pollwarden.store.postgres.connection import EngineStats, GuardFailed, Pool, Tx, migrate
 from pollwarden.store.postgres.writer import Writer, operation
 from pollwarden.store.sqlite.queries import OPTIONAL_NEW_COLUMNS
 from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.timefmt import iso
 from pollwarden.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
     ApprovalKind,
@@ -57,6 +60,9 @@ from pollwarden_providers.table import FleetSpec
 
 # Connections per process: concurrent tool calls of one HTTP instance each borrow one.
 POOL_SIZE = 10
+
+# Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
+_RESERVED_KEPT = 256
 
 # What a submission answer that named another operation's job still records about itself.
 _SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
@@ -75,6 +81,9 @@ class PostgresStore:
         self._pool = pool
         self._key = audit_key
         self.location = location
+        # The rows this process reserved in one statement, by (operation, lease owner): the answer
+        # that follows is written in one trip if the row is still exactly that (see apply_answer).
+        self._reserved: dict[tuple[str, str], StoredOperation] = {}
 
     @property
     def stats(self) -> EngineStats:
@@ -157,6 +166,24 @@ class PostgresStore:
         """The follow-ups of one operation, oldest first."""
         found = await self._pool.read(sql.LIST_FOLLOWUPS, {"operation_id": operation_id})
         return [FollowupRecord.from_row(row) for row in found]
+
+    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
+
+    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
+        """One page of the operations matching `filters`, newest first, and how many match."""
+        return await browse.operations_page(self._pool, filters, max(1, page), page_size)
+
+    async def operation_facets(self) -> OperationFacets:
+        """Every provider and stop reason some operation has (to filter by)."""
+        return await browse.facets(self._pool)
+
+    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
+        """One operation's audit rows in chain order (its story and timeline)."""
+        return await browse.audit_rows(self._pool, operation_id)
+
+    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
+        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
+        return await browse.polled_times(self._pool, providers, iso(since) or "")
 
     # -- the check procedure ------------------------------------------------------------------
 
@@ -282,7 +309,13 @@ class PostgresStore:
             "version": record.version,
         }
         reserved = await self._pool.write_one(sql.RESERVE, params)
-        return None if reserved is None else CheckStart(stored(reserved).record, decision)
+        if reserved is None:
+            return None
+        held = stored(reserved)
+        if len(self._reserved) >= _RESERVED_KEPT:
+            del self._reserved[next(iter(self._reserved))]  # a check that never answered
+        self._reserved[(record.operation_id, owner)] = held
+        return CheckStart(held.record, decision)
 
     async def apply_answer(
         self,
@@ -296,8 +329,15 @@ class PostgresStore:
         """Persist what one status answer meant and release the lease; (record, applied).
 
         Guarantee: applied only while this call still holds the lease (checked
-        on the locked row); a late answer is audited, not applied. Two trips.
+        on the locked row); a late answer is audited, not applied. Two trips;
+        one when this process reserved the row in one statement and it is
+        still exactly as reserved (`_answer_as_reserved`).
         """
+        reserved = self._reserved.pop((operation_id, owner), None)
+        if reserved is not None and self._key is None:
+            answered = await self._answer_as_reserved(reserved, owner, changes, at, payload_extra)
+            if answered is not None:
+                return answered, True
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             await writer.flush(current)
@@ -312,6 +352,35 @@ class PostgresStore:
             await writer.append(event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra))
             return updated, True
 
+    async def _answer_as_reserved(
+        self,
+        reserved: StoredOperation,
+        owner: str,
+        changes: Mapping[str, object],
+        at: float,
+        payload_extra: Mapping[str, object],
+    ) -> OperationRecord | None:
+        """The answer in one trip, computed from the row as this process reserved it (None: it changed).
+
+        Written without reading the row first: the UPDATE's guard states that the row is still at the
+        reserved version, leased by `owner`, with no refused call counted since — then it is the row
+        reserved, and this is exactly what the locked path would write. Otherwise (or on a keyed audit
+        head) the guard fails, nothing is committed, and the caller takes the locked path.
+        """
+        if reserved.refusals.count:
+            return None
+        released = {**changes, "lease_owner": None, "lease_expires_at": None}
+        try:
+            async with self._pool.transaction() as tx:
+                writer = Writer(tx, self._key)
+                updated = await writer.write(reserved, released, at=at, owner=owner)
+                polled = event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra)
+                await writer.append(polled, unread=True)
+                await writer.finish()
+        except GuardFailed:
+            return None
+        return updated
+
     # -- creating and submitting ---------------------------------------------------------------
 
     async def create_operation(
@@ -322,7 +391,9 @@ class PostgresStore:
         Guarantee: one job, one budget across processes — the INSERT does nothing
         when the id or the job (the partial UNIQUE index) is taken, waiting for a
         concurrent insert of either to commit; then the operation holding the id,
-        else the job's holder, is returned (pollwarden.job_identity).
+        else the job's holder, is returned (pollwarden.job_identity). A submission
+        first takes its payload's advisory lock and, unless its id exists, is
+        answered with the payload's operation still in flight if there is one.
         """
         values = {**OPTIONAL_NEW_COLUMNS, **values}
         missing = set(sql.NEW_OPERATION_COLUMNS) - set(values)
@@ -333,6 +404,13 @@ class PostgresStore:
             )
         operation_id = str(values["operation_id"])
         async with self._locked(audit=False) as (writer, tx, _):
+            if values["submit_payload_json"] is not None:
+                payload = {"request_fingerprint": values["request_fingerprint"]}
+                await tx.queue(sql.LOCK_PAYLOAD, payload)
+                same_id = await tx.queue(sql.SELECT_OPERATION, {"operation_id": operation_id})
+                in_flight = await tx.one(sql.SELECT_PAYLOAD_IN_FLIGHT, payload)
+                if in_flight is not None and await tx.read(same_id) is None:
+                    return stored(in_flight).record, False
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
             await writer.head_first()
             row = await tx.read(inserted)
@@ -366,7 +444,9 @@ class PostgresStore:
             if record.held_for_approval:
                 return None  # a resubmission a person has not approved is never sent
             claimed = await writer.write(
-                current, {"lease_owner": owner, "lease_expires_at": now + lease_seconds}, at=now
+                current,
+                {"lease_owner": owner, "lease_expires_at": now + lease_seconds, "submit_sent_at": now},
+                at=now,
             )
             await writer.append(event(claimed, "submit_sending", now, note=note))
             return claimed

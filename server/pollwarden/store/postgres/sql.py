@@ -80,6 +80,17 @@ COUNT_CREATED_SINCE_BY_OWNER = (
     "SELECT count(*) FROM operations WHERE owner = %(owner)s AND created_at > %(since)s"
 )
 
+# One payload in flight is one job (pollwarden.job_identity). Submissions of one payload take this
+# transaction-scoped lock before they look for an operation of it in flight and insert, so two
+# processes starting it at once make one operation. The two-key form keeps it apart from the
+# migration lock's one-key space; the first key is "poll".
+LOCK_PAYLOAD = "SELECT pg_advisory_xact_lock(1886350444, hashtext(%(request_fingerprint)s))"
+SELECT_PAYLOAD_IN_FLIGHT = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(request_fingerprint)s "
+    "AND status IN ('submitting', 'waiting') AND submit_payload_json IS NOT NULL AND duplicate_of IS NULL "
+    "ORDER BY created_at DESC, operation_id LIMIT 1"
+)
+
 # The reservation as one statement: the gate's conditions again (pollwarden.stop's), and the version it read.
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
@@ -113,10 +124,12 @@ _WRITABLE = tuple(sorted(MUTABLE_COLUMNS | {"extensions_used"}))
 
 
 @cache
-def write_operation(columns: tuple[str, ...], reset_refusals: bool) -> str:
+def write_operation(columns: tuple[str, ...], reset_refusals: bool, *, unlocked: bool = False) -> str:
     """`UPDATE operations SET <columns>` guarded by the version read under the row lock.
 
-    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`.
+    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`. `unlocked`: the row
+    was not read under this transaction's lock; the guard also states what the write assumes of it
+    (the lease `owner` holds it, no refused calls counted since).
     """
     unknown = [c for c in columns if c not in _WRITABLE]
     if unknown:
@@ -127,6 +140,7 @@ def write_operation(columns: tuple[str, ...], reset_refusals: bool) -> str:
     return (
         f"UPDATE operations SET {sets}version = %(new_version)s, updated_at = %(at)s "
         "WHERE operation_id = %(operation_id)s AND version = %(version)s"
+        + (" AND lease_owner = %(owner)s AND refused_count = 0" if unlocked else "")
     )
 
 

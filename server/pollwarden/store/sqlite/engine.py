@@ -8,19 +8,22 @@ readers see the last commit and never wait for a writer).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
 import anyio
 
+from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
+from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.sqlite import checks, queries, rows, wakes, writes
+from pollwarden.store.sqlite import browse, checks, queries, rows, wakes, writes
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
+from pollwarden.timefmt import iso
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
 from pollwarden_providers.table import FleetSpec
 
@@ -124,6 +127,25 @@ class SQLiteStore:
             return [FollowupRecord.from_row(row) for row in found]
 
         return await self._db.run(work)
+
+    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
+
+    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
+        """One page of the operations matching `filters`, newest first, and how many match."""
+        return await self._db.run(lambda s: browse.operations_page(s.conn, filters, max(1, page), page_size))
+
+    async def operation_facets(self) -> OperationFacets:
+        """Every provider and stop reason some operation has (to filter by)."""
+        return await self._db.run(lambda s: browse.facets(s.conn))
+
+    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
+        """One operation's audit rows in chain order (its story and timeline)."""
+        return await self._db.run(lambda s: browse.audit_rows(s.conn, operation_id))
+
+    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
+        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
+        at = iso(since) or ""
+        return await self._db.run(lambda s: browse.polled_times(s.conn, providers, at))
 
     # -- the check procedure ------------------------------------------------------------------
 
