@@ -136,14 +136,18 @@ def terminal_state_mismatch(
 PAYLOAD_IN_FLIGHT: frozenset[Status] = frozenset({Status.SUBMITTING, Status.WAITING})
 
 
-def payload_in_flight(records: Iterable[OperationRecord], *, exclude: str | None) -> OperationRecord | None:
+def payload_in_flight(
+    records: Iterable[OperationRecord], *, exclude: str | None, owner: str = "local"
+) -> OperationRecord | None:
     """The newest submission among `records` (one payload's, newest first) still in flight, but `exclude`.
 
-    The stores' SELECT_PAYLOAD_IN_FLIGHT states the same condition in SQL.
+    Only `owner`'s count (another principal's operations do not exist for it). The stores'
+    SELECT_PAYLOAD_IN_FLIGHT states the same condition in SQL.
     """
     for record in records:
         if (
             record.operation_id != exclude
+            and record.owner == owner
             and record.status in PAYLOAD_IN_FLIGHT
             and record.submit_payload_json is not None
             and record.duplicate_of is None

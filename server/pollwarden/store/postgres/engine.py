@@ -408,7 +408,7 @@ class PostgresStore:
                 payload = {"request_fingerprint": values["request_fingerprint"]}
                 await tx.queue(sql.LOCK_PAYLOAD, payload)
                 same_id = await tx.queue(sql.SELECT_OPERATION, {"operation_id": operation_id})
-                in_flight = await tx.one(sql.SELECT_PAYLOAD_IN_FLIGHT, payload)
+                in_flight = await tx.one(sql.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]})
                 if in_flight is not None and await tx.read(same_id) is None:
                     return stored(in_flight).record, False
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))

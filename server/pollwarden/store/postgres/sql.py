@@ -87,6 +87,7 @@ COUNT_CREATED_SINCE_BY_OWNER = (
 LOCK_PAYLOAD = "SELECT pg_advisory_xact_lock(1886350444, hashtext(%(request_fingerprint)s))"
 SELECT_PAYLOAD_IN_FLIGHT = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(request_fingerprint)s "
+    "AND owner = %(owner)s "
     "AND status IN ('submitting', 'waiting') AND submit_payload_json IS NOT NULL AND duplicate_of IS NULL "
     "ORDER BY created_at DESC, operation_id LIMIT 1"
 )

@@ -110,9 +110,10 @@ SELECT_JOB_OWNER = (
 )
 
 # The latest operation of a payload still in flight (pollwarden.job_identity: one payload in flight is one
-# job): submitting (held for a person too) or waiting. Served by operations_by_fingerprint.
+# job): submitting (held for a person too) or waiting; the principal's own (issue 19: principals never see
+# each other's operations). Served by operations_by_fingerprint.
 SELECT_PAYLOAD_IN_FLIGHT = (
-    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = :request_fingerprint "
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = :request_fingerprint AND owner = :owner "
     "AND status IN ('submitting', 'waiting') AND submit_payload_json IS NOT NULL AND duplicate_of IS NULL "
     "ORDER BY created_at DESC, operation_id LIMIT 1"
 )

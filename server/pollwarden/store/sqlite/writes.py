@@ -61,7 +61,7 @@ def create_operation(
             if owner is not None:
                 return owner, False
         if values["submit_payload_json"] is not None:
-            params = {"request_fingerprint": values["request_fingerprint"]}
+            params = {"request_fingerprint": values["request_fingerprint"], "owner": values["owner"]}
             in_flight = rows.returned(conn.execute(queries.SELECT_PAYLOAD_IN_FLIGHT, params))
             if in_flight is not None:
                 return in_flight.record, False
