@@ -37,6 +37,7 @@ from pollwarden.job_identity import (
     already_tracked_message,
     expected_terminal_state_of,
     fingerprint,
+    payload_in_flight_message,
 )
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
@@ -207,8 +208,13 @@ class Controller:
         *,
         retry_at: float | None = None,
         requested_operation_id: str | None = None,
+        same_payload: bool = False,
     ) -> OperationView:
-        """The operation view, with the extension suggestion clipped to the operator caps."""
+        """The operation view, with the extension suggestion clipped to the operator caps.
+
+        With `requested_operation_id` (another id than the record's) it says why start_operation answered
+        with this operation: it holds the job, or (`same_payload`) the submitted payload is in flight.
+        """
         table = self.tables.get(record.provider)
         caps = self.config.caps
         suggestion = suggested_extension(caps.max_extra_seconds, caps.max_extra_status_requests)
@@ -216,10 +222,11 @@ class Controller:
             record, table, now=self.clock.now(), outcome=outcome, suggestion=suggestion, retry_at=retry_at
         )
         if requested_operation_id is not None and requested_operation_id != record.operation_id:
+            why = payload_in_flight_message if same_payload else already_tracked_message
             return shown.model_copy(
                 update={
                     "requested_operation_id": requested_operation_id,
-                    "message": f"{already_tracked_message(record, requested_operation_id)} {shown.message}",
+                    "message": f"{why(record, requested_operation_id)} {shown.message}",
                 }
             )
         return shown
@@ -387,9 +394,10 @@ class Controller:
             values, kind="tracking" if submit is None else "submission_recorded", at=now
         )
         if not created and record.operation_id != operation_id:
-            # One job, one budget: the job is another operation's; nothing was created.
-            log.info("start_operation %s: job already tracked as %s", operation_id, record.operation_id)
-            return self.view(record, requested_operation_id=operation_id)
+            # One job, one budget: the job (or the payload, in flight) is another operation's; nothing was created.
+            log.info("start_operation %s: answered with %s", operation_id, record.operation_id)
+            same_payload = submit is not None and record.request_fingerprint == request_fingerprint
+            return self.view(record, requested_operation_id=operation_id, same_payload=same_payload)
         if not created and record.account_context != account and record.provider == provider:
             # The table's account changed since this operation was recorded: never send under another.
             if record.request_fingerprint != fingerprint(provider, record.account_context, payload):

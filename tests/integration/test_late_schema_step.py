@@ -1,7 +1,7 @@
-"""A schema step that shipped after a higher one (step 8, operation owners, after step 9) still runs.
+"""A schema step that shipped after a higher one (step 8, operation owners, after steps 9 and 12) still runs.
 
-A database the previous release migrated to step 9 never ran step 8; its
-version number alone cannot say so. On either engine the next start runs
+A database the previous release migrated to its latest step never ran step 8;
+its version number alone cannot say so. On either engine the next start runs
 step 8, keeps every record (they belong to the local user), records which
 steps ran, and runs nothing twice.
 """
@@ -29,13 +29,13 @@ OLD_ROW = (
 
 
 def _as_the_previous_release_left_it(where: DatabaseLocation) -> None:
-    """Steps 1-7 and 9 (no 8, no record of steps), version 9, one waiting operation."""
+    """Every step but 8 (no record of steps), at the latest version, one waiting operation."""
     if where.is_sqlite:
         for step in sqlite_schema.MIGRATIONS:
             if step.number != 8:
                 for statement in sqlite_schema.split_sql(step.script):
                     db_write(where, statement)
-        db_write(where, "PRAGMA user_version = 9")
+        db_write(where, f"PRAGMA user_version = {sqlite_schema.LATEST}")
     else:
         for step in pg_schema.MIGRATIONS:
             if step.number != 8:
@@ -43,7 +43,7 @@ def _as_the_previous_release_left_it(where: DatabaseLocation) -> None:
                     if statement.strip():
                         db_write(where, statement)
         db_write(where, pg_schema.VERSION_TABLE)
-        db_write(where, "INSERT INTO pollwarden_schema (version) VALUES (9)")
+        db_write(where, "INSERT INTO pollwarden_schema (version) VALUES (?)", pg_schema.LATEST)
     db_write(where, OLD_ROW)
 
 
@@ -52,7 +52,7 @@ def _steps_recorded(where: DatabaseLocation) -> list[int]:
     return [int(r["number"]) for r in db_rows(where, f"SELECT number FROM {table} ORDER BY number")]
 
 
-async def test_a_database_at_step_9_without_step_8_gets_it_on_its_next_start_and_keeps_its_records(
+async def test_a_database_at_the_latest_step_without_step_8_gets_it_on_its_next_start_and_keeps_its_records(
     tmp_path: Path,
 ) -> None:
     where = database_in(tmp_path)
@@ -63,7 +63,9 @@ async def test_a_database_at_step_9_without_step_8_gets_it_on_its_next_start_and
         assert old.owner == "local"
         assert [r.operation_id for r in await store.list_operations(owner="local")] == ["op-old"]
         assert await store.list_operations(owner="alice") == []
-    expected = [s.number for s in sqlite_schema.MIGRATIONS] if where.is_sqlite else [5, 6, 7, 8, 9]
+    steps = sqlite_schema.MIGRATIONS if where.is_sqlite else pg_schema.MIGRATIONS
+    expected = sorted(s.number for s in steps)
+    assert 8 in expected
     assert _steps_recorded(where) == expected
     async with open_store(where) as store:  # a second start runs nothing again
         assert (await store.get("op-old")) is not None

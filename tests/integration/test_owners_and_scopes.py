@@ -422,3 +422,26 @@ async def test_a_status_request_a_table_guards_waits_for_an_operator_over_http_w
         assert [(r.payload_obj["decided_by"], r.payload_obj["authenticated_by"]) for r in approved] == [
             ("ops", "http-operator")
         ]
+
+
+async def test_one_payload_in_flight_is_one_job_per_principal_without_revealing_another_principals_operation(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    def submit(op: str) -> dict[str, Any]:
+        return {"provider": "acme", "operation_id": op, "submit": PAYLOAD}
+
+    fake.script_new_jobs([pending("running")])
+    async with team(tmp_path, fake) as t:
+        async with t.as_("alice") as alice:
+            first = view(await alice.call_tool("start_operation", submit("a-1")))
+            again = view(await alice.call_tool("start_operation", submit("a-2")))
+        async with t.as_("bob") as bob:
+            theirs = view(await bob.call_tool("start_operation", submit("b-1")))
+    assert (first["operation_id"], first["status"]) == ("a-1", "waiting")
+    # alice's second id is answered with her payload in flight: no second submission for her.
+    assert (again["operation_id"], again["requested_operation_id"]) == ("a-1", "a-2")
+    # bob's same payload is his own job: sent, and nothing names alice's operation.
+    assert (theirs["operation_id"], theirs["status"]) == ("b-1", "waiting")
+    assert theirs.get("requested_operation_id") is None
+    assert "a-1" not in json.dumps(theirs)
+    assert len([e for e in fake.log() if e["route"] == "submit"]) == 2

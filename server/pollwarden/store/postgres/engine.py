@@ -391,7 +391,9 @@ class PostgresStore:
         Guarantee: one job, one budget across processes — the INSERT does nothing
         when the id or the job (the partial UNIQUE index) is taken, waiting for a
         concurrent insert of either to commit; then the operation holding the id,
-        else the job's holder, is returned (pollwarden.job_identity).
+        else the job's holder, is returned (pollwarden.job_identity). A submission
+        first takes its payload's advisory lock and, unless its id exists, is
+        answered with the payload's operation still in flight if there is one.
         """
         values = {**OPTIONAL_NEW_COLUMNS, **values}
         missing = set(sql.NEW_OPERATION_COLUMNS) - set(values)
@@ -402,6 +404,13 @@ class PostgresStore:
             )
         operation_id = str(values["operation_id"])
         async with self._locked(audit=False) as (writer, tx, _):
+            if values["submit_payload_json"] is not None:
+                payload = {"request_fingerprint": values["request_fingerprint"]}
+                await tx.queue(sql.LOCK_PAYLOAD, payload)
+                same_id = await tx.queue(sql.SELECT_OPERATION, {"operation_id": operation_id})
+                in_flight = await tx.one(sql.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]})
+                if in_flight is not None and await tx.read(same_id) is None:
+                    return stored(in_flight).record, False
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
             await writer.head_first()
             row = await tx.read(inserted)
@@ -435,7 +444,9 @@ class PostgresStore:
             if record.held_for_approval:
                 return None  # a resubmission a person has not approved is never sent
             claimed = await writer.write(
-                current, {"lease_owner": owner, "lease_expires_at": now + lease_seconds}, at=now
+                current,
+                {"lease_owner": owner, "lease_expires_at": now + lease_seconds, "submit_sent_at": now},
+                at=now,
             )
             await writer.append(event(claimed, "submit_sending", now, note=note))
             return claimed

@@ -255,6 +255,10 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX operations_by_provider_job ON operations(provider, provider_job_id)",
         ),
     ),
+    # SQLite step 12: when the submission request was sent.
+    Migration(
+        12, "submission request time", ("ALTER TABLE operations ADD COLUMN submit_sent_at double precision",)
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)

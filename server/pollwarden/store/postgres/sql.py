@@ -80,6 +80,18 @@ COUNT_CREATED_SINCE_BY_OWNER = (
     "SELECT count(*) FROM operations WHERE owner = %(owner)s AND created_at > %(since)s"
 )
 
+# One payload in flight is one job (pollwarden.job_identity). Submissions of one payload take this
+# transaction-scoped lock before they look for an operation of it in flight and insert, so two
+# processes starting it at once make one operation. The two-key form keeps it apart from the
+# migration lock's one-key space; the first key is "poll".
+LOCK_PAYLOAD = "SELECT pg_advisory_xact_lock(1886350444, hashtext(%(request_fingerprint)s))"
+SELECT_PAYLOAD_IN_FLIGHT = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(request_fingerprint)s "
+    "AND owner = %(owner)s "
+    "AND status IN ('submitting', 'waiting') AND submit_payload_json IS NOT NULL AND duplicate_of IS NULL "
+    "ORDER BY created_at DESC, operation_id LIMIT 1"
+)
+
 # The reservation as one statement: the gate's conditions again (pollwarden.stop's), and the version it read.
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "

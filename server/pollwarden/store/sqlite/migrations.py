@@ -407,6 +407,14 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     CREATE INDEX operations_by_provider_job ON operations(provider, provider_job_id);
     """,
     ),
+    # When the submission request was sent, kept beside the status requests' request_sent_at.
+    Migration(
+        12,
+        "submission request time",
+        """
+    ALTER TABLE operations ADD COLUMN submit_sent_at REAL;
+    """,
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)

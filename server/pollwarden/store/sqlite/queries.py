@@ -109,6 +109,15 @@ SELECT_JOB_OWNER = (
     "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL AND owner = :owner"
 )
 
+# The latest operation of a payload still in flight (pollwarden.job_identity: one payload in flight is one
+# job): submitting (held for a person too) or waiting; the principal's own (issue 19: principals never see
+# each other's operations). Served by operations_by_fingerprint.
+SELECT_PAYLOAD_IN_FLIGHT = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = :request_fingerprint AND owner = :owner "
+    "AND status IN ('submitting', 'waiting') AND submit_payload_json IS NOT NULL AND duplicate_of IS NULL "
+    "ORDER BY created_at DESC, operation_id LIMIT 1"
+)
+
 # An operator reopens a refused operation (pollwarden reopen): only as it was shown to them.
 REOPEN = (
     "UPDATE operations SET status = 'waiting', stop_reason = NULL, stop_detail = NULL, stopped_at = NULL, "
@@ -182,14 +191,14 @@ RESET_REFUSALS = (
 # A resubmission a person has not approved is never claimed for sending.
 _NOT_HELD = "AND (resubmission_of IS NULL OR resubmission_approved_by IS NOT NULL) "
 CLAIM_SUBMISSION = (
-    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, "
+    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, submit_sent_at = :now, "
     "version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND status = 'submitting' AND lease_owner IS NULL "
     f"{_NOT_HELD}RETURNING {OPERATION_ROW}"
 )
 # With idempotency an expired lease (a call that died mid-send) may be taken over: a resend is safe.
 CLAIM_SUBMISSION_TAKING_OVER = (
-    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, "
+    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, submit_sent_at = :now, "
     "version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND status = 'submitting' "
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) {_NOT_HELD}RETURNING {OPERATION_ROW}"

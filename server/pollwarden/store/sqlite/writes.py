@@ -33,9 +33,10 @@ def create_operation(
     """Insert the record and its first audit row unless the id or the job exists; (record, created).
 
     When the id exists, that operation is returned. When the job (provider,
-    account context, provider job id) is another operation's, that operation is
-    returned: its `operation_id` differs from the one asked for, and nothing is
-    created (pollwarden.job_identity). The first audit row names the account
+    account context, provider job id) is another operation's, or the submission's
+    payload (its request fingerprint) is still in flight under another, that
+    operation is returned: its `operation_id` differs from the one asked for, and
+    nothing is created (pollwarden.job_identity). The first audit row names the account
     context's origin and credential variable.
     """
     values = {**queries.OPTIONAL_NEW_COLUMNS, **values}
@@ -59,6 +60,11 @@ def create_operation(
             )
             if owner is not None:
                 return owner, False
+        if values["submit_payload_json"] is not None:
+            params = {"request_fingerprint": values["request_fingerprint"], "owner": values["owner"]}
+            in_flight = rows.returned(conn.execute(queries.SELECT_PAYLOAD_IN_FLIGHT, params))
+            if in_flight is not None:
+                return in_flight.record, False
         created = rows.returned(conn.execute(queries.INSERT_OPERATION, dict(values)))
         if created is None:
             return rows.must_fetch(conn, str(values["operation_id"])).record, False
