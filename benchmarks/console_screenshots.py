@@ -43,7 +43,8 @@ async def _shoot(db: Path, tables: Path) -> None:
         allowed_hosts=tuple(transport_security(options).allowed_hosts or ()),
         tables=load_provider_tables(config),
     )
-    async with running_console(create_app(settings), options) as base, chromium(1280, 900) as browser:
+    async with running_console(create_app(settings), options) as root, chromium(1280, 900) as browser:
+        base = root + settings.prefix
         page = await browser.new_page()
         await page.goto(f"{base}/login?token={token}")
         shots = [

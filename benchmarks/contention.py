@@ -3,6 +3,7 @@
     python benchmarks/contention.py                       # 1 process, then 8; about 40 s
     python benchmarks/contention.py --processes 4 --seconds 5
     python benchmarks/contention.py --engine postgres     # the same on PostgreSQL (a scratch schema)
+    python benchmarks/contention.py --engine both --rounds 3   # 8 processes, SQLite and PostgreSQL in turn
 
 Each worker is its own process running pollwarden's MCP server with the
 in-process SDK `Client` (the full tool path, without stdio framing) against
@@ -14,7 +15,10 @@ repeats the same mix for a fixed time, one call in flight at a time:
                      ->  check_status (not_yet) x 2
 
 The 1-process baseline runs first, in the same run, so both rows come from
-the same machine state. Prints a table and writes benchmarks/results/contention.json.
+the same machine state. With `--engine both` the 8-process phase runs on a
+SQLite file and on PostgreSQL in turn, round after round, so the two engines
+share the machine's load and their ratio comes from one run
+(results/contention_both.json). Prints a table and writes benchmarks/results/contention.json.
 """
 
 from __future__ import annotations
@@ -227,11 +231,13 @@ def poll_job(worker: str) -> str:
     return f"busy-{worker}"
 
 
-async def prepare(db: Path | str, base_url: str, processes: int) -> None:
+async def prepare(
+    db: Path | str, base_url: str, processes: int, phases: dict[str, int] | None = None
+) -> None:
     """Create the database once (so workers do not race on migrations) and script the workers' jobs."""
     async with open_store(db):
         pass
-    phases = {"baseline": 1, "contended": processes}
+    phases = phases or {"baseline": 1, "contended": processes}
     await script_running(
         base_url, *(poll_job(f"w{k}-{phase}") for phase, n in phases.items() for k in range(n))
     )
@@ -279,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=None, help="default: results/contention[_postgres].json")
-    parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--engine", choices=("sqlite", "postgres", "both"), default="sqlite")
+    parser.add_argument("--rounds", type=int, default=3, help="with --engine both: phases per engine")
     parser.add_argument(
         "--pg-url",
         default=DEFAULT_PG_URL,
@@ -300,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1 <= args.seconds <= 120:
         parser.error("--seconds must be 1 to 120")
     quiet_logs()
+    if args.engine == "both":
+        return _both(args)
     where = machine()
     with fake_provider_workdir() as (workdir, base_url):
         tables = workdir / "tables"
@@ -334,6 +343,71 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or RESULTS_DIR / (
         "contention.json" if args.engine == "sqlite" else "contention_postgres.json"
     )
+    dump_json(out, result, sort_keys=False)
+    print(f"wrote {out}")
+    return 0
+
+
+def _both(args: argparse.Namespace) -> int:
+    """The contended phase on SQLite and PostgreSQL in turn; PostgreSQL's checks/s and p95 against SQLite's."""
+    where = machine()
+    engines = ("sqlite", "postgres")
+    phases = {f"{engine}-{r}": args.processes for engine in engines for r in range(args.rounds)}
+    rows: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
+    violations: dict[str, int] = {}
+    with fake_provider_workdir() as (workdir, base_url):
+        tables = workdir / "tables"
+        write_fast_and_slow_tables(tables, base_url)
+        with (
+            scratch_database("sqlite", workdir, args.pg_url) as lite,
+            scratch_database("postgres", workdir, args.pg_url) as pg,
+        ):
+            dbs = {"sqlite": lite, "postgres": pg}
+            for engine in engines:
+                anyio.run(prepare, dbs[engine], base_url, args.processes, phases)
+            for r in range(args.rounds):
+                for engine in engines:
+                    phase = f"{engine}-{r}"
+                    rows[engine].append(
+                        run_phase(args.processes, args.seconds, workdir, dbs[engine], tables, phase)
+                    )
+            for engine in engines:
+                violations[engine] = anyio.run(budget_violations, dbs[engine])
+
+    def mean(engine: str, key: str) -> float:
+        return round(sum(row[key] for row in rows[engine]) / len(rows[engine]), 2)
+
+    summary = {
+        engine: {key: mean(engine, key) for key in ("checks_per_second", "check_p50_ms", "check_p95_ms")}
+        for engine in engines
+    }
+    result = {
+        "benchmark": "contention",
+        "engine": "both",
+        "mix": "per round: start_operation, check_status polled, check_status not_yet x2",
+        "processes": args.processes,
+        "rounds": args.rounds,
+        "machine": where,
+        "rows": rows,
+        "mean": summary,
+        "postgres_vs_sqlite": {
+            "checks_per_second": round(
+                summary["postgres"]["checks_per_second"] / summary["sqlite"]["checks_per_second"], 2
+            ),
+            "check_p95": round(summary["postgres"]["check_p95_ms"] / summary["sqlite"]["check_p95_ms"], 2),
+        },
+        "goal": {"checks_per_second_at_least": 0.9, "check_p95_at_most": 1.5},
+        "budget_violations": violations,
+    }
+    for engine in engines:
+        print(f"{engine}: {args.processes} processes, {args.rounds} phases of {args.seconds:g} s")
+        print(render(rows[engine]))
+    ratio = result["postgres_vs_sqlite"]
+    print(
+        f"PostgreSQL vs SQLite: checks/s x{ratio['checks_per_second']}, check p95 x{ratio['check_p95']}; "
+        f"budget violations {violations}"
+    )
+    out = args.out or RESULTS_DIR / "contention_both.json"
     dump_json(out, result, sort_keys=False)
     print(f"wrote {out}")
     return 0

@@ -12,7 +12,13 @@ time, on operations of their own (as 8 agents checking 8 jobs would):
   committed (two trips).
 
 Goals (issue 18): ≥ 5,000 reservation tx/s and ≥ 3,000 answer-plus-audit tx/s.
-The chain is verified after the run. Results: benchmarks/results/engine_alone.json.
+The chain is verified after the run.
+
+The ceiling, measured right after in the same run (when `pgbench` is on PATH):
+the same two transactions, statement for statement and trip for trip, driven
+by pgbench (C, no Python, 8 connections) on a scratch schema of their own —
+what this machine's PostgreSQL and disk allow whatever the client does.
+Results: benchmarks/results/engine_alone.json.
 
     python -m benchmarks.engine_alone [--url postgresql://postgres@127.0.0.1:5432/test] [--seconds 5]
 """
@@ -21,7 +27,11 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,7 +120,7 @@ def run(url: str, kind: str, *, connections: int, processes: int, seconds: float
 
     anyio.run(create)
     queue: Any = multiprocessing.get_context("spawn").Queue()
-    start_at = time.time() + 3.0  # every worker connected before the clock starts
+    start_at = time.time() + 5.0  # every worker connected before the clock starts (a loaded machine)
     workers = [
         multiprocessing.get_context("spawn").Process(
             target=_process, args=(url, kind, ops[p::processes], seconds, start_at, queue)
@@ -132,6 +142,105 @@ def run(url: str, kind: str, *, connections: int, processes: int, seconds: float
     }
 
 
+# The two transactions as pgbench scripts (prepared statements; each pipeline is one trip).
+_PGBENCH_RESERVATION = """\\set n random(0, {last})
+UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, \
+lease_owner = 'bench', lease_expires_at = 0, version = version + 1, updated_at = 1 \
+WHERE operation_id = 'reservation-' || (:n)::int AND status = 'waiting' \
+AND status_requests_used < max_status_requests RETURNING *;
+"""
+_PGBENCH_ANSWER = """\\set n random(0, {last})
+\\startpipeline
+BEGIN;
+SELECT * FROM operations WHERE operation_id = 'answer_audit-' || (:n)::int FOR UPDATE;
+SELECT seq, hash, keyed FROM audit_head;
+\\endpipeline
+\\startpipeline
+UPDATE operations SET polls_completed = 0, version = version + 1 WHERE operation_id = 'answer_audit-' || (:n)::int;
+{append};
+{move};
+COMMIT;
+\\endpipeline
+"""
+
+
+# The same answer with its audit row in no chain (no global head to lock): what one chain costs.
+_UNCHAINED = "INSERT INTO audit_unchained (operation_id, payload) VALUES ('answer_audit-' || (:n)::int, repeat('x', 700))"
+
+
+def _pgbench_append() -> str:
+    """The engine's append statement with a payload of a real row's size written in."""
+    payload = "{" + '"note":"' + "x" * 700 + '"}'
+    values = {"operation_id": "'answer_audit-' || (:n)::int", "at": "'1970-01-01T00:00:01.000Z'"}
+    values.update(kind="'polled'", payload=f"'{payload}'", middle=f'\',"op","at","polled","{payload}",\'')
+    text = sql.APPEND_AUDIT_ROW
+    for name, value in values.items():
+        text = text.replace(f"%({name})s", value)
+    return text
+
+
+def ceiling(url: str, *, connections: int, seconds: float) -> dict[str, Any] | None:
+    """The same transactions from pgbench (None without pgbench on PATH)."""
+    import psycopg
+
+    pgbench = shutil.which("pgbench")
+    if pgbench is None:
+        return None
+    found: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        shapes = {
+            "reservation": _PGBENCH_RESERVATION,
+            "answer_audit": _PGBENCH_ANSWER,
+            "answer_audit_unchained": _PGBENCH_ANSWER.replace("{append};\n{move};\n", _UNCHAINED + ";\n"),
+        }
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE audit_unchained (seq bigserial PRIMARY KEY, operation_id text, payload text)"
+            )
+        for kind, template in shapes.items():
+            ops = [f"{kind}-{i}" for i in range(connections)] if kind != "answer_audit_unchained" else []
+
+            async def create(ops: list[str] = ops) -> None:
+                async with open_store(url) as store:
+                    for op in ops:
+                        await store.create_operation(_values(op), kind="tracking_started", at=0.5)
+
+            anyio.run(create)
+            script = Path(tmp) / f"{kind}.sql"
+            script.write_text(
+                template.format(last=connections - 1, append=_pgbench_append(), move=sql.MOVE_AUDIT_HEAD)
+            )
+            done = subprocess.run(
+                [
+                    pgbench,
+                    "-n",
+                    "-M",
+                    "prepared",
+                    "-c",
+                    str(connections),
+                    "-j",
+                    "2",
+                    "-T",
+                    str(int(seconds)),
+                    "-f",
+                    str(script),
+                    "-d",
+                    url,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=seconds + 60,
+                check=True,
+            )
+            tps = re.search(r"tps = ([0-9.]+)", done.stdout)
+            latency = re.search(r"latency average = ([0-9.]+) ms", done.stdout)
+            found[kind] = {
+                "per_second": None if tps is None else round(float(tps.group(1))),
+                "latency_average_ms": None if latency is None else float(latency.group(1)),
+            }
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for kind in ("reservation", "answer_audit")
         }
         verdict = verify_chain(DatabaseLocation.parse(url), None)
+    with scratch_schema(args.url, "bench_ceiling") as url:
+        bare = ceiling(url, connections=args.connections, seconds=args.seconds)
     summary = {
         "engine": "postgresql",
         "connections": args.connections,
@@ -157,6 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reservation": phases["reservation"],
         "answer_audit": phases["answer_audit"],
         "goals": {"reservation_per_second": 5000, "answer_audit_per_second": 3000},
+        "ceiling_pgbench": bare,
+        "of_ceiling": None
+        if bare is None
+        else {
+            kind: round(phases[kind]["per_second"] / bare[kind]["per_second"], 2)
+            for kind in phases
+            if bare[kind]["per_second"]
+        },
         "audit_chain_ok": verdict.ok,
         "audit_rows": verdict.rows_checked,
         "machine": machine(processor=True),
@@ -164,7 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     dump_json(args.out, summary)
     for kind in ("reservation", "answer_audit"):
         p = phases[kind]
-        print(f"{kind:13} {p['per_second']:>7,}/s  p50 {p['p50_ms']} ms  p95 {p['p95_ms']} ms")
+        line = f"{kind:13} {p['per_second']:>7,}/s  p50 {p['p50_ms']} ms  p95 {p['p95_ms']} ms"
+        if bare is not None:
+            line += f"   pgbench, same transaction: {bare[kind]['per_second']:,}/s"
+        print(line)
     print(f"audit chain {'OK' if verdict.ok else 'BROKEN'}: {verdict.rows_checked} rows; JSON: {args.out}")
     return 0 if verdict.ok else 1
 

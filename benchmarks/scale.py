@@ -119,7 +119,13 @@ FILLERS = 8
 
 
 async def run(
-    operations: int, samples: int, workdir: Path, base_url: str, small_db: Database, large_db: Database
+    operations: int,
+    samples: int,
+    workdir: Path,
+    base_url: str,
+    small_db: Database,
+    large_db: Database,
+    bulk: bool = False,
 ) -> dict[str, Any]:
     """Fill one database to `operations`, keep another at 10, then measure both, interleaved."""
     await script_running(base_url, "scale-poll", "scale-idle")
@@ -144,9 +150,16 @@ async def run(
                 )
 
         started = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for first in range(FILLERS):
-                tg.start_soon(fill_some, first)
+        if bulk and isinstance(large_db, DatabaseLocation):
+            # One real start_operation, then copies of its row and audit row under new ids (one statement each).
+            await filler.start_operation(
+                provider="slow", operation_id="fill-000000", provider_job_id="scale-idle-fill-000000"
+            )
+            _bulk_copies(large_db, "fill-000000", fill)
+        else:
+            async with anyio.create_task_group() as tg:
+                for first in range(FILLERS):
+                    tg.start_soon(fill_some, first)
         fill_seconds = time.perf_counter() - started
         # Idle operations spread across the whole id range, so reads are not all in one page.
         spread = [f"fill-{n:06d}" for n in range(0, fill, max(1, fill // 50))]
@@ -160,13 +173,49 @@ async def run(
         "small": {"operations": SMALL, **measured[0]},
         "large": {"operations": counts[0], **measured[1]},
         "fill": {
-            "start_operation_calls": fill,
+            "start_operation_calls": 1 if bulk else fill,
+            "copied_rows": fill - 1 if bulk else 0,
             "concurrent_calls": FILLERS,
             "seconds": round(fill_seconds, 2),
-            "start_operation_controller_per_second": round(fill / fill_seconds, 1),
+            "start_operation_controller_per_second": None if bulk else round(fill / fill_seconds, 1),
         },
         "database_bytes": _database_bytes(large_db),
     }
+
+
+def _bulk_copies(db: DatabaseLocation, template: str, fill: int) -> None:
+    """Copies of `template`'s operation row and audit row as fill-000001…, then the head moved past them.
+
+    The copies are not a valid chain (their hashes are the template's); `scale.py` measures checks, not
+    `audit verify`. New rows link to the head as ever.
+    """
+    import psycopg
+
+    from pollwarden.records import OPERATION_COLUMNS
+
+    new_id = "'fill-' || lpad(g::text, 6, '0')"
+    replaced = {
+        "operation_id": new_id,
+        "provider_job_id": "'scale-idle-fill-' || lpad(g::text, 6, '0')",
+        "created_at": "created_at + g * 0.001",
+    }
+    columns = ", ".join(OPERATION_COLUMNS)
+    values = ", ".join(replaced.get(c, c) for c in OPERATION_COLUMNS)
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO operations ({columns}) SELECT {values} FROM operations, "  # pyright: ignore[reportArgumentType]
+            f"generate_series(1, {fill - 1}) AS g WHERE operation_id = %s",
+            (template,),
+        )
+        conn.execute(
+            "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
+            f"SELECT h.seq + g, {new_id}, a.at, a.kind, a.payload, a.prev_hash, a.hash, a.keyed "  # pyright: ignore[reportArgumentType]
+            f"FROM audit AS a, audit_head AS h, generate_series(1, {fill - 1}) AS g WHERE a.operation_id = %s",
+            (template,),
+        )
+        conn.execute("UPDATE audit_head SET seq = (SELECT max(seq) FROM audit)")
+        conn.execute("VACUUM ANALYZE operations")
+        conn.execute("VACUUM ANALYZE audit")
 
 
 def _database_bytes(db: Database) -> int:
@@ -198,6 +247,12 @@ def render(result: dict[str, Any]) -> str:
             )
     a, b = small["start_operation_mcp_per_second"], large["start_operation_mcp_per_second"]
     lines.append(f"{'start_operation via MCP (per second)':<38} {a:>13.1f} {b:>13.1f} {b / a:>7.2f}")
+    if fill.get("copied_rows"):
+        lines.append(
+            f"fill: 1 start_operation call, then {fill['copied_rows']:,} copies of its rows by SQL in "
+            f"{fill['seconds']:.1f} s; database {result['database_bytes'] / 1e6:.1f} MB"
+        )
+        return "\n".join(lines)
     lines.append(
         f"fill: {fill['start_operation_calls']:,} start_operation calls through the controller in "
         f"{fill['seconds']:.1f} s = {fill['start_operation_controller_per_second']:.0f}/s; "
@@ -215,6 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--out", type=Path, default=None, help="default: results/scale[_postgres].json")
     parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument(
+        "--fill",
+        choices=("calls", "copies"),
+        default="calls",
+        help="calls: start_operation through the controller; copies (postgres): one real call, then its "
+        "rows copied by SQL (bounded time on a loaded machine)",
+    )
     parser.add_argument(
         "--pg-url",
         default=DEFAULT_PG_URL,
@@ -240,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             large_db = DatabaseLocation.parse(
                 scratch.enter_context(scratch_schema(args.pg_url, "scale_large"))
             )
-        measured = anyio.run(run, args.operations, args.samples, workdir, base_url, small_db, large_db)
+        bulk = args.fill == "copies"
+        measured = anyio.run(run, args.operations, args.samples, workdir, base_url, small_db, large_db, bulk)
     result = {
         "benchmark": "scale",
         "engine": args.engine,

@@ -7,6 +7,13 @@
   naming a bad argument.
 - The conformance suite's server scenarios that apply to a server without the
   suite's own test tools and resources, over streamable HTTP.
+- The Inspector CLI against a token-protected `serve --auth-tokens FILE`
+  (issue 19): refused without a token; with a bearer header (`--header`) it
+  lists the tools in both eras, and one principal's operation is an unknown id
+  for another. The conformance suite (0.1.16) has no authorization scenarios
+  for a server: its `auth/*` scenarios test clients against its own
+  authorization server, and `conformance server` sends no token, so none of its
+  server scenarios can run against a token-protected server.
 
 The npm packages are pinned in package-lock.json; run-real-clients.sh
 installs them (with the Node 22 they need) and then this script. It prints
@@ -220,6 +227,76 @@ def conformance_checks(checks: Checks, url: str) -> None:
         checks.check(f"conformance {scenario}", code == 0 and "0 failed" in out, out[-1500:] + err[-500:])
 
 
+def add_token(tokens: Path, name: str) -> str:
+    """`pollwarden tokens add NAME` for real; the token it prints once."""
+    code, out, err = run(
+        [
+            PYTHON,
+            "-m",
+            "pollwarden",
+            "tokens",
+            "add",
+            name,
+            "--scopes",
+            "pollwarden:agent",
+            "--file",
+            str(tokens),
+        ]
+    )
+    if code != 0:
+        raise SystemExit(f"pollwarden tokens add {name} failed: {err}")
+    return out.strip()
+
+
+def auth_checks(checks: Checks, serve: list[str], tmp: Path, base_url: str) -> None:
+    """A token-protected server: no token, no entry; a bearer header per principal; principals apart."""
+    tokens = tmp / "tokens"
+    alice, bob = add_token(tokens, "alice"), add_token(tokens, "bob")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    target = ["--server-url", url, "--transport", "http"]
+    args = [*serve, "--transport", "http", "--port", str(port), "--auth-tokens", str(tokens)]
+    with background(args, tmp / "http-auth.log", port):
+        code, _, err = inspector(target, "modern", "tools/list")
+        # The Inspector reads the 401 challenge and wants an OAuth flow it cannot run unattended.
+        checks.check(
+            "inspector http+tokens: refused without a token (the client is told to authorize)",
+            code != 0 and "auth_required" in err,
+            err,
+        )
+        for era in ERAS:
+            code, listed, err = inspector(
+                target, era, "tools/list", "--header", f"Authorization: Bearer {alice}"
+            )
+            names = {tool["name"] for tool in ((listed or {}).get("result") or {}).get("tools", [])}
+            checks.check(
+                f"inspector http+tokens {era}: tools/list with a bearer token",
+                code == 0 and names >= CORE_TOOLS,
+                err,
+            )
+        op = "rc-auth"
+        anyio.run(script_running, base_url, op)
+        as_alice = [*target, "--header", f"Authorization: Bearer {alice}"]
+        code, started, err = call(
+            as_alice,
+            "modern",
+            "start_operation",
+            {"provider": "acme", "operation_id": op, "provider_job_id": op},
+        )
+        checks.check(
+            "inspector http+tokens: alice starts an operation",
+            code == 0 and structured(started).get("status") == "waiting",
+            err,
+        )
+        as_bob = [*target, "--header", f"Authorization: Bearer {bob}"]
+        code, theirs, err = call(as_bob, "modern", "get_operation", {"operation_id": op})
+        checks.check(
+            "inspector http+tokens: alice's operation is an unknown id for bob",
+            code == 5 and "no operation" in error_text(theirs).lower(),
+            f"exit {code}: {error_text(theirs) or err}",
+        )
+
+
 def main() -> int:
     checks = Checks()
     started = time.monotonic()
@@ -236,6 +313,7 @@ def main() -> int:
         with background([*serve, "--transport", "http", "--port", str(port)], tmp / "http.log", port):
             inspector_checks(checks, "http", ["--server-url", url, "--transport", "http"], base_url)
             conformance_checks(checks, url)
+        auth_checks(checks, serve, tmp, base_url)
     print(f"real clients: {time.monotonic() - started:.0f} s")
     print(f"{checks.passed} passed, {len(checks.failed)} failed")
     return 1 if checks.failed else 0

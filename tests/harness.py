@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
@@ -105,6 +106,12 @@ def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The harness's servers draw their jitter from real, seeded random numbers: a server that never
+# jitters (or always waits the full delay) fails the tests that check times. A test that pins
+# exact times chooses its draws explicitly (`SteppedRandom`, or its own seed).
+HARNESS_SEED = 20250418
+
+
 class SteppedRandom:
     """A random source that returns the given values in turn (then repeats the last)."""
 
@@ -116,6 +123,11 @@ class SteppedRandom:
         value = self.values[min(self.i, len(self.values) - 1)]
         self.i += 1
         return value
+
+
+def full_delays() -> SteppedRandom:
+    """Jitter draws of 1.0: every delay is its raw maximum. For a test that pins exact times."""
+    return SteppedRandom(1.0)
 
 
 @dataclass
@@ -181,12 +193,12 @@ def make_harness(
     environ: dict[str, str] | None = None,
     http_limits: HttpLimits | None = None,
 ) -> Harness:
-    """A harness whose provider table `acme` points at `fake`."""
+    """A harness whose provider table `acme` points at `fake`; jitter drawn from `random.Random(HARNESS_SEED)` by default."""
     return Harness(
         tmp=tmp,
         fake=fake,
         clock=clock or FakeClock(),
-        rng=rng or SteppedRandom(1.0),
+        rng=rng or random.Random(HARNESS_SEED),
         table=merge(base_table(fake.base_url), table or {}),
         environ=environ or {},
         http_limits=http_limits,

@@ -16,6 +16,10 @@ each answer does; `settle` takes the steps in one order:
    outside the chat (`pollwarden approve`, the console), and the agent's next
    call applies that decision.
 
+Over authenticated HTTP (issue 19) an agent never approves its own request:
+its answer is `OPERATOR_DECIDES`, so steps 2 and 3 are skipped and an operator
+decides (`decide_approval` over HTTP with ``pollwarden:operator``, or the CLI).
+
 The MCP side (asking, and an answer that comes after the client stopped
 waiting) is `server._ask`; it asks only where `Flow.asks` says so.
 """
@@ -43,9 +47,12 @@ class Answer:
 
     asked: bool
     approve: bool | None = None
+    # An authenticated HTTP agent (issue 19): its own client's confirmation counts for nothing.
+    operator_only: bool = False
 
 
 NOT_ASKED = Answer(asked=False)
+OPERATOR_DECIDES = Answer(asked=False, operator_only=True)
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,8 @@ async def settle(flow: Flow[Any, S, R], controller: Controller, subject: S, answ
     """Take the flow's steps in the one order (this module's docstring) and return what the tool answers."""
     if (known := await flow.settled(controller, subject)) is not None:
         return known
+    if answer.operator_only:
+        return await flow.ask_operator(controller, subject)  # nobody decides about their own operation
     if controller.config.approval_mode == "tool-confirmation":
         return await flow.approve(controller, subject, TOOL_CONFIRMATION)
     if answer.asked:

@@ -23,9 +23,10 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import is_version_at_least
 from pydantic import BaseModel
 
-from pollwarden.approval_flow import DISMISSED, NOT_ASKED, Answer, Flow, settle
+from pollwarden.approval_flow import DISMISSED, NOT_ASKED, OPERATOR_DECIDES, Answer, Flow, settle
 from pollwarden.controller import Controller
 from pollwarden.errors import PollwardenError
+from pollwarden.principals import current_principal
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -164,6 +165,8 @@ async def ask(ctx: Ctx, flow: Flow[P, Any, Any], plan: P) -> Elicit[Any] | Answe
     controller = controller_of(ctx)
     if not flow.asks(plan) or controller.config.approval_mode == "tool-confirmation":
         return None
+    if current_principal().authenticated:
+        return None  # over authenticated HTTP the agent's own client never answers: an operator decides
     if not client_can_elicit(ctx):
         return None
     question = flow.question(plan)
@@ -179,7 +182,12 @@ async def ask(ctx: Ctx, flow: Flow[P, Any, Any], plan: P) -> Elicit[Any] | Answe
 
 
 def answer_of(flow: Flow[Any, Any, Any], decision: ElicitationResult[Any]) -> Answer:
-    """What the person said in this call, as the one approval flow takes it."""
+    """What the person said in this call, as the one approval flow takes it.
+
+    Over authenticated HTTP nobody was asked and only an operator decides (`OPERATOR_DECIDES`).
+    """
+    if current_principal().authenticated:
+        return OPERATOR_DECIDES
     outcome = outcome_of(decision)
     return NOT_ASKED if outcome is None else Answer(asked=True, approve=yes_of(outcome, flow.yes))
 

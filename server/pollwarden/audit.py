@@ -351,6 +351,15 @@ def _to_row(raw: tuple[object, ...]) -> AuditRow:
     )
 
 
+# What a store reads for one operation's story (its engine runs it; see `pollwarden.store.browse`).
+SELECT_AUDIT_ROWS_OF = _SELECT_ROWS + " WHERE operation_id = {operation_id} ORDER BY seq"
+
+
+def audit_row(raw: Sequence[object]) -> AuditRow:
+    """One row of ``SELECT_AUDIT_ROWS_OF`` as an `AuditRow`."""
+    return _to_row(tuple(raw))
+
+
 def _iter_rows(conn: AuditReader, operation_id: str | None) -> Iterator[AuditRow]:
     if operation_id is None:
         cursor = conn.execute(_SELECT_ROWS + " ORDER BY seq")
@@ -739,6 +748,9 @@ def _start_line(verb: str, p: Mapping[str, object]) -> str:
         text += f", deadline {_hms(p.get('deadline_at'))}"
     if p.get("max_status_requests") is not None:
         text += f", budget {_number(p.get('max_status_requests'))}"
+    principal = p.get("principal")
+    if principal is not None and principal != "local":  # stdio stories read as before
+        text += f", for {_value(principal)}"
     return text
 
 

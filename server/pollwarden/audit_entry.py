@@ -46,6 +46,7 @@ def decision_payload(
     waiting = record.status == Status.WAITING
     return {
         "decision": kind,
+        "principal": record.owner,
         "outcome": outcome,
         "status": record.status,
         "state": record.state,
@@ -64,6 +65,7 @@ def decision_payload(
         "business_deadline_at": iso(record.business_deadline_at),
         "http_status": record.last_http_status,
         "request_sent_at": iso(record.request_sent_at),
+        "submit_sent_at": iso(record.submit_sent_at),
         "answered_at": iso(record.last_http_at),
         "provider_request_id": record.provider_request_id,
         "provider_job_id": record.provider_job_id,

@@ -11,10 +11,20 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TextIO
 
 from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
+from pollwarden.auth import (
+    TOKENS_ENV,
+    AuthOptions,
+    add_token_commands,
+    auth_settings,
+    build_verifier,
+    resource_url_for,
+)
 from pollwarden.cli_options import add_database_options, database_from, with_examples
 from pollwarden.config import (
     STATE_KEY_ENV,
@@ -26,8 +36,9 @@ from pollwarden.config import (
 from pollwarden.console.cli import add_console_command
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
-from pollwarden.http_serve import HttpOptions, run_http, transport_security
+from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from pollwarden.principals import PrincipalLimits, PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
 from pollwarden.untrusted import OneLineFormatter
@@ -64,12 +75,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the MCP server over stdio (default) or streamable HTTP on 127.0.0.1."""
     from pollwarden.server import build_server, controller_factory
 
-    http = http_options(args) if args.transport == "http" else None
+    auth = _auth_options(args)
+    http = http_options(args, verifier_configured=auth.configured) if args.transport == "http" else None
+    if http is None and auth.configured:
+        raise ConfigError(
+            "--auth-tokens and --jwt-issuer apply to --transport http (stdio is the local user)"
+        )
+    settings = verifier = None
     if http is not None:
         transport_security(
             http
         )  # refuse a host or name list that would serve unprotected, before anything else
+        if auth.configured:
+            if not is_loopback(http.host) and not auth.resource_url:
+                raise ConfigError(
+                    "beyond loopback, --resource-url must give the URL clients use, e.g. "
+                    "https://mcp.example.com/mcp (tokens are issued for it, and the metadata names it)"
+                )
+            resource = resource_url_for(auth, host=http.host, port=http.port)
+            settings = auth_settings(auth, resource_url=resource)
+            verifier = build_verifier(auth, resource_url=resource)
     config = serve_config(args)
+    config = replace(config, limits=_principal_limits(args))
     tables = load_provider_tables(config)  # refuses a wrong provider table before serving
     factory = controller_factory(config, tables=tables)
     state_keys = state_keys_from_env()
@@ -80,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "key on every instance",
             STATE_KEY_ENV,
         )
-    server = build_server(factory, state_keys=state_keys)
+    server = build_server(factory, state_keys=state_keys, auth=settings, token_verifier=verifier)
     log.info("pollwarden serving (%s), database %s", args.transport, config.database)
     if http is not None:
         run_http(server, http, wrap=serve_wrapper(config, tables))  # with POST /webhooks/{provider}
@@ -89,8 +116,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def http_options(args: argparse.Namespace) -> HttpOptions:
-    """The listening options from the shared HTTP flags."""
+def _principal_limits(args: argparse.Namespace) -> PrincipalLimits:
+    for flag, value in (
+        ("--max-active-per-principal", args.max_active_per_principal),
+        ("--max-starts-per-minute", args.max_starts_per_minute),
+        ("--fleet-slots-per-principal", args.fleet_slots_per_principal),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(
+                f"{flag} must be a whole number of 1 or more (got {value}); omit it for no limit"
+            )
+    return PrincipalLimits(
+        max_active=args.max_active_per_principal,
+        max_starts_per_minute=args.max_starts_per_minute,
+        fleet_slots=args.fleet_slots_per_principal,
+    )
+
+
+def _auth_options(args: argparse.Namespace) -> AuthOptions:
+    tokens = (
+        (args.auth_tokens or os.environ.get(TOKENS_ENV)) if args.transport == "http" else args.auth_tokens
+    )
+    return AuthOptions(
+        token_file=Path(tokens).expanduser() if tokens else None,
+        jwt_issuer=args.jwt_issuer,
+        jwt_jwks_url=args.jwt_jwks_url,
+        jwt_audience=args.jwt_audience,
+        jwt_principal_claim=args.jwt_principal_claim,
+        resource_url=args.resource_url,
+    )
+
+
+def http_options(args: argparse.Namespace, *, verifier_configured: bool = False) -> HttpOptions:
+    """The listening options from the shared HTTP flags (`verifier_configured`: bearer tokens guard /mcp)."""
     if args.max_connections < 1:
         raise ConfigError("--max-connections must be 1 or more")
     if not args.request_timeout > 0:
@@ -103,6 +161,7 @@ def http_options(args: argparse.Namespace) -> HttpOptions:
         allowed_origins=tuple(args.allowed_origin or ()),
         max_connections=args.max_connections,
         request_timeout_seconds=args.request_timeout,
+        verifier_configured=verifier_configured,
     )
 
 
@@ -171,6 +230,58 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     add_http_arguments(serve, default_port=8000)
     serve.add_argument(
+        "--auth-tokens",
+        metavar="FILE",
+        help=f"HTTP only: require a bearer token listed (by hash) in FILE, made with `pollwarden tokens add` "
+        f"(env {TOKENS_ENV})",
+    )
+    serve.add_argument(
+        "--jwt-issuer",
+        metavar="URL",
+        help="HTTP only: require a JWT access token from this issuer (its iss), verified against its JWKS",
+    )
+    serve.add_argument(
+        "--jwt-jwks-url",
+        metavar="URL",
+        help="HTTP only: the issuer's JWKS (default ISSUER/.well-known/jwks.json)",
+    )
+    serve.add_argument(
+        "--jwt-audience",
+        metavar="AUD",
+        help="HTTP only: the aud tokens must carry (default: the resource URL)",
+    )
+    serve.add_argument(
+        "--jwt-principal-claim",
+        default="sub",
+        metavar="CLAIM",
+        help="HTTP only: the claim naming the principal operations belong to (default sub)",
+    )
+    serve.add_argument(
+        "--resource-url",
+        metavar="URL",
+        help="HTTP only: this server's URL as clients reach it, e.g. https://mcp.example.com/mcp (the "
+        "audience of its tokens; default http://HOST:PORT/mcp on loopback)",
+    )
+    serve.add_argument(
+        "--max-active-per-principal",
+        type=int,
+        metavar="N",
+        help="HTTP with tokens: a principal may have at most N operations waiting at once (default: no limit)",
+    )
+    serve.add_argument(
+        "--max-starts-per-minute",
+        type=int,
+        metavar="N",
+        help="HTTP with tokens: a principal may start at most N operations a minute (default: no limit)",
+    )
+    serve.add_argument(
+        "--fleet-slots-per-principal",
+        type=int,
+        metavar="N",
+        help="while a provider's [fleet] pace is used up, one principal holds at most N of its booked slots, "
+        "so others are served in turn (default: no limit; 1 alternates principals)",
+    )
+    serve.add_argument(
         "--approval",
         choices=["elicitation", "tool-confirmation"],
         help="how extensions are approved (env POLLWARDEN_APPROVAL); see README before using tool-confirmation",
@@ -204,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_commands(sub)
     add_console_command(sub)
     add_provider_commands(sub)
+    add_token_commands(sub)
     add_webhook_commands(sub)
     return parser
 
@@ -211,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
 def setup_logging(*, verbose: bool, stream: TextIO | None = None) -> None:
     """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(PrincipalLogFilter())  # every line names whom it was for (never a token)
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s [%(principal)s]: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
 
 

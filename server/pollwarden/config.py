@@ -12,6 +12,7 @@ from typing import Literal
 
 from pollwarden.errors import ConfigError
 from pollwarden.operator_keys import OperatorPolicy, load_policy
+from pollwarden.principals import PrincipalLimits
 from pollwarden.store.location import DatabaseLocation
 from pollwarden_providers.loader import TableError, load_tables
 from pollwarden_providers.table import ProviderTable
@@ -92,6 +93,8 @@ class ServerConfig:
 
     # Operator public keys, and whether a decision made outside the client must be signed.
     operator: OperatorPolicy = field(default_factory=OperatorPolicy)
+    # Per-principal fair shares over authenticated HTTP (issue 19); none by default.
+    limits: PrincipalLimits = field(default_factory=PrincipalLimits)
 
 
 def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:

@@ -37,6 +37,7 @@ from pollwarden.job_identity import (
     already_tracked_message,
     expected_terminal_state_of,
     fingerprint,
+    payload_in_flight_message,
 )
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
@@ -93,6 +94,11 @@ def operation_id_problem(value: str) -> str | None:
         return (
             f"must be 1 to {MAX_OPERATION_ID_LENGTH} characters, not blank (got {shown(value)}), "
             "e.g. 'report-2025-04-18-01'"
+        )
+    if value.startswith("@"):
+        return (
+            f"must not start with '@' (got {shown(value)}): that form is how pollwarden names another "
+            "principal's operations; choose an id such as 'report-2025-04-18-01'"
         )
     return invisible_text_problem(value)
 
@@ -152,6 +158,11 @@ class Controller:
         return record
 
     @staticmethod
+    def not_found(operation_id: str) -> OperationNotFound:
+        """The error for an id nobody (visible to the caller) has."""
+        return Controller._not_found(operation_id)
+
+    @staticmethod
     def _not_found(operation_id: str) -> OperationNotFound:
         return OperationNotFound(
             f"no operation {shown(operation_id)}; check operation_id: call list_operations to see "
@@ -197,8 +208,13 @@ class Controller:
         *,
         retry_at: float | None = None,
         requested_operation_id: str | None = None,
+        same_payload: bool = False,
     ) -> OperationView:
-        """The operation view, with the extension suggestion clipped to the operator caps."""
+        """The operation view, with the extension suggestion clipped to the operator caps.
+
+        With `requested_operation_id` (another id than the record's) it says why start_operation answered
+        with this operation: it holds the job, or (`same_payload`) the submitted payload is in flight.
+        """
         table = self.tables.get(record.provider)
         caps = self.config.caps
         suggestion = suggested_extension(caps.max_extra_seconds, caps.max_extra_status_requests)
@@ -206,10 +222,11 @@ class Controller:
             record, table, now=self.clock.now(), outcome=outcome, suggestion=suggestion, retry_at=retry_at
         )
         if requested_operation_id is not None and requested_operation_id != record.operation_id:
+            why = payload_in_flight_message if same_payload else already_tracked_message
             return shown.model_copy(
                 update={
                     "requested_operation_id": requested_operation_id,
-                    "message": f"{already_tracked_message(record, requested_operation_id)} {shown.message}",
+                    "message": f"{why(record, requested_operation_id)} {shown.message}",
                 }
             )
         return shown
@@ -243,12 +260,17 @@ class Controller:
         max_status_requests: int | None = None,
         idempotency_key: str | None = None,
         resubmission_answer: Answer = NOT_ASKED,
+        owner: str = "local",
+        stored_id: Callable[[str], str] | None = None,
     ) -> OperationView:
         """Record a new operation before any status request (or return the existing one).
 
         A payload whose earlier operation ended or escalated is recorded held:
         nothing is sent until a person approves (`resubmission_answer`, or an
         operator's decision found by `resubmission.clear`).
+
+        `owner` is the principal it belongs to; `stored_id` maps the chosen id to the stored one
+        (`pollwarden.ownership.stored_id`).
         """
         if operation_id is not None and (problem := operation_id_problem(operation_id)) is not None:
             raise InvalidRequest(f"operation_id {problem}")
@@ -320,7 +342,12 @@ class Controller:
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"submit must be a JSON object of plain values: {exc}") from exc
         earlier = (
-            await resubmission.earlier_outcome(self.store, request_fingerprint, exclude=operation_id)
+            await resubmission.earlier_outcome(
+                self.store,
+                request_fingerprint,
+                exclude=stored_id(operation_id) if stored_id is not None and operation_id else operation_id,
+                owner=owner,
+            )
             if submit is not None
             else None
         )
@@ -334,8 +361,13 @@ class Controller:
         key = None
         if submit is not None and table.submit is not None and table.submit.idempotency_header:
             key = idempotency_key or f"pw-{uuid.uuid4()}"
+        name, operation_id = (
+            operation_id,
+            (stored_id(operation_id) if stored_id is not None else operation_id),
+        )
         values: dict[str, object] = {
             "operation_id": operation_id,
+            "owner": owner,
             "provider": provider,
             "provider_job_id": provider_job_id,
             "account_context": account,
@@ -362,9 +394,10 @@ class Controller:
             values, kind="tracking" if submit is None else "submission_recorded", at=now
         )
         if not created and record.operation_id != operation_id:
-            # One job, one budget: the job is another operation's; nothing was created.
-            log.info("start_operation %s: job already tracked as %s", operation_id, record.operation_id)
-            return self.view(record, requested_operation_id=operation_id)
+            # One job, one budget: the job (or the payload, in flight) is another operation's; nothing was created.
+            log.info("start_operation %s: answered with %s", operation_id, record.operation_id)
+            same_payload = submit is not None and record.request_fingerprint == request_fingerprint
+            return self.view(record, requested_operation_id=operation_id, same_payload=same_payload)
         if not created and record.account_context != account and record.provider == provider:
             # The table's account changed since this operation was recorded: never send under another.
             if record.request_fingerprint != fingerprint(provider, record.account_context, payload):
@@ -390,14 +423,18 @@ class Controller:
                 record = stopped or await self.load(operation_id)
             return self.view(record)
         if not created:
-            if record.request_fingerprint != request_fingerprint or record.provider != provider:
+            if (
+                record.request_fingerprint != request_fingerprint
+                or record.provider != provider
+                or record.owner != owner
+            ):
                 raise OperationConflict(
-                    f"operation {operation_id!r} already exists for a different provider, job or payload; "
+                    f"operation {name!r} already exists for a different provider, job or payload; "
                     "use a new operation_id"
                 )
             if idempotency_key is not None and idempotency_key != record.idempotency_key:
                 raise OperationConflict(
-                    f"operation {operation_id!r} was recorded with a different idempotency key; "
+                    f"operation {name!r} was recorded with a different idempotency key; "
                     "call again without idempotency_key (the recorded one is re-used) or use a new operation_id"
                 )
             log.info("start_operation %s: existing record returned", operation_id)
@@ -455,6 +492,7 @@ class Controller:
                 clock=self.clock.now,  # the gate's time is read once the write lock is held
                 accounts=self._accounts,
                 needs_person=frozenset() if person_approved else self.per_request_providers,
+                fleet_slots=self.config.limits.fleet_slots,
             )
             if start is None:
                 raise self._not_found(operation_id)
@@ -559,10 +597,15 @@ class Controller:
         return self.view(await self.load(operation_id))
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationView]:
-        """Recent operations; no provider call."""
-        records = await self.store.list_operations(status=status, provider=provider, limit=limit)
+        """Recent operations (only `owner`'s when given); no provider call."""
+        records = await self.store.list_operations(status=status, provider=provider, limit=limit, owner=owner)
         return [self.view(r) for r in records]
 
 

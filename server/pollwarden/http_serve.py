@@ -78,6 +78,7 @@ class HttpOptions:
     request_timeout_seconds: float = 10.0
     keep_alive_seconds: int = 5
     max_header_bytes: int = 16 * 1024
+    verifier_configured: bool = False  # a bearer-token verifier guards /mcp (needed beyond loopback)
 
 
 def _host_header(host: str) -> str:
@@ -124,8 +125,8 @@ def transport_security(options: HttpOptions) -> TransportSecuritySettings:
     """Host/Origin validation for `options`: always on, with exactly the names that may reach the server.
 
     Refuses (`ConfigError`) a non-loopback host without ``allow_non_loopback``,
-    and one without any ``allowed_hosts``: the SDK would otherwise serve it with
-    the protection off.
+    one without any ``allowed_hosts`` (the SDK would otherwise serve it with
+    the protection off), and one without a bearer-token verifier.
     """
     loopback = is_loopback(options.host)
     if not loopback and not options.allow_non_loopback:
@@ -150,6 +151,12 @@ def transport_security(options: HttpOptions) -> TransportSecuritySettings:
     for entry in options.allowed_hosts:
         hosts += _allowed_host_forms(entry)
     origins += [_allowed_origin(entry) for entry in options.allowed_origins]
+    if not loopback and not options.verifier_configured:
+        raise ConfigError(
+            "--allow-non-loopback needs a bearer-token verifier, or anyone who reaches the port spends the "
+            "server's provider credentials: pass --auth-tokens FILE (from `pollwarden tokens add`) or "
+            "--jwt-issuer URL, and --resource-url https://NAME/mcp (see README 'Serving a team over HTTP')"
+        )
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=list(dict.fromkeys(hosts)),

@@ -15,6 +15,16 @@ operation).
   job) — creates nothing. It answers with the existing operation's view
   (its id, status, stop reason, allowed actions) and `requested_operation_id`
   set to the id that was asked for.
+* One payload in flight is one job. A submission (`submit=…`) whose request
+  fingerprint (provider, account context, payload) belongs to an operation
+  still in flight — `submitting` (held for a person too) or `waiting` — creates
+  nothing under a new `operation_id` and sends nothing: it is answered with that
+  operation, as for a tracked job. The lookup and the insert are one
+  transaction (SQLite's `BEGIN IMMEDIATE`; on PostgreSQL under an advisory lock
+  on the fingerprint), so two processes submitting one payload at once make one
+  operation and one provider submission. Once that operation ended, the same
+  payload is a new job: after a success it is sent as usual, after a failure,
+  cancel, expiry or escalation only once a person approves (`resubmission`).
 * A submission has no job id until the provider answers with one. If that id
   is already another operation's, the submission adopts nothing: it is
   recorded as `duplicate_of` that operation and stops with
@@ -37,6 +47,7 @@ Pure functions; the store and the controller call them.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pollwarden.canonical import canonical_json
@@ -118,6 +129,44 @@ def terminal_state_mismatch(
         f"{', '.join(quoted(s) for s in recorded)}. The table's success states changed since it started, so "
         "this answer is not taken as a success or a failure. A person checks the job at the provider and "
         "restores the table, then an operator reopens this operation"
+    )
+
+
+# A submission in one of these is still in flight: its payload is one job until it ends.
+PAYLOAD_IN_FLIGHT: frozenset[Status] = frozenset({Status.SUBMITTING, Status.WAITING})
+
+
+def payload_in_flight(
+    records: Iterable[OperationRecord], *, exclude: str | None, owner: str = "local"
+) -> OperationRecord | None:
+    """The newest submission among `records` (one payload's, newest first) still in flight, but `exclude`.
+
+    Only `owner`'s count (another principal's operations do not exist for it). The stores'
+    SELECT_PAYLOAD_IN_FLIGHT states the same condition in SQL.
+    """
+    for record in records:
+        if (
+            record.operation_id != exclude
+            and record.owner == owner
+            and record.status in PAYLOAD_IN_FLIGHT
+            and record.submit_payload_json is not None
+            and record.duplicate_of is None
+        ):
+            return record
+    return None
+
+
+def payload_in_flight_message(owner: OperationRecord, requested_operation_id: str) -> str:
+    """What the agent is told when it submits a payload another operation has in flight."""
+    state = owner.status
+    if owner.held_for_approval:
+        state = f"{state}: its resubmission waits for a person's approval"
+    return (
+        f"This payload is already in flight as operation {quoted(owner.operation_id)} ({state}); no operation "
+        f"{quoted(requested_operation_id)} was created and nothing was sent: one payload in flight is one job, "
+        f"with one budget. Use operation_id {quoted(owner.operation_id)}: call get_operation or check_status on "
+        "it, and only the allowed_actions listed here. The same payload becomes a new job only after that "
+        "operation ends (after a failure, cancel, expiry or escalation, once a person approves it)."
     )
 
 

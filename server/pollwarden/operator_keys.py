@@ -48,6 +48,7 @@ from pollwarden.files import create_private_file
 __all__ = [
     "METHOD_CONSOLE",
     "METHOD_ELICITATION",
+    "METHOD_HTTP_OPERATOR",
     "METHOD_TOOL_CONFIRMATION",
     "METHOD_TTY",
     "PUBKEYS_ENV",
@@ -74,6 +75,7 @@ METHOD_ELICITATION = "elicitation"
 METHOD_TOOL_CONFIRMATION = "tool-confirmation"
 METHOD_TTY = "tty"
 METHOD_CONSOLE = "console"
+METHOD_HTTP_OPERATOR = "http-operator"  # an authenticated pollwarden:operator over HTTP (issue 19)
 _KEY_METHOD = "operator-key:"
 _PUBLIC_KEY_TYPE = "pollwarden-ed25519"
 _SIGNED_FORMAT = "pollwarden-decision/1"
@@ -219,7 +221,8 @@ def authenticate(
     if claimed == METHOD_ELICITATION:
         # A person's answer that reached this server after the client stopped waiting.
         return Verdict(True, f"{METHOD_ELICITATION} (answered after the client stopped waiting)")
-    return Verdict(True, claimed if claimed in (METHOD_TTY, METHOD_CONSOLE) else f"cli ({claimed})")
+    known = (METHOD_TTY, METHOD_CONSOLE, METHOD_HTTP_OPERATOR)
+    return Verdict(True, claimed if claimed in known else f"cli ({claimed})")
 
 
 # -- files ------------------------------------------------------------------------------------

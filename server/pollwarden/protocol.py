@@ -18,6 +18,7 @@ import logging
 import secrets
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 import anyio
@@ -45,6 +46,12 @@ UNSERVED_METHODS = frozenset({"prompts/list", "prompts/get"})
 CAPABILITY_RESULTS = frozenset({"initialize", "server/discover"})
 
 ReaderOf = Callable[[object], Reader | None]
+# The URI the watcher follows for the caller's URI (`ownership.watched_uri` for the current principal).
+UriFor = Callable[[str], str]
+
+
+def _same(uri: str) -> str:
+    return uri
 
 
 def honest_capabilities(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,12 +94,25 @@ def _listened_uris(params: Mapping[str, Any] | None) -> list[str]:
     return [u for u in cast(list[object], uris) if isinstance(u, str) and parse_uri(u) is not None]
 
 
-def listen_middleware(subscriptions: Subscriptions, reader_of: ReaderOf) -> Any:
+def _with_uris(params: Mapping[str, Any], uri_for: UriFor) -> dict[str, Any]:
+    """`params` with each listened resource URI replaced by the one the watcher follows."""
+    notifications = dict(cast(Mapping[str, Any], params["notifications"]))
+    notifications["resourceSubscriptions"] = [
+        uri_for(u) if isinstance(u, str) else u
+        for u in cast(list[object], notifications["resourceSubscriptions"])
+    ]
+    return {**params, "notifications": notifications}
+
+
+def listen_middleware(subscriptions: Subscriptions, reader_of: ReaderOf, uri_for: UriFor = _same) -> Any:
     """Watch the pollwarden URIs of each `subscriptions/listen` stream for as long as it is open."""
 
     async def middleware(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method != "subscriptions/listen" or ctx.request_id is None:
             return await call_next(ctx)
+        if _listened_uris(ctx.params) and ctx.params is not None:
+            # The SDK delivers the updates named by the (rewritten) URIs: the caller's own operations only.
+            ctx = replace(ctx, params=_with_uris(ctx.params, uri_for))
         uris = _listened_uris(ctx.params)
         reader = reader_of(ctx.lifespan_context)
         if not uris or reader is None:
@@ -113,7 +133,9 @@ def listen_middleware(subscriptions: Subscriptions, reader_of: ReaderOf) -> Any:
     return middleware
 
 
-def subscribe_handlers(subscriptions: Subscriptions, reader_of: ReaderOf) -> tuple[Any, Any]:
+def subscribe_handlers(
+    subscriptions: Subscriptions, reader_of: ReaderOf, uri_for: UriFor = _same
+) -> tuple[Any, Any]:
     """The 2025-11-25 `resources/subscribe` and `resources/unsubscribe` handlers."""
 
     def watched_uri(uri: str) -> str:
@@ -126,7 +148,8 @@ def subscribe_handlers(subscriptions: Subscriptions, reader_of: ReaderOf) -> tup
         return uri
 
     async def subscribe(ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams) -> EmptyResult:
-        uri = watched_uri(str(params.uri))
+        asked = watched_uri(str(params.uri))
+        uri = uri_for(asked)
         reader = reader_of(ctx.lifespan_context)
         if reader is None:
             raise MCPError(code=INTERNAL_ERROR, message="the database is unavailable; see the server's log")
@@ -140,7 +163,7 @@ def subscribe_handlers(subscriptions: Subscriptions, reader_of: ReaderOf) -> tup
 
         async def notify(changed: str) -> bool:
             try:
-                await session.send_resource_updated(changed)
+                await session.send_resource_updated(asked if changed == uri else changed)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, MCPError):
                 return False
             return True
@@ -152,7 +175,7 @@ def subscribe_handlers(subscriptions: Subscriptions, reader_of: ReaderOf) -> tup
     async def unsubscribe(
         ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
     ) -> EmptyResult:
-        subscriptions.unsubscribe(watched_uri(str(params.uri)), session_key(ctx))
+        subscriptions.unsubscribe(uri_for(watched_uri(str(params.uri))), session_key(ctx))
         return EmptyResult()
 
     return subscribe, unsubscribe

@@ -106,8 +106,12 @@ class OperationRecord:
     # and who approved sending it (nothing is sent while this is None).
     resubmission_of: str | None = None
     resubmission_approved_by: str | None = None
+    owner: str = "local"  # the principal that started it (issue 19); stdio is `local`
     # When a verified provider webhook last brought next_check_at forward (to this time); see webhooks.py.
     woken_at: float | None = None
+    # When the submission request was sent (recorded by the claim that sends it, so a call that dies
+    # after sending still leaves it); request_sent_at is the status requests'.
+    submit_sent_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> OperationRecord:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from pollwarden import approvals
 from pollwarden.approval_flow import Answer, Approver, No, settle
 from pollwarden.approvals import check_operator_decision, operator_must_decide
-from pollwarden.job_identity import account_context_of, fingerprint
+from pollwarden.job_identity import account_context_of, fingerprint, payload_in_flight
 from pollwarden.operator_keys import METHOD_ELICITATION
 from pollwarden.records import OperationRecord
 from pollwarden.store import Store
@@ -58,14 +58,17 @@ class ResubmissionPlan(BaseModel):
     operator_approved: bool = False  # an operator's approval waits to be applied: nobody is asked
 
 
-async def earlier_outcome(store: Store, fingerprint: str, *, exclude: str | None) -> OperationRecord | None:
-    """The latest earlier operation of this payload, if it ended or escalated (a person must approve).
+async def earlier_outcome(
+    store: Store, fingerprint: str, *, exclude: str | None, owner: str = "local"
+) -> OperationRecord | None:
+    """The latest earlier operation of this payload by `owner`, if it ended or escalated (a person must approve).
 
     Held resubmissions are skipped (they sent nothing); the latest of the rest
-    decides: one still in flight or succeeded is not a reason to ask.
+    decides: one still in flight or succeeded is not a reason to ask. Another
+    principal's operations do not count (they do not exist for this one).
     """
     for record in await store.operations_of_fingerprint(fingerprint):
-        if record.operation_id == exclude or record.held_for_approval:
+        if record.operation_id == exclude or record.held_for_approval or record.owner != owner:
             continue
         return record if record.status in NEEDS_A_PERSON else None
     return None
@@ -294,6 +297,13 @@ async def plan(
         payload_fingerprint = fingerprint(provider, account_context_of(table), dict(submit))
     except (TypeError, ValueError):
         return ResubmissionPlan()
+    in_flight = payload_in_flight(
+        await controller.store.operations_of_fingerprint(payload_fingerprint), exclude=None
+    )
+    if in_flight is not None:
+        if operation_id not in (None, in_flight.operation_id) or not in_flight.held_for_approval:
+            return ResubmissionPlan()  # the call is answered with the operation in flight: nobody is asked
+        operation_id = in_flight.operation_id  # the call reaches the held one: the question is its own
     held: OperationRecord | None = None
     if operation_id is not None:
         held = await controller.store.get(operation_id)

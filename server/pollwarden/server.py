@@ -12,10 +12,12 @@ import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from functools import partial
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 import httpx2
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import (
     Context,
     Elicit,
@@ -44,7 +46,7 @@ from mcp_types import (
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
-from pollwarden import approvals, followups, resubmission, status_approval
+from pollwarden import approvals, followups, operator_tools, ownership, resubmission, status_approval
 from pollwarden.approval_flow import NOT_ASKED
 from pollwarden.asking import (
     MISMATCHED_ANSWER,
@@ -62,9 +64,10 @@ from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
-from pollwarden.errors import OperationNotFound, PollwardenError, StoreError
+from pollwarden.errors import InvalidRequest, OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
+from pollwarden.principals import Principal, current_principal
 from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
@@ -86,6 +89,7 @@ log = logging.getLogger("pollwarden")
 T = TypeVar("T")
 P = TypeVar("P")
 R = TypeVar("R")
+M = TypeVar("M", bound=BaseModel)
 
 INSTRUCTIONS = """\
 pollwarden waits on external asynchronous jobs for you, within bounds a person approved.
@@ -174,13 +178,45 @@ async def _read(work: Awaitable[T]) -> T:
         raise unreadable(str(exc)) from exc
 
 
+async def _resolve(ctx: Ctx, operation_id: str) -> str:
+    """The stored id of the caller's operation (another principal's is answered as unknown)."""
+    return await run_tool(ownership.resolve(controller_of(ctx), current_principal(), operation_id))
+
+
+def _shown(model: M) -> M:
+    """The result with the caller's own operation ids as it chose them."""
+    return ownership.renamed(model, current_principal())
+
+
+async def _within_limits(controller: Controller, principal: Principal, operation_id: str | None) -> None:
+    """Refuse a new operation beyond the principal's fair share (its existing ones are always answered)."""
+    limits = controller.config.limits
+    if not principal.authenticated or (limits.max_active is None and limits.max_starts_per_minute is None):
+        return
+    if operation_id is not None and await controller.store.get(ownership.stored_id(principal, operation_id)):
+        return  # the same id again returns the same record: nothing new is started
+    now = controller.clock.now()
+    active, started = await controller.store.principal_usage(principal.name, since=now - 60.0)
+    if limits.max_active is not None and active >= limits.max_active:
+        raise InvalidRequest(
+            f"{principal.name} already has {active} active operations, the most the operator allows per principal "
+            f"({limits.max_active}); nothing was started. Finish, cancel or let one stop first"
+        )
+    if limits.max_starts_per_minute is not None and started >= limits.max_starts_per_minute:
+        raise InvalidRequest(
+            f"{principal.name} started {started} operations in the last minute, the most the operator allows "
+            f"({limits.max_starts_per_minute} a minute); nothing was started. Start it again in a minute"
+        )
+
+
 async def _plan(
     operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Ctx
 ) -> ExtensionPlan:
+    stored = await _resolve(ctx, operation_id)
     return await run_tool(
         approvals.plan_extension(
             controller_of(ctx),
-            operation_id,
+            stored,
             extra_seconds=extra_seconds,
             extra_status_requests=extra_status_requests,
             reason=reason,
@@ -197,6 +233,8 @@ async def _ask_extension(
 async def _plan_resubmission(
     provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Ctx
 ) -> resubmission.ResubmissionPlan:
+    if current_principal().authenticated:
+        return resubmission.ResubmissionPlan()  # an operator decides; the agent's client is never asked
     return await run_tool(
         resubmission.plan(controller_of(ctx), provider=provider, operation_id=operation_id, submit=submit)
     )
@@ -219,7 +257,8 @@ async def _plan_status_request(
         max_wait=controller.config.max_wait_seconds,
         request_timeout=controller.http.limits.total_timeout_seconds,
     )
-    return await run_tool(status_approval.plan(controller, operation_id, wait_seconds=bounded))
+    stored = await _resolve(ctx, operation_id)
+    return await run_tool(status_approval.plan(controller, stored, wait_seconds=bounded))
 
 
 async def _ask_status_request(
@@ -229,7 +268,8 @@ async def _ask_status_request(
 
 
 async def _plan_cancel(operation_id: str, ctx: Ctx) -> followups.CancelPlan:
-    return await run_tool(followups.plan_cancel(controller_of(ctx), operation_id))
+    stored = await _resolve(ctx, operation_id)
+    return await run_tool(followups.plan_cancel(controller_of(ctx), stored))
 
 
 async def _ask_cancel(
@@ -326,6 +366,8 @@ def build_server(
     name: str = "pollwarden",
     watch_interval: float = WATCH_INTERVAL_SECONDS,
     state_keys: Sequence[bytes] = (),
+    auth: AuthSettings | None = None,
+    token_verifier: TokenVerifier | None = None,
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
 
@@ -334,6 +376,9 @@ def build_server(
     other's state, so the answer may reach another instance or a restarted one.
     The first key seals, every key unseals (rotation). Without keys the SDK uses
     a key of this process only.
+
+    With `auth` and `token_verifier`, streamable HTTP needs a bearer token (the SDK's middleware
+    and RFC 9728 metadata route); stdio is unaffected.
     """
     bus = InMemorySubscriptionBus()
     subscriptions = Subscriptions()
@@ -367,10 +412,16 @@ def build_server(
         version="0.1.0",
         subscriptions=bus,
         request_state_security=security,
+        auth=auth,
+        token_verifier=token_verifier,
     )
     mcp.middleware.append(surface_middleware)
-    mcp.middleware.append(listen_middleware(subscriptions, _reader_of))
-    subscribe, unsubscribe = subscribe_handlers(subscriptions, _reader_of)
+
+    def uri_for(uri: str) -> str:
+        return ownership.watched_uri(current_principal(), uri)
+
+    mcp.middleware.append(listen_middleware(subscriptions, _reader_of, uri_for))
+    subscribe, unsubscribe = subscribe_handlers(subscriptions, _reader_of, uri_for)
     mcp.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
     mcp.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
 
@@ -427,9 +478,18 @@ def build_server(
             str | None, Field(description="Your own idempotency key for submit (one is generated otherwise).")
         ] = None,
     ) -> OperationView:
-        answer = answer_of(resubmission.RESUBMISSION, decision) if plan.needed else NOT_ASKED
-        return await run_tool(
+        principal = current_principal()
+        await run_tool(_within_limits(controller_of(ctx), principal, operation_id))
+        # Over authenticated HTTP the agent's own client never approves it: an operator decides (answer_of).
+        answer = (
+            answer_of(resubmission.RESUBMISSION, decision)
+            if plan.needed or principal.authenticated
+            else NOT_ASKED
+        )
+        view = await run_tool(
             controller_of(ctx).start_operation(
+                owner=principal.name,
+                stored_id=partial(ownership.stored_id, principal),
                 provider=provider,
                 operation_id=plan.operation_id if plan.needed else operation_id,
                 resubmission_answer=answer,
@@ -441,6 +501,9 @@ def build_server(
                 idempotency_key=idempotency_key,
             )
         )
+        if principal.authenticated:
+            log.info("start_operation %s for %s: %s", view.operation_id, principal.name, view.status)
+        return _shown(view)
 
     @mcp.tool(
         description="One bounded status check. Sends at most one status request, and only when the "
@@ -464,16 +527,12 @@ def build_server(
         decision: Annotated[ElicitationResult[status_approval.SendDecision], Resolve(_ask_status_request)],
         wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
     ) -> OperationView:
+        stored = await _resolve(ctx, operation_id)
         answer = answer_of(status_approval.STATUS_REQUEST, decision)
         work = status_approval.check_status(
-            controller_of(ctx),
-            operation_id,
-            plan,
-            answer,
-            wait_seconds=wait_seconds,
-            progress=ctx.report_progress,
+            controller_of(ctx), stored, plan, answer, wait_seconds=wait_seconds, progress=ctx.report_progress
         )
-        return await run_tool(work)
+        return _shown(await run_tool(work))
 
     @mcp.tool(
         description="Ask a person for more time and/or status requests after waiting stopped "
@@ -496,7 +555,7 @@ def build_server(
         decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(_ask_extension)],
         ctx: Ctx,
     ) -> ExtensionResult:
-        return await settle_tool(ctx, approvals.EXTENSION, plan, decision)
+        return _shown(await settle_tool(ctx, approvals.EXTENSION, plan, decision))
 
     @mcp.tool(
         description="The validated result fields of a succeeded operation, recorded as its own follow-up. "
@@ -506,7 +565,8 @@ def build_server(
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def fetch_result(operation_id: OperationIdArg, ctx: Ctx) -> FollowUpResult:
-        return await run_tool(followups.fetch_result(controller_of(ctx), operation_id))
+        stored = await _resolve(ctx, operation_id)
+        return _shown(await run_tool(followups.fetch_result(controller_of(ctx), stored)))
 
     @mcp.tool(
         description="Cancel the job at the provider with its documented cancel call, after a person approves. "
@@ -522,14 +582,15 @@ def build_server(
         decision: Annotated[ElicitationResult[followups.ConfirmCancel], Resolve(_ask_cancel)],
         ctx: Ctx,
     ) -> FollowUpResult:
-        return await settle_tool(ctx, followups.CANCEL, plan, decision)
+        return _shown(await settle_tool(ctx, followups.CANCEL, plan, decision))
 
     @mcp.tool(
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def get_operation(operation_id: OperationIdArg, ctx: Ctx) -> OperationView:
-        return await run_tool(controller_of(ctx).get_operation(operation_id))
+        stored = await _resolve(ctx, operation_id)
+        return _shown(await run_tool(controller_of(ctx).get_operation(stored)))
 
     @mcp.tool(
         description="Recent operations, newest first, optionally filtered by status or provider. No provider call.",
@@ -543,10 +604,45 @@ def build_server(
         ] = None,
         limit: Annotated[int, Field(ge=1, le=500)] = 50,
     ) -> OperationList:
+        principal = current_principal()
+        owner = None if principal.sees_everything else principal.name
         views = await run_tool(
-            controller_of(ctx).list_operations(status=status, provider=provider, limit=limit)
+            controller_of(ctx).list_operations(status=status, provider=provider, limit=limit, owner=owner)
         )
-        return OperationList(operations=views, count=len(views))
+        shown = [ownership.renamed(v, principal) for v in views]
+        return OperationList(operations=shown, count=len(shown))
+
+    @mcp.tool(
+        description="Operators only (a bearer token with pollwarden:operator over HTTP): the approvals waiting "
+        "for a person, or every one with all=true. Agents cannot use it.",
+        annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    )
+    async def list_approvals(
+        ctx: Ctx,
+        all: Annotated[bool, Field(description="Every approval, not only the pending ones.")] = False,
+    ) -> operator_tools.ApprovalList:
+        return await run_tool(
+            operator_tools.list_approvals(controller_of(ctx), current_principal(), everything=all)
+        )
+
+    @mcp.tool(
+        description="Operators only (a bearer token with pollwarden:operator over HTTP): approve or deny a "
+        "pending approval about another principal's operation. Nobody decides about their own operation; "
+        "agents cannot use it.",
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+        ),
+    )
+    async def decide_approval(
+        approval_id: Annotated[
+            str, Field(min_length=1, max_length=100, description="As list_approvals shows it.")
+        ],
+        decision: Annotated[Literal["approve", "deny"], Field(description="approve or deny.")],
+        ctx: Ctx,
+    ) -> operator_tools.DecisionResult:
+        return await run_tool(
+            operator_tools.decide_approval(controller_of(ctx), current_principal(), approval_id, decision)
+        )
 
     @mcp.resource(
         "pollwarden://operations/{operation_id}",
@@ -555,7 +651,9 @@ def build_server(
         mime_type="application/json",
     )
     async def operation_resource(operation_id: str, ctx: Ctx) -> str:
-        view = await _read(controller_of(ctx).get_operation(operation_id))
+        controller = controller_of(ctx)
+        stored = await _read(ownership.resolve(controller, current_principal(), operation_id))
+        view = _shown(await _read(controller.get_operation(stored)))
         return view.model_dump_json(indent=2)
 
     @mcp.resource(
@@ -566,10 +664,11 @@ def build_server(
     )
     async def audit_resource(operation_id: str, ctx: Ctx) -> str:
         controller = controller_of(ctx)
-        await _read(controller.load(operation_id))
-        await _read(controller.store.flush_refusals(operation_id))  # the story is told up to now
+        stored = await _read(ownership.resolve(controller, current_principal(), operation_id))
+        await _read(controller.load(stored))
+        await _read(controller.store.flush_refusals(stored))  # the story is told up to now
         where = controller.store.location
-        rows = await anyio.to_thread.run_sync(lambda: read_rows(where, operation_id))
+        rows = await anyio.to_thread.run_sync(lambda: read_rows(where, stored))
         return "\n".join(render_story(rows)) + "\n"
 
     return mcp

@@ -135,11 +135,12 @@ class StatusRequestFlow:
         self, controller: Controller, plan: StatusRequestPlan, approve: bool | None, missing: str
     ) -> None:
         """Too late to send with this call: told in the story, nothing sent (the next call asks again)."""
+        said = {True: "the person answered send", False: "the person answered skip", None: missing}[approve]
         await controller.store.audit_event(
             plan.operation_id,
             kind="status_request_unanswered",
             at=controller.clock.now(),
-            note=f"the answer came after the client stopped waiting ({missing}); nothing was sent",
+            note=f"the answer came after the client stopped waiting ({said}); nothing was sent",
             extra={},
         )
 
@@ -168,13 +169,17 @@ class StatusRequestFlow:
             approval = await controller.store.get_approval(plan.operator_approval_id)
             if approval is not None and approval.status == ApprovalStatus.APPROVED:
                 verdict = await check_operator_decision(controller, approval)
-                if verdict.ok:
+                # The close is the claim: of two calls that read the same approval, only the one
+                # whose close changed the row may send (None: another call used it first).
+                if verdict.ok and (
                     await controller.store.close_approval(
                         approval.approval_id,
                         status=ApprovalStatus.APPLIED,
                         at=now,
                         note="used by one status request",
                     )
+                    is not None
+                ):
                     by = approval.decided_by or "operator"
                     await _audit(controller, op, "status_request_approved", by, verdict.method)
                     return Permission(True)

@@ -217,6 +217,11 @@ class OperationView(BaseModel):
         default=None,
         description="When the last status request was sent (last_http_at: when its answer came).",
     )
+    submit_sent_at: str | None = Field(
+        default=None,
+        description="When the submission request was sent (submitted jobs only; request_sent_at is the "
+        "last status request's).",
+    )
     expected_terminal_state: list[str] = Field(
         default_factory=list[str],
         description="The provider states that meant success for this job when it was recorded.",
@@ -494,5 +499,6 @@ def operation_view(
         account_origin=origin,
         account_credential_env=credential_env,
         request_sent_at=iso(record.request_sent_at),
+        submit_sent_at=iso(record.submit_sent_at),
         expected_terminal_state=[s for s in record.expected_terminal_state.split(",") if s],
     )

@@ -63,7 +63,8 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
     """Run the webhook receiver alone on the shared database."""
     from pollwarden.cli import http_options
 
-    options = http_options(args)
+    # The receiver serves no tools: each webhook is verified by its provider's signature.
+    options = http_options(args, verifier_configured=True)
     security = transport_security(options)  # refuses a non-loopback host without names, first
     config = load_config(db=args.db, providers=args.providers or [], busy_timeout=args.busy_timeout)
     if database_from(args).is_default:

@@ -230,3 +230,33 @@ async def test_the_record_keeps_when_the_status_request_was_sent_beside_when_its
         (first["request_sent_at"], first["last_http_at"]),
         (second["request_sent_at"], second["last_http_at"]),
     ]
+
+
+async def test_the_submission_requests_send_time_is_kept_beside_the_status_requests(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script_new_jobs([pending("queued"), pending("running")])
+    clock = TickingClock()
+    h = make_harness(tmp_path, fake, clock=clock)
+    async with h.client() as client:
+        args = {"provider": "acme", "operation_id": "op-sub-time", "submit": {"report": "q3"}}
+        submitted = view(await client.call_tool("start_operation", args))
+        polled = view(
+            await client.call_tool("check_status", {"operation_id": "op-sub-time", "wait_seconds": 50})
+        )
+    sent = parse_iso(submitted["submit_sent_at"])
+    assert parse_iso(submitted["started_at"]) < sent < parse_iso(submitted["last_http_at"])
+    assert submitted["request_sent_at"] is None  # no status request yet
+    # A status request keeps the submission's time and adds its own.
+    assert polled["outcome"] == "polled"
+    assert polled["submit_sent_at"] == submitted["submit_sent_at"]
+    assert parse_iso(submitted["last_http_at"]) < parse_iso(polled["request_sent_at"])
+    rows = {r.kind: r.payload_obj for r in read_rows(h.db_path, "op-sub-time")}
+    assert rows["submission_recorded"]["submit_sent_at"] is None  # recorded before anything was sent
+    assert rows["submit_sending"]["submit_sent_at"] == submitted["submit_sent_at"]
+    assert (rows["submitted"]["submit_sent_at"], rows["submitted"]["answered_at"]) == (
+        submitted["submit_sent_at"],
+        submitted["last_http_at"],
+    )
+    assert rows["polled"]["submit_sent_at"] == submitted["submit_sent_at"]
+    assert [e["route"] for e in fake.log() if e["method"] == "POST"] == ["submit"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness import error_text, make_harness, view
+from harness import error_text, full_delays, make_harness, view
 from pollwarden.audit import read_rows, render_story, verify_chain
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
 from tests.support.live import pollwarden_cli
@@ -30,7 +30,8 @@ async def test_the_story_of_queued_503_running_succeeded_matches_the_expected_li
             succeeded(),
         ],
     )
-    h = make_harness(tmp_path, fake)  # clock starts 2025-04-18T10:20:00Z; jitter draws 1.0 (delay = raw)
+    # The clock starts 2025-04-18T10:20:00Z; the draws are chosen at 1.0 (every delay its raw maximum).
+    h = make_harness(tmp_path, fake, rng=full_delays())
     async with h.client() as client:
         await client.call_tool(
             "start_operation",
@@ -81,7 +82,7 @@ async def test_every_decision_row_carries_the_fields_an_operator_needs(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("j1", [http(503, headers={"Retry-After": "30", "X-Request-Id": "req-9"}), pending("running")])
-    h = make_harness(tmp_path, fake)
+    h = make_harness(tmp_path, fake, rng=full_delays())  # the first check at 10:20:05 exactly
     async with h.client() as client:
         await client.call_tool(
             "start_operation", {"provider": "acme", "operation_id": "op-j1", "provider_job_id": "j1"}

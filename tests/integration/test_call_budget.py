@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import check, make_harness, track
+from harness import check, full_delays, make_harness, track
 from pollwarden.provider_http import HttpLimits
 from pollwarden.timefmt import parse_iso
 from tests.support.fake_provider import FakeProvider, pending
@@ -26,7 +26,8 @@ async def test_a_check_whose_allowed_time_is_past_what_the_call_may_wait_answers
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("far", [pending("running")])
-    h = make_harness(tmp_path, fake, table={"schedule": {"base_delay_seconds": 40, "max_delay_seconds": 120}})
+    schedule = {"schedule": {"base_delay_seconds": 40, "max_delay_seconds": 120}}
+    h = make_harness(tmp_path, fake, table=schedule, rng=full_delays())  # the first check 40 s away
     async with h.client() as client:
         await track(client, "far")
         asked = h.clock.now()

@@ -2,7 +2,7 @@
 
 Headless Chromium from the system packages (`apt-get install -y chromium`), driven by Playwright. The
 console runs in this test's event loop on the harness's clock, beside the agent's in-process MCP client,
-both on one SQLite file; `pollwarden console` itself runs on a pseudo-terminal where the test is about
+both on one database (each test runs on SQLite and on PostgreSQL); `pollwarden console` itself runs on a pseudo-terminal where the test is about
 starting it. Skipped, with the reason, where Chromium is not installed.
 """
 
@@ -24,7 +24,7 @@ from playwright.async_api import BrowserContext, Page
 from harness import Harness, make_harness, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
-from pollwarden.console.app import SESSION_COOKIE, ConsoleSettings, create_app
+from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
 from pollwarden.http_serve import HttpOptions, transport_security
 from tests.support.browser import NO_CHROMIUM, chromium, chromium_path
@@ -35,10 +35,7 @@ from tests.support.live import write_table
 if chromium_path() is None:  # one skip, with the reason, for the whole module
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.sqlite_only,
-]  # the console reads a SQLite file (not PostgreSQL yet)
+pytestmark = pytest.mark.anyio  # every test on the fake provider runs on SQLite and on PostgreSQL
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
 
@@ -51,7 +48,7 @@ def harness(tmp_path: Path, fake: FakeProvider) -> Harness:
 
 @asynccontextmanager
 async def console(h: Harness, **extra: Any) -> AsyncGenerator[tuple[str, str]]:
-    """The console on a free 127.0.0.1 port, on the harness's clock: (base URL, its one-time login token)."""
+    """The console on a free 127.0.0.1 port, on the harness's clock: (base URL with its prefix, login token)."""
     token = secrets.token_urlsafe(24)
     options = HttpOptions(port=0)
     settings = ConsoleSettings(
@@ -61,8 +58,8 @@ async def console(h: Harness, **extra: Any) -> AsyncGenerator[tuple[str, str]]:
         clock=h.clock,
         **extra,
     )
-    async with running_console(create_app(settings), options) as base:
-        yield base, token
+    async with running_console(create_app(settings), options) as root:
+        yield root + settings.prefix, token
 
 
 @asynccontextmanager
@@ -82,6 +79,14 @@ async def start(h: Harness, job: str, **extra: Any) -> dict[str, Any]:
                 {"provider": "acme", "operation_id": f"op-{job}", "provider_job_id": job, **extra},
             )
         )
+
+
+async def one_waiting(tmp_path: Path, fake: FakeProvider, job: str) -> Harness:
+    """A harness with one operation waiting on a queued job."""
+    h = harness(tmp_path, fake)
+    fake.script(job, [pending("queued")])
+    await start(h, job)
+    return h
 
 
 async def run_to_stop(h: Harness, job: str) -> dict[str, Any]:
@@ -142,11 +147,9 @@ def audit_of(h: Harness, job: str, kind: str) -> list[dict[str, Any]]:
 async def test_a_console_started_at_a_terminal_logs_in_once_with_its_printed_url_and_not_without_it(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
-    h = harness(tmp_path, fake)
-    fake.script("seen", [pending("queued")])
-    await start(h, "seen")
+    h = await one_waiting(tmp_path, fake, "seen")
     async with console_at_terminal(h.db_path) as (_, shown), chromium() as browser:
-        found = re.search(r"(http://127\.0\.0\.1:\d+)/login\?token=(\S+)", shown)
+        found = re.search(r"(http://127\.0\.0\.1:\d+/c/[\w-]+)/login\?token=(\S+)", shown)
         assert found is not None, shown
         base, token = found.group(1), found.group(2)
         assert "decisions are recorded as 'operator (console)', authenticated by console" in shown
@@ -164,8 +167,10 @@ async def test_a_console_started_at_a_terminal_logs_in_once_with_its_printed_url
         await page.goto(f"{base}/login?token={token}")
         assert page.url == base + "/"  # the token left the address bar
         assert await page.locator("#operations tr[data-operation='op-seen']").count() == 1
-        cookie = next(c for c in await browser.cookies() if c.get("name") == SESSION_COOKIE)
+        [cookie] = await browser.cookies()
+        assert str(cookie.get("name")).startswith("pollwarden_console_")
         assert (cookie.get("httpOnly"), cookie.get("sameSite")) == (True, "Strict")
+        assert cookie.get("path") == base.removeprefix(base.split("/c/")[0]) + "/"
         assert token not in await page.content()
 
         await browser.clear_cookies()
@@ -173,6 +178,24 @@ async def test_a_console_started_at_a_terminal_logs_in_once_with_its_printed_url
         assert again is not None
         assert again.status == 401
         assert "has been used" in await page.content()
+
+
+async def test_a_browser_logged_in_to_one_console_is_not_logged_in_to_another_on_the_same_host(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = await one_waiting(tmp_path, fake, "private")
+    async with console(h) as (mine, token), console(h) as (other, _), chromium() as browser:
+        page = await browser.new_page()
+        await page.goto(f"{mine}/login?token={token}")
+        assert await page.locator("#operations tr[data-operation='op-private']").count() == 1
+        assert [c.get("name") for c in await browser.cookies(other + "/")] == []  # not sent there
+        refused = await page.goto(other + "/")
+        assert refused is not None
+        assert refused.status == 401
+        assert "op-private" not in await page.content()
+        again = await page.goto(mine + "/")  # still logged in to the first
+        assert again is not None
+        assert again.status == 200
 
 
 # -- deciding --------------------------------------------------------------------------------

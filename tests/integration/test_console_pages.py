@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import sqlite3
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from harness import Harness, make_harness, make_operator, merge, view
+from harness import Harness, db_write, make_harness, make_operator, merge, view
 from pollwarden.audit import read_rows, write_anchor
 from pollwarden.clock import FakeClock
 from pollwarden.console.app import ConsoleSettings, create_app
@@ -33,10 +32,7 @@ from tests.support.console import clean_env, console_at_terminal
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import write_table
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.sqlite_only,
-]  # the console reads a SQLite file (not PostgreSQL yet)
+pytestmark = pytest.mark.anyio  # every test on the fake provider runs on SQLite and on PostgreSQL
 
 
 def harness(tmp_path: Path, fake: FakeProvider, table: dict[str, Any] | None = None) -> Harness:
@@ -47,20 +43,30 @@ def harness(tmp_path: Path, fake: FakeProvider, table: dict[str, Any] | None = N
     return h
 
 
-@asynccontextmanager
-async def session(h: Harness, **extra: Any) -> AsyncGenerator[tuple[httpx2.AsyncClient, str]]:
-    """A logged-in HTTP client on the console, and the console's base URL."""
-    token = secrets.token_urlsafe(24)
-    options = HttpOptions(port=0)
-    settings = ConsoleSettings(
+def settings_for(h: Harness, **extra: Any) -> ConsoleSettings:
+    """A console on the harness's database and clock, on a free 127.0.0.1 port, with a fresh login token."""
+    return ConsoleSettings(
         config=h.config(),
-        login_token=token,
-        allowed_hosts=tuple(transport_security(options).allowed_hosts or ()),
+        login_token=secrets.token_urlsafe(24),
+        allowed_hosts=tuple(transport_security(HttpOptions(port=0)).allowed_hosts or ()),
         clock=h.clock,
         **extra,
     )
-    async with running_console(create_app(settings), options) as base, httpx2.AsyncClient() as client:
-        login = await client.get(f"{base}/login?token={token}")
+
+
+@asynccontextmanager
+async def serving(settings: ConsoleSettings) -> AsyncGenerator[tuple[str, str]]:
+    """The console running: (its server's root URL, its own base URL under the random prefix)."""
+    async with running_console(create_app(settings), HttpOptions(port=0)) as root:
+        yield root, root + settings.prefix
+
+
+@asynccontextmanager
+async def session(h: Harness, **extra: Any) -> AsyncGenerator[tuple[httpx2.AsyncClient, str]]:
+    """A logged-in HTTP client on the console, and the console's base URL (under its prefix)."""
+    settings = settings_for(h, **extra)
+    async with serving(settings) as (_, base), httpx2.AsyncClient() as client:
+        login = await client.get(f"{base}/login?token={settings.login_token}")
         assert login.status_code == 303
         yield client, base
 
@@ -208,7 +214,56 @@ async def test_the_audit_page_verifies_the_chain_against_an_anchor_catches_an_ed
         exported = await client.get(base + "/audit/export")
         assert exported.headers["content-disposition"].startswith("attachment")
         assert len(exported.text.splitlines()) == len(read_rows(h.db_path))
-        with sqlite3.connect(h.db_path) as conn:
-            conn.execute("UPDATE audit SET payload = replace(payload, 'running', 'succeeded') WHERE seq = 2")
+        db_write(
+            h.db_path, "UPDATE audit SET payload = replace(payload, 'running', 'succeeded') WHERE seq = 2"
+        )
         broken = await client.get(base + "/audit")
         assert "Audit chain BROKEN at seq 2" in broken.text
+
+
+async def test_the_console_lives_under_its_random_prefix_and_its_cookie_is_scoped_to_it(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    await waiting(h, "scoped")
+    settings = settings_for(h)
+    async with serving(settings) as (root, base), httpx2.AsyncClient() as client:
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/c/[A-Za-z0-9_-]{24}", base)
+        # Nothing outside the prefix, not even the login (a guessed URL spends no token).
+        for path in ("/", "/login?token=" + settings.login_token, "/approvals", "/console.css"):
+            assert (await client.get(root + path)).status_code == 404
+        login = await client.get(f"{base}/login?token={settings.login_token}")
+        assert login.status_code == 303
+        assert login.headers["location"] == f"{settings.prefix}/"
+        cookie = login.headers["set-cookie"]
+        assert cookie.startswith(settings.cookie_name + "=")
+        assert settings.cookie_name != "pollwarden_console"  # named for this console
+        attributes = {part.strip().lower() for part in cookie.split(";")[1:]}
+        assert {"httponly", "samesite=strict", f"path={settings.prefix.lower()}/"} <= attributes
+        listed_page = await client.get(base + "/")
+        assert 'data-operation="op-scoped"' in listed_page.text
+        assert f'href="{settings.prefix}/approvals"' in listed_page.text
+
+
+async def test_a_session_cookie_of_one_console_does_not_open_another_console_on_the_same_host(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    await waiting(h, "mine")
+    first, second = settings_for(h), settings_for(h)
+    assert first.prefix != second.prefix
+    assert first.cookie_name != second.cookie_name
+    async with serving(first) as (_, base_a), serving(second) as (_, base_b), httpx2.AsyncClient() as client:
+        assert (await client.get(f"{base_a}/login?token={first.login_token}")).status_code == 303
+        session_id = client.cookies[first.cookie_name]
+        assert 'data-operation="op-mine"' in (await client.get(base_a + "/")).text
+        # The other console's pages: the client does not send the cookie there (another path) ...
+        other = await client.get(base_b + "/")
+        assert other.status_code == 401
+        assert "op-mine" not in other.text
+        # ... and sent there by hand, under either name, it opens nothing.
+        async with httpx2.AsyncClient() as forger:
+            for name in (first.cookie_name, second.cookie_name):
+                forged = await forger.get(base_b + "/", headers={"Cookie": f"{name}={session_id}"})
+                assert forged.status_code == 401
+                assert "op-mine" not in forged.text

@@ -14,7 +14,7 @@ import pytest
 from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
-from harness import base_table, make_harness, merge, operation_record, view
+from harness import base_table, full_delays, make_harness, merge, operation_record, view
 from pollwarden.config import ExtensionCaps
 from pollwarden.extensions import extension_changes, plan_extension
 from pollwarden.timefmt import iso
@@ -107,7 +107,7 @@ class Approver:
 async def test_after_a_503_with_retry_after_6_an_approved_extension_sends_the_next_request_6_s_after_the_answer(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]
 ) -> None:
-    h = make_harness(tmp_path, fake)
+    h = make_harness(tmp_path, fake, rng=full_delays())  # the polls at t0+5 and t0+15 exactly
     t0 = h.clock.now()
     fake.script("ra6", [pending("running"), http(503, {"Retry-After": "6"}), pending("running")])
     async with h.client(elicitation_callback=Approver(), **era) as client:
@@ -121,7 +121,7 @@ async def test_after_a_503_with_retry_after_6_an_approved_extension_sends_the_ne
         view(await client.call_tool("check_status", {"operation_id": "op-ra6", "wait_seconds": 30}))  # t0+5
         stopped = view(await client.call_tool("check_status", {"operation_id": "op-ra6", "wait_seconds": 30}))
         assert (stopped["stop_reason"], stopped["last_http_status"]) == ("request_budget_exhausted", 503)
-        assert h.clock.now() == t0 + 15  # 5 s, then 10 s (the draws are at their maximum here)
+        assert h.clock.now() == t0 + 15  # 5 s, then 10 s (the draws chosen at their maximum)
         h.clock.advance(0.06)
         extension = {
             "operation_id": "op-ra6",

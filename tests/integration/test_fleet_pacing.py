@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from harness import database_in, make_harness, merge, view, write_table
+from harness import database_in, full_delays, make_harness, merge, view, write_table
 from pollwarden.gate import Step
 from pollwarden.schedule import FLEET_SLOT_ON_TIME_SECONDS, pace, slot_on_time_seconds, slot_still_held
 from pollwarden.store import open_store
@@ -303,7 +303,8 @@ async def test_a_fleet_of_due_operations_reaches_the_provider_at_the_configured_
     count = 24
     for i in range(count):
         fake.script(f"pace-{i:02d}", [pending("running"), succeeded()])
-    h = make_harness(tmp_path, fake, table=FLEET_TABLE)
+    # The draws are chosen at 1.0, so every first check is due at one instant: the pace's worst case.
+    h = make_harness(tmp_path, fake, table=FLEET_TABLE, rng=full_delays())
     async with h.client() as client:
         ids, due = await start_fleet(client, "pace", count)
         first_due = h.clock.now() + BASE_DELAY
@@ -470,7 +471,8 @@ async def test_without_a_fleet_section_every_due_operation_is_polled_at_once(
     count = 24
     for i in range(count):
         fake.script(f"free-{i:02d}", [pending("running"), succeeded()])
-    h = make_harness(tmp_path, fake, table={"schedule": FLEET_TABLE["schedule"]})
+    # The draws are chosen at 1.0, so every first check is due at one instant.
+    h = make_harness(tmp_path, fake, table={"schedule": FLEET_TABLE["schedule"]}, rng=full_delays())
     async with h.client() as client:
         _, due = await start_fleet(client, "free", count)
         first_due = h.clock.now() + BASE_DELAY

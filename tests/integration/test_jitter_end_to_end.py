@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import make_harness, view
+from harness import HARNESS_SEED, Harness, make_harness, view
 from pollwarden.timefmt import parse_iso
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -22,28 +22,32 @@ SEED = 20250418
 BASE = 5.0  # the harness table's base_delay_seconds (max 120)
 
 
-async def test_first_checks_of_many_operations_are_spread_by_the_seeded_draws(
-    tmp_path: Path, fake: FakeProvider
-) -> None:
-    h = make_harness(tmp_path, fake, rng=random.Random(SEED))
+async def first_check_delays(h: Harness, prefix: str, count: int) -> list[float]:
+    """Start `count` operations at once; how long after the start each one's first check is allowed."""
     t0 = h.clock.now()
     async with h.client() as client:
-        firsts = [
+        return [
             parse_iso(
                 view(
                     await client.call_tool(
                         "start_operation",
                         {
                             "provider": "acme",
-                            "operation_id": f"op-spread-{i}",
-                            "provider_job_id": f"spread-{i}",
+                            "operation_id": f"op-{prefix}-{i}",
+                            "provider_job_id": f"{prefix}-{i}",
                         },
                     )
                 )["next_check_at"]
             )
             - t0
-            for i in range(20)
+            for i in range(count)
         ]
+
+
+async def test_first_checks_of_many_operations_are_spread_by_the_seeded_draws(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    firsts = await first_check_delays(make_harness(tmp_path, fake, rng=random.Random(SEED)), "spread", 20)
     replay = random.Random(SEED)
     expected = [BASE * (0.5 + 0.5 * replay.random()) for _ in range(20)]
     assert firsts == pytest.approx(expected, abs=0.001)  # the view's times are in milliseconds
@@ -51,6 +55,16 @@ async def test_first_checks_of_many_operations_are_spread_by_the_seeded_draws(
     assert max(firsts) - min(firsts) > BASE / 4  # spread out, not bunched at one value
     assert len({round(delay, 3) for delay in firsts}) >= 15  # not one repeated value
     assert sum(delay < BASE * 0.75 for delay in firsts) >= 3  # draws in the lower half too
+
+
+async def test_every_harness_server_jitters_unless_a_test_chooses_its_draws(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # No random source given: the harness's seeded one.
+    firsts = await first_check_delays(make_harness(tmp_path, fake), "default", 8)
+    replay = random.Random(HARNESS_SEED)
+    assert firsts == pytest.approx([BASE * (0.5 + 0.5 * replay.random()) for _ in range(8)], abs=0.001)
+    assert len({round(delay, 3) for delay in firsts}) == 8  # never one value at its maximum
 
 
 async def test_the_delays_between_one_operations_polls_are_the_seeded_jittered_backoff(

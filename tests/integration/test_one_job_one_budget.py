@@ -11,13 +11,14 @@ answer names a job another operation tracks, and in files written before the rul
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from harness import check, database_in, db_rows, error_text, make_harness, track, view
+from harness import Harness, check, database_in, db_rows, error_text, make_harness, track, view
 from pollwarden.audit import read_rows
 from pollwarden.store import open_store
 from pollwarden.store.sqlite.migrations import MIGRATIONS, split_sql
@@ -157,26 +158,63 @@ def _values(operation_id: str, job_id: str) -> dict[str, object]:
     }
 
 
+async def race_two_connections(
+    db: Any, values_of: Callable[[str, int], dict[str, object]], *, rounds: int, kind: str
+) -> None:
+    """Two store connections create operations `a-i` and `b-i` at once, `rounds` times: one is created each time.
+
+    `values_of(operation_id, i)` gives the columns; both of a round name one job (or one payload).
+    """
+
+    async def start(results: dict[str, tuple[str, bool]], store: Any, operation_id: str, i: int) -> None:
+        record, created = await store.create_operation(values_of(operation_id, i), kind=kind, at=1000.0)
+        results[operation_id] = (record.operation_id, created)
+
+    async with open_store(db) as a, open_store(db) as b:
+        for i in range(rounds):
+            results: dict[str, tuple[str, bool]] = {}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(start, results, a, f"a-{i}", i)
+                tg.start_soon(start, results, b, f"b-{i}", i)
+            winners = [op for op, (_, created) in results.items() if created]
+            assert len(winners) == 1, results
+            assert {held for held, _ in results.values()} == set(winners)
+
+
+async def race_two_servers(h: Harness, arguments: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """Two `pollwarden serve` processes call start_operation at once (`from-one`, `from-two`); the one answer.
+
+    Both are answered with one operation; the loser's answer names the id it asked for.
+    """
+    h.server()  # writes the table
+    answers: dict[str, dict[str, Any]] = {}
+    async with (
+        stdio_server(h.db_path, h.tables_dir, errlog=h.tmp / "one.log") as one,
+        stdio_server(h.db_path, h.tables_dir, errlog=h.tmp / "two.log") as two,
+    ):
+
+        async def start(client: Any, operation_id: str) -> None:
+            answers[operation_id] = view(await client.call_tool("start_operation", arguments(operation_id)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start, one, "from-one")
+            tg.start_soon(start, two, "from-two")
+    held = {a["operation_id"] for a in answers.values()}
+    assert len(held) == 1
+    [holder] = held
+    loser = "from-two" if holder == "from-one" else "from-one"
+    assert answers[loser]["requested_operation_id"] == loser
+    assert db_rows(h.db_path, "SELECT operation_id FROM operations") == [{"operation_id": holder}]
+    return answers[holder]
+
+
 @pytest.mark.both_engines
 async def test_two_connections_starting_one_job_under_different_ids_at_once_make_one_operation(
     tmp_path: Path,
 ) -> None:
     db = database_in(tmp_path)
     jobs = 40
-
-    async def start(results: dict[str, tuple[str, bool]], store: Any, operation_id: str, job: str) -> None:
-        record, created = await store.create_operation(_values(operation_id, job), kind="tracking", at=1000.0)
-        results[operation_id] = (record.operation_id, created)
-
-    async with open_store(db) as a, open_store(db) as b:
-        for i in range(jobs):
-            results: dict[str, tuple[str, bool]] = {}
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(start, results, a, f"a-{i}", f"job-{i}")
-                tg.start_soon(start, results, b, f"b-{i}", f"job-{i}")
-            winners = [op for op, (_, created) in results.items() if created]
-            assert len(winners) == 1, results
-            assert {held for held, _ in results.values()} == set(winners)
+    await race_two_connections(db, lambda op, i: _values(op, f"job-{i}"), rounds=jobs, kind="tracking")
     per_job = db_rows(db, "SELECT provider_job_id, count(*) AS n FROM operations GROUP BY provider_job_id")
     assert len(per_job) == jobs
     assert {row["n"] for row in per_job} == {1}
@@ -190,25 +228,7 @@ async def test_two_server_processes_starting_one_job_at_once_make_one_operation(
 ) -> None:
     fake.script("proc", [pending("running")])
     h = make_harness(tmp_path, fake)
-    h.server()  # writes the table
-    answers: dict[str, dict[str, Any]] = {}
-    async with (
-        stdio_server(h.db_path, h.tables_dir, errlog=tmp_path / "one.log") as one,
-        stdio_server(h.db_path, h.tables_dir, errlog=tmp_path / "two.log") as two,
-    ):
-
-        async def start(client: Any, operation_id: str) -> None:
-            answers[operation_id] = await start_as(client, operation_id, "proc")
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(start, one, "from-one")
-            tg.start_soon(start, two, "from-two")
-    held = {a["operation_id"] for a in answers.values()}
-    assert len(held) == 1
-    [holder] = held
-    loser = "from-two" if holder == "from-one" else "from-one"
-    assert answers[loser]["requested_operation_id"] == loser
-    assert db_rows(h.db_path, "SELECT operation_id FROM operations") == [{"operation_id": holder}]
+    await race_two_servers(h, lambda op: {"provider": "acme", "operation_id": op, "provider_job_id": "proc"})
 
 
 async def test_a_submission_answered_with_a_job_another_operation_tracks_adopts_nothing(

@@ -23,7 +23,7 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from harness import database_in, db_rows, db_write
+from harness import database_in, db_rows, db_write, make_harness
 from pollwarden.audit import (
     GENESIS_HASH,
     AuditKeyError,
@@ -35,9 +35,12 @@ from pollwarden.audit import (
 )
 from pollwarden.config import load_config
 from pollwarden.errors import ConfigError, StoreError
+from pollwarden.server import controller_factory
 from pollwarden.store import Engine, open_store
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import schema
+from pollwarden.store.postgres.engine import PostgresStore
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]
 
@@ -326,3 +329,74 @@ async def test_a_postgresql_database_at_schema_5_holding_one_job_twice_upgrades_
     assert db_rows(where, "SELECT version FROM pollwarden_schema") == [{"version": schema.LATEST}]
     with pytest.raises(psycopg.errors.UniqueViolation), psycopg.connect(where.dsn) as conn:
         conn.execute("UPDATE operations SET duplicate_of = NULL WHERE operation_id = 'b-later'")
+
+
+async def test_on_postgresql_a_refusal_is_two_trips_without_a_durable_commit_and_a_poll_three_or_four(
+    tmp_path: Path, fake: FakeProvider, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    fake.script("trips", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    h.server()  # writes the provider table the factory loads
+    async with controller_factory(h.config(), clock=h.clock, rng=h.rng)() as controller:
+        store = controller.store
+        assert isinstance(store, PostgresStore)
+        await controller.start_operation(provider="acme", operation_id="op-trips", provider_job_id="trips")
+
+        def counted() -> tuple[int, int, int]:
+            return store.stats.trips, store.stats.commits, store.stats.relaxed_commits
+
+        before = counted()
+        assert (await controller.check_status("op-trips")).outcome == "not_yet"
+        after = counted()
+        # The read, then the refusal counted in one statement (not waited to disk).
+        assert tuple(b - a for a, b in zip(before, after, strict=True)) == (2, 0, 1)
+
+        h.clock.advance(10)
+        assert (await controller.check_status("op-trips")).outcome == "polled"
+        polled = counted()
+        # The read, the reservation (one statement, durable), then the answer on the locked row, which
+        # also writes the summary of the refused call (two trips).
+        assert tuple(b - a for a, b in zip(after, polled, strict=True)) == (4, 2, 0)
+
+        h.clock.advance(300)
+        assert (await controller.check_status("op-trips")).outcome == "polled"
+        again = counted()
+        # Nothing pending: the answer and its audit row are written in one trip, guarded by the reserved row.
+        assert tuple(b - a for a, b in zip(polled, again, strict=True)) == (3, 2, 0)
+    assert len(fake.status_requests("trips")) == 2
+    assert [row.kind for row in read_rows(h.db_path)][-3:] == ["not_yet_summary", "polled", "polled"]
+    assert verify_chain(h.db_path, None).ok
+
+
+async def test_an_answer_that_comes_after_its_lease_was_taken_over_is_recorded_and_not_applied(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    where = database_in(tmp_path)
+    async with open_store(where) as store:
+        await store.create_operation(_new_operation("op-late"), kind="tracking_started", at=1.0)
+        check = {"wait_until": 0.0, "lease_seconds": 30.0, "fleets": {"acme": None}}
+        first = await store.begin_check("op-late", now=10.0, owner="check-a", **check)
+        assert first is not None
+        assert first.record.lease_owner == "check-a"
+        # check-a's process stalls past its lease; another check recovers the lease and reserves.
+        second = await store.begin_check("op-late", now=41.0, owner="check-b", **check)
+        assert second is not None
+        assert (second.record.lease_owner, second.record.status_requests_used) == ("check-b", 2)
+
+        late, applied = await store.apply_answer(
+            "op-late", owner="check-a", changes={"polls_completed": 1}, at=42.0, payload_extra={}
+        )
+        assert not applied
+        assert (late.lease_owner, late.polls_completed) == ("check-b", 0)
+        answered, applied = await store.apply_answer(
+            "op-late", owner="check-b", changes={"polls_completed": 1}, at=43.0, payload_extra={}
+        )
+        assert applied
+        assert (answered.lease_owner, answered.polls_completed) == (None, 1)
+        stored = await store.get("op-late")
+        assert stored is not None
+        assert (stored.lease_owner, stored.polls_completed, stored.version) == (None, 1, answered.version)
+    kinds = [row.kind for row in read_rows(where)]
+    assert kinds == ["tracking_started", "lease_recovered", "late_answer_ignored", "polled"]
+    assert verify_chain(where, None).ok

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness import Harness, make_harness, track
+from harness import Harness, full_delays, make_harness, track
 from harness import check as check_once
 from pollwarden.audit import read_rows
 from pollwarden.timefmt import iso, parse_iso
@@ -23,7 +23,7 @@ from tests.support.fake_provider import FakeProvider, Step, failed, http, pendin
 
 pytestmark = pytest.mark.anyio
 
-BASE = 5.0  # the harness table's base delay; with its random source the first delay is exactly this
+BASE = 5.0  # the harness table's base delay; with draws of 1.0 (full_delays) the first delay is exactly this
 DAY = 86_400.0
 
 
@@ -51,7 +51,7 @@ async def test_retry_after_in_delta_seconds_is_a_minimum_on_any_status_code(
         await track(client, "ra")
         answer = await check(client, "ra")
         assert answer["delay_source"] == "provider_retry_after"
-        assert seconds_until(answer, h.clock.now()) == pytest.approx(300)
+        assert seconds_until(answer, h.clock.now()) == pytest.approx(300, abs=0.001)  # the view's ms
         h.clock.advance(299)
         assert (await check(client, "ra", wait=0))["outcome"] == "not_yet"
     assert polled_payloads(h, "ra")[0]["delay_source"] == "provider_retry_after"
@@ -123,7 +123,7 @@ async def test_a_garbage_retry_after_on_a_stopping_answer_is_still_recorded(
 async def test_a_valid_body_poll_hint_is_followed_as_a_suggestion(
     tmp_path: Path, fake: FakeProvider, field: str
 ) -> None:
-    h = make_harness(tmp_path, fake)
+    h = make_harness(tmp_path, fake, rng=full_delays())  # polled at BASE exactly
     hinted_at = h.clock.now() + BASE + 90
     value: object = 90 if field == "poll_after_seconds" else iso(hinted_at)
     fake.script("hint", [pending(**{field: value}), pending()])

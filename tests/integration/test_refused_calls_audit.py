@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness import check, make_harness, track
+from harness import check, full_delays, make_harness, track
 from pollwarden.audit import read_rows, render_story
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import audit_verify, pollwarden_cli
@@ -34,7 +34,7 @@ async def test_a_looping_agent_on_a_stopped_operation_shows_up_in_the_story_read
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("done", [pending("running")])
-    h = make_harness(tmp_path, fake)  # clock at 10:20:00; first check allowed at 10:20:05
+    h = make_harness(tmp_path, fake, rng=full_delays())  # clock at 10:20:00; first check allowed at 10:20:05
     async with h.client() as client:
         await _stopped_after_one_poll(client, "done")
         h.clock.advance(55)  # 10:21:00
@@ -107,7 +107,7 @@ async def test_refusals_nobody_read_are_written_when_the_server_stops(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("quiet", [pending("running")])
-    h = make_harness(tmp_path, fake)
+    h = make_harness(tmp_path, fake, rng=full_delays())  # the poll at 10:20:05 exactly
     async with h.client() as client:
         await _stopped_after_one_poll(client, "quiet")
         for _ in range(4):

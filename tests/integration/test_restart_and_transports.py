@@ -26,7 +26,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, TextResourceContents
 
-from harness import Harness, db_rows, error_text, make_harness, view, write_table
+from harness import Harness, db_rows, error_text, full_delays, make_harness, view, write_table
 from pollwarden.clock import FakeClock
 from pollwarden.schedule import wait_bound
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
@@ -481,7 +481,7 @@ async def test_the_operation_and_audit_resources_return_the_view_and_the_story(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]
 ) -> None:
     fake.script("res", [pending("queued"), http(503, headers={"Retry-After": "120"}), pending("running")])
-    h = make_harness(tmp_path, fake)
+    h = make_harness(tmp_path, fake, rng=full_delays())  # the story's times: every delay its maximum
     async with h.client(**era) as client:
         await start(client, "res")
         await check(client, "res", wait=50)

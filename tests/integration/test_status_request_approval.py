@@ -12,16 +12,24 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import anyio
 import pytest
 from mcp.client import ClientRequestContext
+from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, acme_refusal, acme_table, make_harness, make_operator, view
 from pollwarden.audit import read_rows
 from pollwarden.clock import FakeClock
+from pollwarden.records import ApprovalRecord
+from pollwarden.server import controller_factory
+from pollwarden.status_approval import StatusRequestFlow, plan
+from pollwarden.store import Store
+from pollwarden.vocabulary import ApprovalStatus
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
@@ -157,6 +165,76 @@ async def test_without_elicitation_an_operator_approves_one_request_at_a_time(
         after = await check(client, "op", wait=30)  # the next request needs a new approval
         assert after["outcome"] == "not_yet"
     assert len(fake.status_requests("op")) == 1
+
+
+async def test_a_send_that_comes_after_the_client_stopped_waiting_is_told_as_such_and_sends_nothing(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    gate = anyio.Event()
+
+    async def late_person(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        await gate.wait()
+        return ElicitResult(action="accept", content={"decision": "send"})
+
+    h = make_harness(tmp_path, fake, table=EVERY)
+    fake.script("late", [pending("running")])
+    async with h.client(elicitation_callback=late_person, mode="legacy") as client:
+        await started(client, "late")
+        with pytest.raises(MCPError, match="timed out"):
+            await client.call_tool(
+                "check_status", {"operation_id": "op-late", "wait_seconds": 30}, read_timeout_seconds=0.3
+            )
+        gate.set()  # the person says send after the client gave up on the call
+        rows: list[Any] = []
+        for _ in range(1000):  # the row lands in the database after the call ended: look for 10 s at most
+            rows = [r for r in read_rows(h.db_path, "op-late") if r.kind == "status_request_unanswered"]
+            if rows:
+                break
+            await anyio.sleep(0.01)
+    assert "(the person answered send); nothing was sent" in rows[0].payload_obj["note"]
+    assert "dismissed" not in rows[0].payload_obj["note"]
+    assert fake.status_requests("late") == []
+
+
+class UsedMeanwhile:
+    """A store on which another call uses an operator's approval right after this call read it."""
+
+    def __init__(self, store: Store, at: float) -> None:
+        self._store = store
+        self._at = at
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        read = await self._store.get_approval(approval_id)
+        other = await self._store.close_approval(
+            approval_id, status=ApprovalStatus.APPLIED, at=self._at, note="used by the other call"
+        )
+        assert other is not None  # the other call won the claim
+        return read
+
+
+async def test_two_calls_that_read_one_operator_approval_at_once_send_one_request(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = make_harness(tmp_path, fake, table=EVERY, clock=FakeClock(time.time()))
+    h.operator = make_operator(h.tmp / "operator").policy()
+    fake.script("op", [pending("running")])
+    async with h.client() as client:
+        await started(client, "op")
+        await check(client, "op")  # opens the question for an operator
+        approval_id = _cli(h, "approvals", "list").stdout.split()[0]
+        assert _cli(h, "approve", approval_id).returncode == 0
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)
+    async with factory() as controller:
+        planned = await plan(controller, "op-op", wait_seconds=30)
+        assert planned.operator_approval_id == approval_id
+        racing = replace(controller, store=cast(Store, UsedMeanwhile(controller.store, h.clock.now())))
+        late = await StatusRequestFlow().ask_operator(racing, planned)
+    assert late.granted is False  # the approval bought the other call's request, not this one too
+    assert "A person must decide" in (late.refusal or "")
+    assert fake.status_requests("op") == []
 
 
 def test_the_approval_table_is_validated_like_the_rest(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from pollwarden.store import DatabaseLocation
+
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This environment without any POLLWARDEN_ variable, plus `extra`."""
@@ -22,12 +24,13 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 @asynccontextmanager
 async def console_at_terminal(
-    db: Path, *args: str, env: dict[str, str] | None = None
+    db: Path | DatabaseLocation, *args: str, env: dict[str, str] | None = None
 ) -> AsyncGenerator[tuple[subprocess.Popen[bytes], str]]:
     """`pollwarden console` on a pseudo-terminal: the process and everything it showed up to its URL (or exit)."""
+    where = db if isinstance(db, Path) else db.dsn or str(db.path)
     master, slave = pty.openpty()
     proc = subprocess.Popen(  # noqa: ASYNC220 - a pty child, read with select below
-        [sys.executable, "-m", "pollwarden", "console", "--db", str(db), "--port", "0", *args],
+        [sys.executable, "-m", "pollwarden", "console", "--db", str(where), "--port", "0", *args],
         stdin=slave,
         stdout=slave,
         stderr=slave,

@@ -28,6 +28,7 @@ def test_beyond_loopback_the_protection_stays_on_with_exactly_the_names_given() 
             allow_non_loopback=True,
             allowed_hosts=("mcp.example.com", "mcp.example.com:8443"),
             allowed_origins=("https://app.example.com",),
+            verifier_configured=True,
         )
     )
     assert settings.enable_dns_rebinding_protection

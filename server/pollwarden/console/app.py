@@ -2,7 +2,11 @@
 
 Who may use it: whoever opened the one-time login URL `pollwarden console`
 printed at its terminal. Opening it turns the token into a session cookie
-(``HttpOnly``, ``SameSite=Strict``) and the token is spent. Every POST carries
+(``HttpOnly``, ``SameSite=Strict``) and the token is spent. Every page lives
+under a random path prefix (``/c/<random>/``, in the printed URL) and the
+cookie, named for this console, is scoped to that path: a browser does not
+send it to another web app on the same host (cookies ignore the port), nor to
+another console there. Every POST carries
 the session's CSRF token; every response carries a Content-Security-Policy
 with no script at all, ``frame-ancestors 'none'`` and ``nosniff``; the Host
 header is checked (DNS rebinding). Every value a provider or an agent wrote
@@ -13,6 +17,7 @@ as ``pollwarden approve``/``deny`` do.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import io
 import logging
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -32,7 +37,7 @@ from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pollwarden.approvals import describe_request
@@ -43,16 +48,15 @@ from pollwarden.audit import (
     describe_mode,
     export_jsonl,
     read_anchor,
-    read_rows,
     render_story,
     verify_chain,
 )
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.config import ServerConfig, load_provider_tables
-from pollwarden.console import charts, reads
+from pollwarden.console import charts
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_CONSOLE, OperatorKey
-from pollwarden.store import ApprovalRecord, Store, open_store
+from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
 from pollwarden.views import human_duration, operation_view
@@ -61,17 +65,14 @@ from pollwarden_providers.table import ProviderTable
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
-    "SESSION_COOKIE",
     "ConsoleSettings",
     "create_app",
     "host_allowed",
 ]
 
 log = logging.getLogger("pollwarden.console")
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
 
-SESSION_COOKIE = "pollwarden_console"
+_COOKIE_PREFIX = "pollwarden_console_"
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
@@ -101,6 +102,23 @@ class ConsoleSettings:
     refresh_seconds: int = 10
     page_size: int = 25
     tables: Mapping[str, ProviderTable] | None = None
+    # The random part of this console's path prefix (and of its cookie's name).
+    instance: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+
+    @property
+    def prefix(self) -> str:
+        """Where every page of this console lives: ``/c/<random>`` (no trailing slash)."""
+        return f"/c/{self.instance}"
+
+    @property
+    def cookie_name(self) -> str:
+        """This console's session cookie: its own name, so two consoles never overwrite each other's."""
+        return _COOKIE_PREFIX + hashlib.sha256(self.instance.encode()).hexdigest()[:12]
+
+    @property
+    def login_path(self) -> str:
+        """The path of the one-time login URL (the token goes in its query)."""
+        return f"{self.prefix}/login"
 
     @property
     def decided_by(self) -> str:
@@ -179,10 +197,6 @@ class _State:
     store: Store | None = None
     decide_lock: anyio.Lock = field(default_factory=anyio.Lock)
 
-    @property
-    def db_path(self) -> Path:
-        return self.settings.config.db_path
-
     def the_store(self) -> Store:
         if self.store is None:  # pragma: no cover - the lifespan opens it before any request
             raise RuntimeError("the console's store is not open")
@@ -227,7 +241,7 @@ def _templates() -> Environment:
 
 
 def _session_of(state: _State, request: Request) -> _Session | None:
-    cookie = request.cookies.get(SESSION_COOKIE)
+    cookie = request.cookies.get(state.settings.cookie_name)
     return state.sessions.get(cookie) if cookie else None
 
 
@@ -238,6 +252,8 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
     """The console app for `settings` (opens the store on start-up, closes it on shutdown)."""
     tables = settings.tables if settings.tables is not None else load_provider_tables(settings.config)
     state = _State(settings, tables, _templates(), settings.login_token)
+    base = settings.prefix
+    database = settings.config.database
 
     def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         session = _session_of(state, request)
@@ -247,7 +263,8 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         body = state.templates.get_template(name).render(
             csrf=session.csrf if session is not None else "",
             flashes=flashes,
-            path=request.url.path,
+            base=base,
+            path=request.url.path.removeprefix(base) or "/",
             now=_when(settings.clock.now()),
             decided_by=settings.decided_by,
             method=settings.method,
@@ -276,8 +293,10 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         state.login_token = None  # one time only
         session_id = secrets.token_urlsafe(32)
         state.sessions[session_id] = _Session(csrf=secrets.token_urlsafe(32))
-        response = RedirectResponse("/", status_code=303)
-        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict", path="/")
+        response = RedirectResponse(f"{base}/", status_code=303)
+        response.set_cookie(
+            settings.cookie_name, session_id, httponly=True, samesite="strict", path=f"{base}/"
+        )
         log.info("console: logged in")
         return response
 
@@ -294,15 +313,13 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             number = max(1, int(params.get("page", "1")))
         except ValueError:
             number = 1
-        listing = await _in_thread(
-            reads.list_operations,
-            state.db_path,
-            status=status,
-            provider=provider,
-            stop_reason=stop_reason,
+        store = state.the_store()
+        listing = await store.operations_page(
+            OperationFilter(status=status, provider=provider, stop_reason=stop_reason),
             page=number,
             page_size=settings.page_size,
         )
+        facets = await store.operation_facets()
         filters = {"status": status or "", "provider": provider or "", "stop_reason": stop_reason or ""}
         return page(
             request,
@@ -311,10 +328,8 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             filters=filters,
             statuses=[s.value for s in Status],
             stop_reasons=[r.value for r in StopReason],
-            providers=sorted(
-                set(await _in_thread(reads.providers_in_use, state.db_path)) | set(state.tables)
-            ),
-            pending=len(await state.the_store().list_approvals(status="pending")),
+            providers=sorted(set(facets.providers) | set(state.tables)),
+            pending=len(await store.list_approvals(status="pending")),
             refresh=settings.refresh_seconds,
         )
 
@@ -325,7 +340,7 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         if record is None:
             return page(request, "missing.html", status_code=404, operation_id=operation_id)
         await store.flush_refusals(operation_id)
-        rows = await _in_thread(read_rows, state.db_path, operation_id)
+        rows = await store.audit_rows(operation_id)
         now = settings.clock.now()
         view = operation_view(record, state.tables.get(record.provider), now=now)
         return page(
@@ -394,12 +409,12 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             )
         log.info("console: %s", decision.message)
         session.flashes.append((decision.ok, decision.message))
-        return RedirectResponse("/approvals", status_code=303)
+        return RedirectResponse(f"{base}/approvals", status_code=303)
 
     async def providers(request: Request) -> Response:
         now = settings.clock.now()
         fleet = [name for name, table in state.tables.items() if table.fleet is not None]
-        times = await _in_thread(reads.polled_times, state.db_path, fleet, since=now - 3600)
+        times = await state.the_store().polled_times(fleet, since=now - 3600)
         rows: list[dict[str, Any]] = []
         for name in sorted(state.tables):
             table = state.tables[name]
@@ -416,7 +431,7 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         rekeyed = request.query_params.get("rekeyed_at", "").strip()
         await state.the_store().flush_refusals()
         checked = await anyio.to_thread.run_sync(
-            partial(_verify, state.db_path, settings.audit_key, anchor_path, rekeyed)
+            partial(_verify, database, settings.audit_key, anchor_path, rekeyed)
         )
         return page(
             request,
@@ -432,7 +447,7 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
     async def export(request: Request) -> Response:
         await state.the_store().flush_refusals()
         buffer = io.StringIO()
-        await anyio.to_thread.run_sync(export_jsonl, state.db_path, buffer)
+        await anyio.to_thread.run_sync(export_jsonl, database, buffer)
         return Response(
             buffer.getvalue(),
             media_type="application/x-ndjson",
@@ -456,26 +471,20 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             finally:
                 state.store = None
 
-    app = Starlette(
-        routes=[
-            Route("/login", login),
-            Route("/", authed(operations)),
-            Route("/operation", authed(operation)),
-            Route("/approvals", authed(approvals)),
-            Route("/approvals/decide", decide_post, methods=["POST"]),
-            Route("/providers", authed(providers)),
-            Route("/audit", authed(audit)),
-            Route("/audit/export", authed(export)),
-            Route("/console.css", stylesheet),
-        ],
-        lifespan=lifespan,
-    )
+    pages = [
+        Route("/login", login),
+        Route("/", authed(operations)),
+        Route("/operation", authed(operation)),
+        Route("/approvals", authed(approvals)),
+        Route("/approvals/decide", decide_post, methods=["POST"]),
+        Route("/providers", authed(providers)),
+        Route("/audit", authed(audit)),
+        Route("/audit/export", authed(export)),
+        Route("/console.css", stylesheet),
+    ]
+    # Nothing outside the prefix: a page that guesses paths on this port finds no console.
+    app = Starlette(routes=[Mount(base, routes=pages)], lifespan=lifespan)
     return _Guard(app, settings.allowed_hosts)
-
-
-async def _in_thread(func: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-    """Run a blocking read (SQLite, a file) off the event loop."""
-    return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
 
 
 @dataclass(frozen=True)
@@ -485,7 +494,7 @@ class _Verified:
     problem: str | None
 
 
-def _verify(db_path: Path, key: bytes | None, anchor_path: str, rekeyed: str) -> _Verified:
+def _verify(database: DatabaseLocation, key: bytes | None, anchor_path: str, rekeyed: str) -> _Verified:
     """Verify the chain, against an anchor file when one is named (blocking: run in a thread)."""
     try:
         rekeyed_at = int(rekeyed) if rekeyed else None
@@ -493,7 +502,7 @@ def _verify(db_path: Path, key: bytes | None, anchor_path: str, rekeyed: str) ->
         return _Verified(None, None, f"rekeyed_at {quoted(rekeyed)} is not a row number")
     try:
         anchor = read_anchor(Path(anchor_path).expanduser()) if anchor_path else None
-        return _Verified(verify_chain(db_path, key, anchor, rekeyed_at=rekeyed_at), anchor, None)
+        return _Verified(verify_chain(database, key, anchor, rekeyed_at=rekeyed_at), anchor, None)
     except AuditError as exc:
         return _Verified(None, None, str(exc))
 

@@ -124,12 +124,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     key = operator_key_for(config, args.operator_key, DECIDING) if args.operator_key else None
     if key is None:
         require_person(config, DECIDING)
-    if not config.database.is_sqlite:
-        raise ConfigError(
-            f"the console reads a SQLite file; {config.database} is a PostgreSQL database, which it does not "
-            "read yet. Use the approvals, reopen and audit commands with --db on PostgreSQL. Nothing was started"
-        )
-    writable_existing_database(config.db_path)
+    writable_existing_database(config.database)
     settings = ConsoleSettings(
         config=config,
         login_token=secrets.token_urlsafe(32),
@@ -145,13 +140,13 @@ def cmd_console(args: argparse.Namespace) -> int:
     port = int(sock.getsockname()[1])
     shown_host = f"[{options.host.strip('[]')}]" if ":" in options.host else options.host
     base = f"http://{shown_host}:{port}"
-    print(f"pollwarden console on {base}/ (database {config.db_path})", flush=True)
+    print(f"pollwarden console on {base}{settings.prefix}/ (database {config.database})", flush=True)
     print(
         f"decisions are recorded as {settings.decided_by!r}, authenticated by {settings.method}", flush=True
     )
     print(
-        f"open this URL once to log in (it works one time; keep it private):\n\n    {base}/login?token="
-        f"{settings.login_token}\n",
+        f"open this URL once to log in (it works one time; keep it private):\n\n    {base}{settings.login_path}"
+        f"?token={settings.login_token}\n",
         flush=True,
     )
     server = uvicorn.Server(uvicorn_config(app, options))

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Protocol
 
+from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
+from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation, Engine
 from pollwarden.store.sqlite.engine import open_sqlite
 from pollwarden_providers.table import FleetSpec
@@ -30,6 +32,9 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
     "DatabaseLocation",
     "Engine",
+    "OperationFacets",
+    "OperationFilter",
+    "OperationPage",
     "Store",
     "new_lease_owner",
     "open_store",
@@ -59,9 +64,14 @@ class Store(Protocol):
         ...
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationRecord]:
-        """Most recent operations first."""
+        """Most recent operations first (only `owner`'s when given)."""
         ...
 
     async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
@@ -86,6 +96,27 @@ class Store(Protocol):
         """The follow-ups of one operation, oldest first."""
         ...
 
+    # -- reads for a person looking at everything (the operator console; `pollwarden.store.browse`) --
+
+    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
+        """One page (from 1) of the operations matching `filters`, newest first, and how many match."""
+        ...
+
+    async def operation_facets(self) -> OperationFacets:
+        """Every provider and stop reason some operation has (to filter by)."""
+        ...
+
+    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
+        """One operation's audit rows in chain order (its story and timeline)."""
+        ...
+
+    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
+        """When each status request of `providers` was answered since `since` (epoch s), per provider.
+
+        Found without scanning the whole chain (a binary search on seq for where the window starts).
+        """
+        ...
+
     # -- the check procedure ---------------------------------------------------------------------
 
     async def begin_check(
@@ -101,6 +132,7 @@ class Store(Protocol):
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
         needs_person: frozenset[str] = frozenset(),
+        fleet_slots: int | None = None,
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
 
@@ -114,7 +146,13 @@ class Store(Protocol):
         `fleets` holds the loaded provider tables' [fleet] specs (None without one);
         `accounts` their account contexts now (a waiting operation recorded under
         another one stops with `account_context_changed`, nothing sent).
+        `fleet_slots`: while a pace is used up, at most this many booked slots per principal
+        (issue 19's fair shares; the principal's other checks wait for the earliest of them).
         """
+        ...
+
+    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
+        """(active operations, operations created after `since`) of one principal."""
         ...
 
     async def apply_answer(

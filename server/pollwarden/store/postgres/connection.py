@@ -33,6 +33,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pollwarden.errors import StoreError
+from pollwarden.store import schema_steps
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import schema
 
@@ -72,6 +73,10 @@ def _query(text: str) -> LiteralString:
     return cast("LiteralString", text)
 
 
+class GuardFailed(StoreError):
+    """A guarded write found the row other than it was read; the transaction was rolled back."""
+
+
 def describe(exc: BaseException, location: DatabaseLocation, lock_timeout: float) -> StoreError:
     """A driver error as the problem and its fix; the transaction was rolled back (nothing changed)."""
     where = location.display
@@ -94,7 +99,7 @@ def describe(exc: BaseException, location: DatabaseLocation, lock_timeout: float
             "turn read-only mode off"
         )
     if isinstance(exc, psycopg.errors.DivisionByZero):
-        return StoreError(
+        return GuardFailed(
             f"PostgreSQL ({where}): an operation row changed under this transaction's lock (a guarded "
             "write found another version); nothing was changed — try again"
         )
@@ -123,12 +128,20 @@ class Tx:
     def __init__(self, conn: Connection, stats: EngineStats) -> None:
         self.conn = conn
         self._stats = stats
+        self._unsent = False  # statements queued since the last trip
 
     async def queue(self, sql: str, params: Params = ()) -> AsyncCursor[TupleRow]:
         """Queue a statement (no trip); its cursor holds the result once one is read."""
         cur = self.conn.cursor()
         await cur.execute(_query(sql), plain(params))
+        self._unsent = True
         return cur
+
+    def _trip(self) -> None:
+        # Reading a result sends what is queued; results of statements sent with it come back with it.
+        if self._unsent:
+            self._stats.trips += 1
+            self._unsent = False
 
     async def one(self, sql: str, params: Params = ()) -> Row | None:
         """Run a statement and read its first row (one trip, with everything queued before it)."""
@@ -136,14 +149,14 @@ class Tx:
         return await self.read(cur)
 
     async def read(self, cur: AsyncCursor[TupleRow]) -> Row | None:
-        """The first row of a queued statement (a trip unless already read)."""
-        self._stats.trips += 1
+        """The first row of a queued statement (a trip unless it was sent with one already made)."""
+        self._trip()
         return await cur.fetchone()
 
     async def all(self, sql: str, params: Params = ()) -> list[Row]:
         """Run a statement and read every row (one trip)."""
         cur = await self.queue(sql, params)
-        self._stats.trips += 1
+        self._trip()
         return await cur.fetchall()
 
 
@@ -280,25 +293,36 @@ async def migrate(pool: Pool) -> None:
 
     An up-to-date database is only read (a read-only session, e.g. a standby, can still serve reads);
     otherwise the version is read again under the lock, so instances starting together run each step once.
+    Which steps ran is recorded by number (`pollwarden.store.schema_steps`: a step may ship late).
     """
-    exists = await pool.read_one("SELECT to_regclass('pollwarden_schema') IS NOT NULL")
-    if exists is not None and exists[0]:
+    numbers = [step.number for step in schema.MIGRATIONS]
+    exists = await pool.read_one(schema.STATE_TABLES)
+    if exists is not None and exists[0] and exists[1]:
         row = await pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
-        if _checked_version(pool, 0 if row is None else int(row[0])) == schema.LATEST:
+        current = _checked_version(pool, 0 if row is None else int(row[0]))
+        recorded = {int(r[0]) for r in await pool.read("SELECT number FROM pollwarden_schema_steps")}
+        if not schema_steps.pending(numbers, version=current, recorded=recorded):
             return
     async with pool.transaction() as tx:
         await tx.queue("SELECT pg_advisory_xact_lock(%s)", (schema.MIGRATION_LOCK_KEY,))
         await tx.queue(schema.VERSION_TABLE)
+        await tx.queue(schema.STEPS_TABLE)
         row = await tx.one("SELECT max(version) FROM pollwarden_schema")
         current = _checked_version(pool, 0 if row is None or row[0] is None else int(row[0]))
-        for step in schema.MIGRATIONS:
-            if step.number <= current:
-                continue
+        # An empty record was made just now: the database kept none before (a kept one is never empty).
+        recorded = {int(r[0]) for r in await tx.all("SELECT number FROM pollwarden_schema_steps")} or None
+        todo = schema_steps.pending(numbers, version=current, recorded=recorded)
+        if recorded is None:  # the record starts with what the database ran before it kept one
+            for number in (n for n in numbers if n not in todo):
+                await tx.queue("INSERT INTO pollwarden_schema_steps (number) VALUES (%s)", (number,))
+        for step in sorted((s for s in schema.MIGRATIONS if s.number in todo), key=lambda s: s.number):
             for statement in step.statements:
                 if statement.strip():
                     await tx.queue(statement)
+            await tx.queue("INSERT INTO pollwarden_schema_steps (number) VALUES (%s)", (step.number,))
+            current = max(current, step.number)
             await tx.queue("DELETE FROM pollwarden_schema")
-            await tx.queue("INSERT INTO pollwarden_schema (version) VALUES (%s)", (step.number,))
+            await tx.queue("INSERT INTO pollwarden_schema (version) VALUES (%s)", (current,))
         await tx.one("SELECT 1")  # surface a failed step here, inside the transaction
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
+from pollwarden.audit import AuditRow
 from pollwarden.audit_entry import NO_REFUSALS, REFUSALS_PER_SUMMARY, PendingRefusals, event, lease_recovered
 from pollwarden.errors import StoreError
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
@@ -36,11 +37,14 @@ from pollwarden.records import (
     WakeResult,
 )
 from pollwarden.schedule import pace, slot_still_held
+from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.postgres import sql
-from pollwarden.store.postgres.connection import EngineStats, Pool, Tx, migrate
+from pollwarden.store.postgres import browse, sql
+from pollwarden.store.postgres.connection import EngineStats, GuardFailed, Pool, Tx, migrate
 from pollwarden.store.postgres.writer import Writer, operation
+from pollwarden.store.sqlite.queries import OPTIONAL_NEW_COLUMNS
 from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.timefmt import iso
 from pollwarden.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
     ApprovalKind,
@@ -56,6 +60,9 @@ from pollwarden_providers.table import FleetSpec
 
 # Connections per process: concurrent tool calls of one HTTP instance each borrow one.
 POOL_SIZE = 10
+
+# Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
+_RESERVED_KEPT = 256
 
 # What a submission answer that named another operation's job still records about itself.
 _SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
@@ -74,6 +81,9 @@ class PostgresStore:
         self._pool = pool
         self._key = audit_key
         self.location = location
+        # The rows this process reserved in one statement, by (operation, lease owner): the answer
+        # that follows is written in one trip if the row is still exactly that (see apply_answer).
+        self._reserved: dict[tuple[str, str], StoredOperation] = {}
 
     @property
     def stats(self) -> EngineStats:
@@ -103,19 +113,28 @@ class PostgresStore:
         return None if row is None else stored(row).record
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationRecord]:
-        """Most recent operations first."""
-        if status is not None and provider is not None:
-            query = sql.LIST_OPERATIONS_BY_STATUS_AND_PROVIDER
-        elif status is not None:
-            query = sql.LIST_OPERATIONS_BY_STATUS
-        elif provider is not None:
-            query = sql.LIST_OPERATIONS_BY_PROVIDER
-        else:
-            query = sql.LIST_OPERATIONS
-        found = await self._pool.read(query, {"status": status, "provider": provider, "limit": limit})
+        """Most recent operations first (only `owner`'s when given)."""
+        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
+        query = sql.list_operations(
+            *(name for name in ("status", "provider", "owner") if params[name] is not None)
+        )
+        found = await self._pool.read(query, params)
         return [stored(row).record for row in found]
+
+    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
+        """(active operations, operations created after `since`) of one principal."""
+        active = await self._pool.read_one(sql.COUNT_ACTIVE_OF_OWNER, {"owner": owner})
+        started = await self._pool.read_one(
+            sql.COUNT_CREATED_SINCE_BY_OWNER, {"owner": owner, "since": since}
+        )
+        return (0 if active is None else int(active[0])), (0 if started is None else int(started[0]))
 
     async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
         """The operations recorded with this request fingerprint, newest first."""
@@ -148,6 +167,24 @@ class PostgresStore:
         found = await self._pool.read(sql.LIST_FOLLOWUPS, {"operation_id": operation_id})
         return [FollowupRecord.from_row(row) for row in found]
 
+    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
+
+    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
+        """One page of the operations matching `filters`, newest first, and how many match."""
+        return await browse.operations_page(self._pool, filters, max(1, page), page_size)
+
+    async def operation_facets(self) -> OperationFacets:
+        """Every provider and stop reason some operation has (to filter by)."""
+        return await browse.facets(self._pool)
+
+    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
+        """One operation's audit rows in chain order (its story and timeline)."""
+        return await browse.audit_rows(self._pool, operation_id)
+
+    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
+        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
+        return await browse.polled_times(self._pool, providers, iso(since) or "")
+
     # -- the check procedure ------------------------------------------------------------------
 
     async def begin_check(
@@ -163,6 +200,7 @@ class PostgresStore:
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
         needs_person: frozenset[str] = frozenset(),
+        fleet_slots: int | None = None,
     ) -> CheckStart | None:
         """Decide one round of check_status and write it (None: no such operation).
 
@@ -202,7 +240,9 @@ class PostgresStore:
             )
             if not decision.writes:
                 return CheckStart(current.record, decision)
-            return await _carry_out(writer, current, decision, now, owner, lease_seconds, fleet, tat)
+            return await _carry_out(
+                writer, current, decision, now, owner, lease_seconds, fleet, tat, fleet_slots
+            )
 
     async def _decide(
         self,
@@ -269,7 +309,13 @@ class PostgresStore:
             "version": record.version,
         }
         reserved = await self._pool.write_one(sql.RESERVE, params)
-        return None if reserved is None else CheckStart(stored(reserved).record, decision)
+        if reserved is None:
+            return None
+        held = stored(reserved)
+        if len(self._reserved) >= _RESERVED_KEPT:
+            del self._reserved[next(iter(self._reserved))]  # a check that never answered
+        self._reserved[(record.operation_id, owner)] = held
+        return CheckStart(held.record, decision)
 
     async def apply_answer(
         self,
@@ -283,8 +329,15 @@ class PostgresStore:
         """Persist what one status answer meant and release the lease; (record, applied).
 
         Guarantee: applied only while this call still holds the lease (checked
-        on the locked row); a late answer is audited, not applied. Two trips.
+        on the locked row); a late answer is audited, not applied. Two trips;
+        one when this process reserved the row in one statement and it is
+        still exactly as reserved (`_answer_as_reserved`).
         """
+        reserved = self._reserved.pop((operation_id, owner), None)
+        if reserved is not None and self._key is None:
+            answered = await self._answer_as_reserved(reserved, owner, changes, at, payload_extra)
+            if answered is not None:
+                return answered, True
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             await writer.flush(current)
@@ -299,6 +352,35 @@ class PostgresStore:
             await writer.append(event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra))
             return updated, True
 
+    async def _answer_as_reserved(
+        self,
+        reserved: StoredOperation,
+        owner: str,
+        changes: Mapping[str, object],
+        at: float,
+        payload_extra: Mapping[str, object],
+    ) -> OperationRecord | None:
+        """The answer in one trip, computed from the row as this process reserved it (None: it changed).
+
+        Written without reading the row first: the UPDATE's guard states that the row is still at the
+        reserved version, leased by `owner`, with no refused call counted since — then it is the row
+        reserved, and this is exactly what the locked path would write. Otherwise (or on a keyed audit
+        head) the guard fails, nothing is committed, and the caller takes the locked path.
+        """
+        if reserved.refusals.count:
+            return None
+        released = {**changes, "lease_owner": None, "lease_expires_at": None}
+        try:
+            async with self._pool.transaction() as tx:
+                writer = Writer(tx, self._key)
+                updated = await writer.write(reserved, released, at=at, owner=owner)
+                polled = event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra)
+                await writer.append(polled, unread=True)
+                await writer.finish()
+        except GuardFailed:
+            return None
+        return updated
+
     # -- creating and submitting ---------------------------------------------------------------
 
     async def create_operation(
@@ -309,9 +391,11 @@ class PostgresStore:
         Guarantee: one job, one budget across processes — the INSERT does nothing
         when the id or the job (the partial UNIQUE index) is taken, waiting for a
         concurrent insert of either to commit; then the operation holding the id,
-        else the job's holder, is returned (pollwarden.job_identity).
+        else the job's holder, is returned (pollwarden.job_identity). A submission
+        first takes its payload's advisory lock and, unless its id exists, is
+        answered with the payload's operation still in flight if there is one.
         """
-        values = {"resubmission_of": None, **values}  # a new operation is no resubmission unless it says so
+        values = {**OPTIONAL_NEW_COLUMNS, **values}
         missing = set(sql.NEW_OPERATION_COLUMNS) - set(values)
         extra = set(values) - set(sql.NEW_OPERATION_COLUMNS)
         if missing or extra:
@@ -320,13 +404,20 @@ class PostgresStore:
             )
         operation_id = str(values["operation_id"])
         async with self._locked(audit=False) as (writer, tx, _):
+            if values["submit_payload_json"] is not None:
+                payload = {"request_fingerprint": values["request_fingerprint"]}
+                await tx.queue(sql.LOCK_PAYLOAD, payload)
+                same_id = await tx.queue(sql.SELECT_OPERATION, {"operation_id": operation_id})
+                in_flight = await tx.one(sql.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]})
+                if in_flight is not None and await tx.read(same_id) is None:
+                    return stored(in_flight).record, False
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
             await writer.head_first()
             row = await tx.read(inserted)
             if row is None:
                 existing = await tx.one(sql.SELECT_OPERATION, {"operation_id": operation_id})
                 if existing is None and values["provider_job_id"] is not None:
-                    job = {k: values[k] for k in ("provider", "account_context", "provider_job_id")}
+                    job = {k: values[k] for k in ("provider", "account_context", "provider_job_id", "owner")}
                     existing = await tx.one(sql.SELECT_JOB_OWNER, job)
                 return operation(existing, operation_id).record, False
             created = stored(row).record
@@ -353,7 +444,9 @@ class PostgresStore:
             if record.held_for_approval:
                 return None  # a resubmission a person has not approved is never sent
             claimed = await writer.write(
-                current, {"lease_owner": owner, "lease_expires_at": now + lease_seconds}, at=now
+                current,
+                {"lease_owner": owner, "lease_expires_at": now + lease_seconds, "submit_sent_at": now},
+                at=now,
             )
             await writer.append(event(claimed, "submit_sending", now, note=note))
             return claimed
@@ -380,7 +473,11 @@ class PostgresStore:
             job_id = changes.get("provider_job_id")
             if job_id is not None:
                 # The provider named a job another operation holds: this submission adopts nothing.
-                job = {"provider": record.provider, "account_context": record.account_context}
+                job = {
+                    "provider": record.provider,
+                    "account_context": record.account_context,
+                    "owner": record.owner,
+                }
                 found = await tx.one(sql.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
                 holder = None if found is None else stored(found).record
                 if holder is not None and holder.operation_id != operation_id:
@@ -707,8 +804,14 @@ async def _carry_out(
     lease_seconds: float,
     fleet: FleetSpec | None,
     tat: float | None,
+    fleet_slots: int | None = None,
 ) -> CheckStart:
-    """Write what the gate decided on the locked row (and the locked pace row)."""
+    """Write what the gate decided on the locked row (and the locked pace row).
+
+    Fair shares (`fleet_slots`): while the pace is used up, one principal holds at
+    most that many booked slots of it; its other checks wait for the earliest of
+    them (nothing taken from the pace), as on SQLite.
+    """
     record = current.record
     outcome = decision.refusal
     if outcome is not None:
@@ -736,6 +839,16 @@ async def _carry_out(
         )
         if not held:
             step = pace(tat, now=now, rate=fleet.max_requests_per_second, burst=fleet.burst)
+            if not step.admitted and fleet_slots is not None:
+                own = await _own_booked_slots(writer, record, now)
+                if own is not None and own[0] >= fleet_slots:
+                    wait = {
+                        "fleet_slot_at": None,
+                        "next_check_at": own[1],
+                        "delay_source": DelaySource.FLEET_PACING,
+                    }
+                    waiting = await writer.write(current, wait, at=now)
+                    return CheckStart(waiting, GateDecision(Step.PACED, allowed_at=waiting.next_check_at))
             await writer.tx.queue(sql.SET_FLEET_TAT, {"provider": record.provider, "tat": step.next_tat})
             if not step.admitted:
                 slot = {
@@ -760,6 +873,20 @@ async def _carry_out(
         at=now,
     )
     return CheckStart(reserved, decision)
+
+
+async def _own_booked_slots(writer: Writer, record: OperationRecord, now: float) -> tuple[int, float] | None:
+    """How many future slots of this provider's pace the record's principal holds, and the earliest."""
+    params = {
+        "provider": record.provider,
+        "owner": record.owner,
+        "now": now,
+        "operation_id": record.operation_id,
+    }
+    row = await writer.tx.one(sql.PRINCIPAL_BOOKED_SLOTS, params)
+    if row is None or row[1] is None:
+        return None
+    return int(row[0]), float(row[1])
 
 
 async def _count_refusal(writer: Writer, current: StoredOperation, outcome: Outcome, at: float) -> None:

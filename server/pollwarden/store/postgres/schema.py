@@ -14,7 +14,9 @@ constraints, as in SQLite.
 
 Migrations run in one transaction under a transaction-scoped advisory lock,
 so several instances starting at once run them exactly once; a database at a
-version newer than this code is refused.
+version newer than this code is refused. Steps run in number order, but one
+may ship after a higher one did (step 8 after 9): `pollwarden_schema_steps`
+records which steps ran.
 """
 
 from __future__ import annotations
@@ -225,6 +227,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX operations_by_fingerprint ON operations(request_fingerprint, created_at DESC)",
         ),
     ),
+    # SQLite step 8 (issue 19): every operation belongs to a principal; one job, one budget per principal.
+    Migration(
+        8,
+        "operation owners",
+        (
+            "ALTER TABLE operations ADD COLUMN owner text NOT NULL DEFAULT 'local'",
+            "CREATE INDEX operations_by_owner ON operations(owner, created_at DESC, operation_id)",
+            "DROP INDEX operations_one_per_job",
+            "CREATE UNIQUE INDEX operations_one_per_job ON operations"
+            "(provider, account_context, provider_job_id, owner) "
+            "WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL",
+        ),
+    ),
     Migration(
         9,
         "webhook events and wake-ups",
@@ -240,8 +255,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX operations_by_provider_job ON operations(provider, provider_job_id)",
         ),
     ),
+    # SQLite step 12: when the submission request was sent.
+    Migration(
+        12, "submission request time", ("ALTER TABLE operations ADD COLUMN submit_sent_at double precision",)
+    ),
 )
 
-LATEST = MIGRATIONS[-1].number
+LATEST = max(step.number for step in MIGRATIONS)
 
+# The highest step run, and every step run by number (`pollwarden.store.schema_steps`: a step may ship late).
 VERSION_TABLE = "CREATE TABLE IF NOT EXISTS pollwarden_schema (version integer NOT NULL)"
+STEPS_TABLE = "CREATE TABLE IF NOT EXISTS pollwarden_schema_steps (number integer PRIMARY KEY)"
+STATE_TABLES = (
+    "SELECT to_regclass('pollwarden_schema') IS NOT NULL, to_regclass('pollwarden_schema_steps') IS NOT NULL"
+)

@@ -31,12 +31,20 @@ ANY_PENDING_REFUSALS_OF = (
 _LIST = (
     f"SELECT {OPERATION_ROW} FROM operations {{where}} ORDER BY created_at DESC, operation_id LIMIT %(limit)s"
 )
-LIST_OPERATIONS = _LIST.format(where="")
-LIST_OPERATIONS_BY_STATUS = _LIST.format(where="WHERE status = %(status)s")
-LIST_OPERATIONS_BY_PROVIDER = _LIST.format(where="WHERE provider = %(provider)s")
-LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = _LIST.format(
-    where="WHERE status = %(status)s AND provider = %(provider)s"
-)
+_LIST_FILTERS = {
+    "status": "status = %(status)s",
+    "provider": "provider = %(provider)s",
+    "owner": "owner = %(owner)s",
+}
+
+
+@cache
+def list_operations(*filters: str) -> str:
+    """The listing with these filters (names from `_LIST_FILTERS`, in that order)."""
+    where = " AND ".join(_LIST_FILTERS[f] for f in filters)
+    return _LIST.format(where=f"WHERE {where}" if where else "")
+
+
 COUNT_OPERATIONS = "SELECT count(*) FROM operations"
 LIST_BY_FINGERPRINT = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(fingerprint)s "
@@ -49,12 +57,39 @@ INSERT_OPERATION = (
     f"ON CONFLICT DO NOTHING RETURNING {OPERATION_ROW}"  # the id, or the job (one job, one budget)
 )
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity); the partial UNIQUE
-# index operations_one_per_job serves it and makes a second holder impossible.
+# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
+# (issue 19: principals never see each other's operations); the partial UNIQUE index
+# operations_one_per_job serves it and makes a second holder impossible.
 SELECT_JOB_OWNER = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE provider = %(provider)s "
     "AND account_context = %(account_context)s AND provider_job_id = %(provider_job_id)s "
-    "AND duplicate_of IS NULL"
+    "AND duplicate_of IS NULL AND owner = %(owner)s"
+)
+
+# Fair shares (issue 19): the future fleet slots one principal holds for a provider (read with the
+# provider's pace row locked, which every booking takes first).
+PRINCIPAL_BOOKED_SLOTS = (
+    "SELECT count(*), min(fleet_slot_at) FROM operations WHERE provider = %(provider)s "
+    "AND owner = %(owner)s AND fleet_slot_at > %(now)s AND status = 'waiting' "
+    "AND operation_id <> %(operation_id)s"
+)
+COUNT_ACTIVE_OF_OWNER = (
+    "SELECT count(*) FROM operations WHERE owner = %(owner)s AND status IN ('waiting', 'submitting')"
+)
+COUNT_CREATED_SINCE_BY_OWNER = (
+    "SELECT count(*) FROM operations WHERE owner = %(owner)s AND created_at > %(since)s"
+)
+
+# One payload in flight is one job (pollwarden.job_identity). Submissions of one payload take this
+# transaction-scoped lock before they look for an operation of it in flight and insert, so two
+# processes starting it at once make one operation. The two-key form keeps it apart from the
+# migration lock's one-key space; the first key is "poll".
+LOCK_PAYLOAD = "SELECT pg_advisory_xact_lock(1886350444, hashtext(%(request_fingerprint)s))"
+SELECT_PAYLOAD_IN_FLIGHT = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(request_fingerprint)s "
+    "AND owner = %(owner)s "
+    "AND status IN ('submitting', 'waiting') AND submit_payload_json IS NOT NULL AND duplicate_of IS NULL "
+    "ORDER BY created_at DESC, operation_id LIMIT 1"
 )
 
 # The reservation as one statement: the gate's conditions again (pollwarden.stop's), and the version it read.
@@ -90,10 +125,12 @@ _WRITABLE = tuple(sorted(MUTABLE_COLUMNS | {"extensions_used"}))
 
 
 @cache
-def write_operation(columns: tuple[str, ...], reset_refusals: bool) -> str:
+def write_operation(columns: tuple[str, ...], reset_refusals: bool, *, unlocked: bool = False) -> str:
     """`UPDATE operations SET <columns>` guarded by the version read under the row lock.
 
-    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`.
+    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`. `unlocked`: the row
+    was not read under this transaction's lock; the guard also states what the write assumes of it
+    (the lease `owner` holds it, no refused calls counted since).
     """
     unknown = [c for c in columns if c not in _WRITABLE]
     if unknown:
@@ -104,6 +141,7 @@ def write_operation(columns: tuple[str, ...], reset_refusals: bool) -> str:
     return (
         f"UPDATE operations SET {sets}version = %(new_version)s, updated_at = %(at)s "
         "WHERE operation_id = %(operation_id)s AND version = %(version)s"
+        + (" AND lease_owner = %(owner)s AND refused_count = 0" if unlocked else "")
     )
 
 

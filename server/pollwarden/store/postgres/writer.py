@@ -71,10 +71,14 @@ class Writer:
         self._head_read = True
         return None if int(head[0]) == 0 else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
 
-    async def append(self, entry: AuditEvent) -> None:
-        """Append one row to the chain after the head (one chain for every process)."""
+    async def append(self, entry: AuditEvent, *, unread: bool = False) -> None:
+        """Append one row to the chain after the head (one chain for every process).
+
+        `unread` (unkeyed only): append without reading the head first; a keyed head then fails the
+        statement's guard instead of raising `AuditKeyError` (the caller retries on the locked path).
+        """
         if self._key is None:
-            if not self._head_read:
+            if not self._head_read and not unread:
                 head = await self._read_head()
                 problem = None if head is None else key_mismatch(head.seq, head.keyed, None)
                 if problem is not None:
@@ -99,9 +103,13 @@ class Writer:
         return True
 
     async def write(
-        self, current: StoredOperation, changes: Mapping[str, Any], *, at: float
+        self, current: StoredOperation, changes: Mapping[str, Any], *, at: float, owner: str | None = None
     ) -> OperationRecord:
-        """Write `changes` to the locked operation (version + 1); the new record."""
+        """Write `changes` to the locked operation (version + 1); the new record.
+
+        With `owner`, the row need not be locked: the write holds only if the row is still at the
+        version read, leased by `owner`, with no refused calls counted (else the transaction fails).
+        """
         before = current.record
         op_id = before.operation_id
         reset = op_id in self._unreset
@@ -109,7 +117,9 @@ class Writer:
         columns = tuple(changes)
         params: dict[str, object] = {f"c_{c}": v for c, v in changes.items()}
         params.update(operation_id=op_id, version=before.version, new_version=before.version + 1, at=at)
-        update = sql.write_operation(columns, reset)
+        if owner is not None:
+            params["owner"] = owner
+        update = sql.write_operation(columns, reset, unlocked=owner is not None)
         await self.tx.queue(_GUARDED.format(update=update), params)
         return dataclasses.replace(before, **changes, version=before.version + 1, updated_at=at)
 

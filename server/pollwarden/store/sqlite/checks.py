@@ -49,6 +49,7 @@ def begin_check(
     clock: Callable[[], float] | None = None,
     accounts: Mapping[str, str] | None = None,
     needs_person: frozenset[str] = frozenset(),
+    fleet_slots: int | None = None,
 ) -> CheckStart | None:
     """Decide one round of check_status and write what it decided; None when there is no such operation.
 
@@ -68,7 +69,7 @@ def begin_check(
     try:
         with session.transaction(durable=_durable(decision, current)):
             now = clock() if clock is not None else now
-            return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key)
+            return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key, fleet_slots)
     except _Stale:
         pass
     # Another process moved first: decide again with the write lock held, where nothing can change.
@@ -80,7 +81,7 @@ def begin_check(
         )
         if not decision.writes:
             return CheckStart(current.record, decision)
-        return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key)
+        return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key, fleet_slots)
 
 
 def _decide(
@@ -128,6 +129,7 @@ def _carry_out(
     lease_seconds: float,
     fleets: Mapping[str, FleetSpec | None],
     key: bytes | None,
+    fleet_slots: int | None = None,
 ) -> CheckStart:
     conn = session.conn
     record = current.record
@@ -145,7 +147,7 @@ def _carry_out(
             record.fleet_slot_at, now=now, rate=fleet.max_requests_per_second
         )
         if not held:
-            booked = _pace(session, record, fleet, now)
+            booked = _pace(session, record, fleet, now, fleet_slots)
             if booked is not None:
                 return CheckStart(booked, GateDecision(Step.PACED, allowed_at=booked.next_check_at))
     reserved = _written(
@@ -166,13 +168,37 @@ def _carry_out(
     return CheckStart(reserved, decision)
 
 
-def _pace(session: Session, record: OperationRecord, fleet: FleetSpec, now: float) -> OperationRecord | None:
-    """Take the provider's shared pace; when it is used up, book the next free slot (returned)."""
+def _pace(
+    session: Session, record: OperationRecord, fleet: FleetSpec, now: float, fleet_slots: int | None = None
+) -> OperationRecord | None:
+    """Take the provider's shared pace; when it is used up, book the next free slot (returned).
+
+    Fair shares (`fleet_slots`): while the pace is used up, one principal holds at
+    most that many booked slots of it; its other checks wait for the earliest of
+    them (nothing taken from the pace), so another principal's check books the
+    next free slot behind at most that many.
+    """
     conn = session.conn
     row = conn.execute(queries.SELECT_FLEET_TAT, (record.provider,)).fetchone()
     step = pace(
         None if row is None else float(row[0]), now=now, rate=fleet.max_requests_per_second, burst=fleet.burst
     )
+    if not step.admitted and fleet_slots is not None:
+        held = {
+            "provider": record.provider,
+            "owner": record.owner,
+            "now": now,
+            "operation_id": record.operation_id,
+        }
+        count, earliest = conn.execute(queries.PRINCIPAL_BOOKED_SLOTS, held).fetchone()
+        if int(count) >= fleet_slots and earliest is not None:
+            wait = {
+                "at": float(earliest),
+                "now": now,
+                "operation_id": record.operation_id,
+                "version": record.version,
+            }
+            return _written(session, queries.WAIT_FOR_OWN_SLOT, wait)
     conn.execute(queries.UPSERT_FLEET_TAT, (record.provider, step.next_tat))
     if step.admitted:
         return None

@@ -8,19 +8,22 @@ readers see the last commit and never wait for a writer).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
 import anyio
 
+from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
+from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.sqlite import checks, queries, rows, wakes, writes
+from pollwarden.store.sqlite import browse, checks, queries, rows, wakes, writes
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
+from pollwarden.timefmt import iso
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
 from pollwarden_providers.table import FleetSpec
 
@@ -55,18 +58,18 @@ class SQLiteStore:
         return await self._db.run(work)
 
     async def list_operations(
-        self, *, status: str | None = None, provider: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        provider: str | None = None,
+        limit: int = 50,
+        owner: str | None = None,
     ) -> list[OperationRecord]:
-        """Most recent operations first."""
-        if status is not None and provider is not None:
-            sql = queries.LIST_OPERATIONS_BY_STATUS_AND_PROVIDER
-        elif status is not None:
-            sql = queries.LIST_OPERATIONS_BY_STATUS
-        elif provider is not None:
-            sql = queries.LIST_OPERATIONS_BY_PROVIDER
-        else:
-            sql = queries.LIST_OPERATIONS
-        params = {"status": status, "provider": provider, "limit": limit}
+        """Most recent operations first (only `owner`'s when given)."""
+        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
+        sql = queries.list_operations(
+            *(name for name in ("status", "provider", "owner") if params[name] is not None)
+        )
 
         def work(s: Session) -> list[OperationRecord]:
             return [rows.stored(row).record for row in s.conn.execute(sql, params).fetchall()]
@@ -125,6 +128,25 @@ class SQLiteStore:
 
         return await self._db.run(work)
 
+    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
+
+    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
+        """One page of the operations matching `filters`, newest first, and how many match."""
+        return await self._db.run(lambda s: browse.operations_page(s.conn, filters, max(1, page), page_size))
+
+    async def operation_facets(self) -> OperationFacets:
+        """Every provider and stop reason some operation has (to filter by)."""
+        return await self._db.run(lambda s: browse.facets(s.conn))
+
+    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
+        """One operation's audit rows in chain order (its story and timeline)."""
+        return await self._db.run(lambda s: browse.audit_rows(s.conn, operation_id))
+
+    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
+        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
+        at = iso(since) or ""
+        return await self._db.run(lambda s: browse.polled_times(s.conn, providers, at))
+
     # -- the check procedure ------------------------------------------------------------------
 
     async def begin_check(
@@ -140,6 +162,7 @@ class SQLiteStore:
         clock: Callable[[], float] | None = None,
         accounts: Mapping[str, str] | None = None,
         needs_person: frozenset[str] = frozenset(),
+        fleet_slots: int | None = None,
     ) -> CheckStart | None:
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
@@ -156,8 +179,19 @@ class SQLiteStore:
                 key=self._key,
                 clock=clock,
                 accounts=accounts,
+                fleet_slots=fleet_slots,
             )
         )
+
+    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
+        """(active operations, operations created after `since`) of one principal."""
+
+        def work(s: Session) -> tuple[int, int]:
+            active = s.conn.execute(queries.COUNT_ACTIVE_OF_OWNER, (owner,)).fetchone()
+            started = s.conn.execute(queries.COUNT_CREATED_SINCE_BY_OWNER, (owner, since)).fetchone()
+            return int(active[0]), int(started[0])
+
+        return await self._db.run(work)
 
     async def apply_answer(
         self,

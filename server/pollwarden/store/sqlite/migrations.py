@@ -9,6 +9,10 @@ spelling out the vocabulary (`pollwarden.vocabulary`; a test compares the two),
 names the refusal counters for what they count, and adds the indexes that keep
 listing and scanning flat at 100,000 operations; step 6 rebuilds it again for
 two new stop reasons and makes a job belong to one operation.
+
+Steps run in number order, but a step may ship after a higher one did (step 8
+after 9): the `schema_steps` table records which steps ran, and
+`pollwarden.store.schema_steps` says which are still to run.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from pollwarden.errors import StoreError
+from pollwarden.store import schema_steps
 
 
 @dataclass(frozen=True)
@@ -369,6 +374,20 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     CREATE INDEX operations_by_fingerprint ON operations(request_fingerprint, created_at DESC);
     """,
     ),
+    # Issue 19: every operation belongs to a principal (stdio and earlier rows: the local user).
+    # Per-principal ids are kept unique by the stored id itself (`pollwarden.ownership`); one job,
+    # one budget holds per principal, since no principal may see another's operation.
+    Migration(
+        8,
+        "operation owners",
+        """
+    ALTER TABLE operations ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
+    CREATE INDEX operations_by_owner ON operations(owner, created_at DESC, operation_id);
+    DROP INDEX operations_one_per_job;
+    CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id, owner)
+        WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL;
+    """,
+    ),
     # Signed provider webhooks (issue 21): the event ids seen (a replay is acknowledged and
     # ignored; rows older than the replay window are pruned), the time a webhook last brought
     # an operation's next check forward (a column of its own, so `delay_source` keeps its CHECK
@@ -388,13 +407,24 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     CREATE INDEX operations_by_provider_job ON operations(provider, provider_job_id);
     """,
     ),
+    # When the submission request was sent, kept beside the status requests' request_sent_at.
+    Migration(
+        12,
+        "submission request time",
+        """
+    ALTER TABLE operations ADD COLUMN submit_sent_at REAL;
+    """,
+    ),
 )
 
-LATEST = MIGRATIONS[-1].number
+LATEST = max(step.number for step in MIGRATIONS)
+
+# The steps a database ran, by number (`pollwarden.store.schema_steps`: a step may ship late).
+STEPS_TABLE = "CREATE TABLE IF NOT EXISTS schema_steps (number INTEGER PRIMARY KEY)"
 
 
 def schema_version(conn: sqlite3.Connection) -> int:
-    """The database's `user_version`: how many steps it has run."""
+    """The database's `user_version`: the highest step it has run (`schema_steps` says which ones)."""
     row = conn.execute("PRAGMA user_version").fetchone()
     return int(row[0]) if row else 0
 
@@ -419,10 +449,18 @@ def migrate(conn: sqlite3.Connection) -> None:
                     f"the database is at schema version {current}, newer than this pollwarden knows "
                     f"({LATEST}); upgrade pollwarden, or point --db at another file"
                 )
-            for step in (s for s in MIGRATIONS if s.number > current):  # numbers may have gaps (reserved)
+            recorded = _recorded(conn)
+            numbers = [step.number for step in MIGRATIONS]
+            todo = schema_steps.pending(numbers, version=current, recorded=recorded)
+            conn.execute(STEPS_TABLE)
+            if recorded is None:  # the record starts with what the database ran before it kept one
+                ran = [(n,) for n in numbers if n not in todo]
+                conn.executemany("INSERT INTO schema_steps (number) VALUES (?)", ran)
+            for step in sorted((s for s in MIGRATIONS if s.number in todo), key=lambda s: s.number):
                 for statement in split_sql(step.script):
                     conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {step.number}")
+                conn.execute("INSERT INTO schema_steps (number) VALUES (?)", (step.number,))
+                conn.execute(f"PRAGMA user_version = {max(step.number, schema_version(conn))}")
             broken = conn.execute("PRAGMA foreign_key_check").fetchall()
             if broken:
                 raise StoreError(f"migration left rows without their operation: {broken[:5]}")
@@ -432,6 +470,23 @@ def migrate(conn: sqlite3.Connection) -> None:
             raise
     finally:
         conn.execute("PRAGMA foreign_keys = ON")
+
+
+def _recorded(conn: sqlite3.Connection) -> set[int] | None:
+    """The step numbers this database recorded running, or None before it kept a record (never empty)."""
+    if (
+        conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_steps'").fetchone()
+        is None
+    ):
+        return None
+    return {int(row[0]) for row in conn.execute("SELECT number FROM schema_steps")} or None
+
+
+def up_to_date(conn: sqlite3.Connection) -> bool:
+    """Whether the database has run every step this pollwarden knows (late ones included)."""
+    recorded = _recorded(conn)
+    numbers = [s.number for s in MIGRATIONS]
+    return not schema_steps.pending(numbers, version=schema_version(conn), recorded=recorded)
 
 
 def split_sql(script: str) -> list[str]:

@@ -16,7 +16,7 @@ from pollwarden.audit import AuditKeyError
 from pollwarden.errors import StoreError
 from pollwarden.store.sqlite import queries, writes
 from pollwarden.store.sqlite.connection import Database, Session
-from pollwarden.store.sqlite.migrations import LATEST, schema_version
+from pollwarden.store.sqlite.migrations import up_to_date
 
 
 def flush_refusals_before_reading(path: Path, *, audit_key: bytes | None, busy_timeout: float) -> str | None:
@@ -31,7 +31,7 @@ def flush_refusals_before_reading(path: Path, *, audit_key: bytes | None, busy_t
     except sqlite3.Error as exc:
         return f"cannot write to {path} ({exc})"
     try:
-        if schema_version(conn) != LATEST:
+        if not up_to_date(conn):
             return None  # an older file: a server summarises its refusals when it opens it
         conn.execute(queries.busy_timeout(busy_timeout))
         conn.execute(queries.SYNCHRONOUS_FULL)

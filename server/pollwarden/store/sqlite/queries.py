@@ -10,6 +10,7 @@ names (`update_operation`), never from text a caller passes in.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from functools import cache
 
@@ -45,10 +46,20 @@ SELECT_OPERATION = f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id =
 _LIST = (
     f"SELECT {OPERATION_ROW} FROM operations {{where}} ORDER BY created_at DESC, operation_id LIMIT :limit"
 )
-LIST_OPERATIONS = _LIST.format(where="")
-LIST_OPERATIONS_BY_STATUS = _LIST.format(where="WHERE status = :status")
-LIST_OPERATIONS_BY_PROVIDER = _LIST.format(where="WHERE provider = :provider")
-LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = _LIST.format(where="WHERE status = :status AND provider = :provider")
+_LIST_FILTERS = {"status": "status = :status", "provider": "provider = :provider", "owner": "owner = :owner"}
+
+
+@cache
+def list_operations(*filters: str) -> str:
+    """The listing with these filters (names from `_LIST_FILTERS`, in that order)."""
+    where = " AND ".join(_LIST_FILTERS[f] for f in filters)
+    return _LIST.format(where=f"WHERE {where}" if where else "")
+
+
+LIST_OPERATIONS = list_operations()
+LIST_OPERATIONS_BY_STATUS = list_operations("status")
+LIST_OPERATIONS_BY_PROVIDER = list_operations("provider")
+LIST_OPERATIONS_BY_STATUS_AND_PROVIDER = list_operations("status", "provider")
 
 COUNT_OPERATIONS = "SELECT count(*) FROM operations"
 
@@ -79,18 +90,32 @@ NEW_OPERATION_COLUMNS = (
     "created_at",
     "updated_at",
     "resubmission_of",
+    "owner",
 )
+# New columns a caller may leave out: a new operation is no resubmission unless it says so, and a
+# caller that names no principal acts for the local user (both engines).
+OPTIONAL_NEW_COLUMNS: Mapping[str, object] = {"resubmission_of": None, "owner": "local"}
 INSERT_OPERATION = (
     f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in NEW_OPERATION_COLUMNS)}) "
     f"ON CONFLICT (operation_id) DO NOTHING RETURNING {OPERATION_ROW}"
 )
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity). Served by the
-# partial UNIQUE index operations_one_per_job, whose condition this WHERE repeats.
+# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
+# (issue 19: principals never see each other's operations). Served by the partial UNIQUE index
+# operations_one_per_job, whose condition this WHERE repeats.
 SELECT_JOB_OWNER = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE provider = :provider AND account_context = :account_context "
-    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL"
+    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL AND owner = :owner"
+)
+
+# The latest operation of a payload still in flight (pollwarden.job_identity: one payload in flight is one
+# job): submitting (held for a person too) or waiting; the principal's own (issue 19: principals never see
+# each other's operations). Served by operations_by_fingerprint.
+SELECT_PAYLOAD_IN_FLIGHT = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = :request_fingerprint AND owner = :owner "
+    "AND status IN ('submitting', 'waiting') AND submit_payload_json IS NOT NULL AND duplicate_of IS NULL "
+    "ORDER BY created_at DESC, operation_id LIMIT 1"
 )
 
 # An operator reopens a refused operation (pollwarden reopen): only as it was shown to them.
@@ -118,6 +143,22 @@ BOOK_FLEET_SLOT = (
     "delay_source = 'fleet_pacing', version = version + 1, updated_at = :now "
     f"WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' RETURNING {OPERATION_ROW}"
 )
+
+# Fair shares (issue 19): the future fleet slots one principal holds for a provider, and the
+# check that waits for the earliest of them instead of booking one more.
+PRINCIPAL_BOOKED_SLOTS = (
+    "SELECT count(*), min(fleet_slot_at) FROM operations WHERE provider = :provider AND owner = :owner "
+    "AND fleet_slot_at > :now AND status = 'waiting' AND operation_id <> :operation_id"
+)
+WAIT_FOR_OWN_SLOT = (
+    "UPDATE operations SET fleet_slot_at = NULL, next_check_at = :at, "
+    "delay_source = 'fleet_pacing', version = version + 1, updated_at = :now "
+    f"WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' RETURNING {OPERATION_ROW}"
+)
+COUNT_ACTIVE_OF_OWNER = (
+    "SELECT count(*) FROM operations WHERE owner = ? AND status IN ('waiting', 'submitting')"
+)
+COUNT_CREATED_SINCE_BY_OWNER = "SELECT count(*) FROM operations WHERE owner = ? AND created_at > ?"
 
 # The gate's STOP (deadline passed, budget used): only while no live request holds the lease.
 STOP_BEFORE_REQUEST = (
@@ -150,14 +191,14 @@ RESET_REFUSALS = (
 # A resubmission a person has not approved is never claimed for sending.
 _NOT_HELD = "AND (resubmission_of IS NULL OR resubmission_approved_by IS NOT NULL) "
 CLAIM_SUBMISSION = (
-    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, "
+    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, submit_sent_at = :now, "
     "version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND status = 'submitting' AND lease_owner IS NULL "
     f"{_NOT_HELD}RETURNING {OPERATION_ROW}"
 )
 # With idempotency an expired lease (a call that died mid-send) may be taken over: a resend is safe.
 CLAIM_SUBMISSION_TAKING_OVER = (
-    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, "
+    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, submit_sent_at = :now, "
     "version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND status = 'submitting' "
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) {_NOT_HELD}RETURNING {OPERATION_ROW}"

@@ -26,9 +26,6 @@ from pollwarden.vocabulary import (
     FollowupStatus,
 )
 
-# New columns a caller may leave out: a new operation is no resubmission unless it says so.
-OPTIONAL_NEW_COLUMNS: Mapping[str, object] = {"resubmission_of": None}
-
 
 def create_operation(
     session: Session, values: Mapping[str, object], *, kind: str, at: float, key: bytes | None
@@ -36,12 +33,13 @@ def create_operation(
     """Insert the record and its first audit row unless the id or the job exists; (record, created).
 
     When the id exists, that operation is returned. When the job (provider,
-    account context, provider job id) is another operation's, that operation is
-    returned: its `operation_id` differs from the one asked for, and nothing is
-    created (pollwarden.job_identity). The first audit row names the account
+    account context, provider job id) is another operation's, or the submission's
+    payload (its request fingerprint) is still in flight under another, that
+    operation is returned: its `operation_id` differs from the one asked for, and
+    nothing is created (pollwarden.job_identity). The first audit row names the account
     context's origin and credential variable.
     """
-    values = {**OPTIONAL_NEW_COLUMNS, **values}
+    values = {**queries.OPTIONAL_NEW_COLUMNS, **values}
     missing = set(queries.NEW_OPERATION_COLUMNS) - set(values)
     extra = set(values) - set(queries.NEW_OPERATION_COLUMNS)
     if missing or extra:
@@ -53,9 +51,20 @@ def create_operation(
         if same_id is not None:
             return same_id.record, False
         if values["provider_job_id"] is not None:
-            owner = _job_owner(conn, values["provider"], values["account_context"], values["provider_job_id"])
+            owner = _job_owner(
+                conn,
+                values["provider"],
+                values["account_context"],
+                values["provider_job_id"],
+                values["owner"],
+            )
             if owner is not None:
                 return owner, False
+        if values["submit_payload_json"] is not None:
+            params = {"request_fingerprint": values["request_fingerprint"], "owner": values["owner"]}
+            in_flight = rows.returned(conn.execute(queries.SELECT_PAYLOAD_IN_FLIGHT, params))
+            if in_flight is not None:
+                return in_flight.record, False
         created = rows.returned(conn.execute(queries.INSERT_OPERATION, dict(values)))
         if created is None:
             return rows.must_fetch(conn, str(values["operation_id"])).record, False
@@ -70,10 +79,10 @@ def create_operation(
 
 
 def _job_owner(
-    conn: sqlite3.Connection, provider: object, account: object, job_id: object
+    conn: sqlite3.Connection, provider: object, account: object, job_id: object, principal: object
 ) -> OperationRecord | None:
-    """The operation holding this job (one job, one budget), or None."""
-    params = {"provider": provider, "account_context": account, "provider_job_id": job_id}
+    """The operation holding this job for `principal` (one job, one budget), or None."""
+    params = {"provider": provider, "account_context": account, "provider_job_id": job_id, "owner": principal}
     row = conn.execute(queries.SELECT_JOB_OWNER, params).fetchone()
     return None if row is None else rows.stored(row).record
 
@@ -135,7 +144,7 @@ def finish_submission(
         if job_id is not None:
             # The provider named a job another operation holds: this submission adopts nothing.
             current = rows.must_fetch(conn, operation_id).record
-            holder = _job_owner(conn, current.provider, current.account_context, job_id)
+            holder = _job_owner(conn, current.provider, current.account_context, job_id, current.owner)
             if holder is not None and holder.operation_id != operation_id:
                 kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
                 released = {**kept, **duplicate_changes(holder.operation_id, str(job_id), at=at)}
