@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from harness import base_table, merge
+from harness import base_table, merge, operation_record
 from pollwarden.audit import read_rows, verify_chain
 from pollwarden.clock import FakeClock
 from pollwarden.config import ServerConfig
@@ -198,35 +198,28 @@ def tables(draw: st.DrawFn) -> ProviderTable:
 
 def make_record(**values: Any) -> OperationRecord:
     """A waiting record with this request already counted (as decide sees it under the lease)."""
-    known: dict[str, Any] = {
+    under_lease: dict[str, Any] = {
         "operation_id": "op-prop",
-        "provider": "acme",
         "provider_job_id": "job-prop",
-        "account_context": "http://127.0.0.1:9 as anonymous",
         "request_fingerprint": "0" * 64,
-        "idempotency_key": None,
-        "expected_terminal_state": "succeeded",
-        "status": "waiting",
+        "stop_reason": None,
+        "state": None,
+        "category": None,
         "started_at": T0,
         "deadline_at": T0 + 2400,
-        "max_status_requests": 12,
-        "max_transport_failures": 3,
-        "max_rate_limited": 3,
         "status_requests_used": 1,
-        "transport_failures_used": 0,
-        "rate_limited_used": 0,
         "polls_completed": 0,
         "next_check_at": T0 + 5,
-        "delay_source": "local_backoff",
+        "last_http_status": None,
+        "last_http_at": None,
         "lease_owner": "me",
         "lease_expires_at": T0 + 60,
-        "extensions_used": 0,
+        "stopped_at": None,
         "created_at": T0,
         "updated_at": T0,
         "version": 2,
     }
-    known.update(values)
-    return OperationRecord(**{f.name: known.get(f.name) for f in dataclasses.fields(OperationRecord)})
+    return operation_record(**{**under_lease, **values})
 
 
 @st.composite
