@@ -35,6 +35,7 @@ from pollwarden_providers.interpret import (
     get_field,
     parse_json_object,
     parse_retry_after,
+    rate_limited_refusal,
     read_request_id,
 )
 from pollwarden_providers.request_building import (
@@ -172,7 +173,10 @@ def decide_after_submit(
     def stopped(why: Stop) -> SubmitOutcome:
         return _submit_stopped(why, at=now, http_status=code, rejected=rejected)
 
-    sorted_as = sort_status(code)
+    # A 403 carrying the table's rate-limit signal (GitHub's secondary limit) is a limit, not a refusal,
+    # on a submission as on a status request.
+    limit_signal = rate_limited_refusal(table, answer.headers, answer.body) if code == 403 else None
+    sorted_as = sort_status(code, rate_limit_403=limit_signal is not None)
     if sorted_as == StatusClass.REFUSED:
         return stopped(stop.credentials_refused(code, where=" on submission"))
     if sorted_as == StatusClass.REDIRECT:
@@ -189,7 +193,8 @@ def decide_after_submit(
             rng,
             at=now,
             changes={"rate_limited_used": used, "last_http_status": code, "last_http_at": now},
-            what=f"the provider answered 429 (rate limited, {used} of {record.max_rate_limited})",
+            what=f"the provider answered {code} (rate limited{f', {limit_signal}' if limit_signal else ''}, "
+            f"{used} of {record.max_rate_limited})",
             resend="sends it again",
             attempt=used,
             retry_after=retry_after.seconds,

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from pollwarden import stop
 from pollwarden.approval_flow import Approver, No
 from pollwarden.approvals import (
     check_operator_decision,
@@ -21,7 +22,7 @@ from pollwarden.approvals import (
 )
 from pollwarden.controller import Controller
 from pollwarden.decide import NoAnswer, UnusableAnswer
-from pollwarden.job_identity import account_changed_detail, account_context_of
+from pollwarden.job_identity import account_context_of
 from pollwarden.operator_keys import METHOD_ELICITATION
 from pollwarden.records import OperationRecord
 from pollwarden.stored_result import decode_result
@@ -325,10 +326,10 @@ async def send_cancel(
             "The approval is void: the operation changed after the person was asked. Ask again if still needed.",
             approval_id=approval_id,
         )
-    current = account_context_of(table)
-    if current != record.account_context:
+    changed = stop.account_context_changed(record, account_context_of(table))
+    if changed is not None:
         # As the gate does for a status request: nothing is sent under another account (issue 12.7).
-        detail = account_changed_detail(record.account_context, current)
+        detail = changed.detail
         now = controller.clock.now()
         if approval_id is not None:
             await controller.store.close_approval(

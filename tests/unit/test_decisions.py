@@ -520,6 +520,20 @@ def test_each_submit_answer_leads_to_the_documented_outcome(case: SubmitCase) ->
         assert changes["delay_source"] == case.delay_source
 
 
+def test_a_403_submit_answer_with_the_tables_rate_limit_signal_is_tried_again_later_not_a_refusal() -> None:
+    table = provider_table(RATE_LIMIT_TABLE)
+    limited = decide_after_submit(
+        _submitting(), table, _answer(403, x_ratelimit_remaining="0"), rng=SteppedRandom(0.5)
+    )
+    assert (limited.kind, limited.stop) == ("submit_unanswered", None)
+    assert "403 (rate limited, x-ratelimit-remaining: 0, 1 of 3)" in limited.note
+    refused = decide_after_submit(
+        _submitting(), table, _answer(403, x_ratelimit_remaining="12"), rng=SteppedRandom(0.5)
+    )
+    assert refused.stop is not None
+    assert refused.stop.reason == StopReason.AUTHORIZATION_DENIED
+
+
 @pytest.mark.parametrize(
     ("name", "changes", "expected"),
     [
