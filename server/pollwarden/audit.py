@@ -514,6 +514,21 @@ def verify_chain(
     )
 
 
+def refuse_unless_rekeyable(result: VerifyResult) -> None:
+    """Raise AuditKeyError unless a verified chain may be re-keyed: not empty, intact, not keyed yet."""
+    if result.rows_checked == 0 and result.ok:
+        raise AuditKeyError(
+            "the audit chain is empty: a server with the key starts it keyed; nothing to re-key"
+        )
+    if not result.ok:
+        keyed = result.problem is not None and "is keyed" in result.problem
+        raise AuditKeyError(
+            "the audit chain is already keyed; nothing to re-key"
+            if keyed
+            else f"refusing to re-key a broken chain (seq {result.first_broken_seq}: {result.problem})"
+        )
+
+
 def rekey_chain(db_path: Path | str | DatabaseLocation, key: bytes, *, by: str, at: datetime) -> int:
     """Start keying an unkeyed chain: verify it, then append the keyed re-key row; return its seq.
 
@@ -535,17 +550,7 @@ def rekey_chain(db_path: Path | str | DatabaseLocation, key: bytes, *, by: str, 
         conn.execute("BEGIN IMMEDIATE")
         try:
             result = verify_chain(db_path, None)
-            if result.rows_checked == 0 and result.ok:
-                raise AuditKeyError(
-                    "the audit chain is empty: a server with the key starts it keyed; nothing to re-key"
-                )
-            if not result.ok:
-                keyed = result.problem is not None and "is keyed" in result.problem
-                raise AuditKeyError(
-                    "the audit chain is already keyed; nothing to re-key"
-                    if keyed
-                    else f"refusing to re-key a broken chain (seq {result.first_broken_seq}: {result.problem})"
-                )
+            refuse_unless_rekeyable(result)
             seq = append_audit(
                 conn,
                 operation_id=REKEY_OPERATION,

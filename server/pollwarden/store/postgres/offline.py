@@ -16,7 +16,13 @@ import anyio
 import psycopg
 from psycopg.rows import TupleRow
 
-from pollwarden.audit import REKEY_KIND, REKEY_OPERATION, AuditError, AuditKeyError, verify_chain
+from pollwarden.audit import (
+    REKEY_KIND,
+    REKEY_OPERATION,
+    AuditError,
+    refuse_unless_rekeyable,
+    verify_chain,
+)
 from pollwarden.audit_entry import ChainHead, chain_row
 from pollwarden.errors import StoreError
 from pollwarden.store.location import DatabaseLocation
@@ -61,17 +67,7 @@ def rekey(location: DatabaseLocation, key: bytes, *, by: str, at: datetime) -> i
         if head is None:
             raise AuditError(f"no audit head in {location.display}")
         result = verify_chain(location, None)
-        if result.rows_checked == 0 and result.ok:
-            raise AuditKeyError(
-                "the audit chain is empty: a server with the key starts it keyed; nothing to re-key"
-            )
-        if not result.ok:
-            keyed = result.problem is not None and "is keyed" in result.problem
-            raise AuditKeyError(
-                "the audit chain is already keyed; nothing to re-key"
-                if keyed
-                else f"refusing to re-key a broken chain (seq {result.first_broken_seq}: {result.problem})"
-            )
+        refuse_unless_rekeyable(result)
         row = chain_row(
             ChainHead(int(head[0]), str(head[1]), bool(head[2])),
             operation_id=REKEY_OPERATION,
