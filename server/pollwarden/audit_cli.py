@@ -32,10 +32,10 @@ from pollwarden.audit import (
     read_anchor,
     read_rows,
     rekey_chain,
-    render_story,
     verify_chain,
     write_anchor,
 )
+from pollwarden.audit_story import render_story
 from pollwarden.cli_options import (
     add_database_options,
     database_from,

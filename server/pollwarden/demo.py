@@ -15,7 +15,8 @@ from typing import Any
 import anyio
 from mcp.client import Client
 
-from pollwarden.audit import read_rows, render_story, verify_chain
+from pollwarden.audit import read_rows, verify_chain
+from pollwarden.audit_story import render_story
 from pollwarden.config import ServerConfig
 from pollwarden.demo_provider import http, pending, running_demo_provider, succeeded
 from pollwarden.server import build_server, controller_factory

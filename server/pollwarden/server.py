@@ -60,7 +60,8 @@ from pollwarden.asking import (
     run_tool,
     settle_tool,
 )
-from pollwarden.audit import audit_key_from_env, key_problem, read_rows, render_story
+from pollwarden.audit import audit_key_from_env, key_problem, read_rows
+from pollwarden.audit_story import render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from harness import Harness, Operator, db_rows, db_write, make_harness, make_operator, view
-from pollwarden.audit import read_rows, render_story
+from pollwarden.audit import read_rows
+from pollwarden.audit_story import render_story
 from pollwarden.clock import FakeClock
 from pollwarden.operator_keys import REQUIRE_ENV, load_operator_key
 from tests.support.fake_provider import FakeProvider, pending

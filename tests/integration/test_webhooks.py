@@ -23,7 +23,8 @@ import pytest
 import uvicorn
 
 from harness import Harness, check, db_rows, make_harness, merge, track, view
-from pollwarden.audit import read_rows, render_story
+from pollwarden.audit import read_rows
+from pollwarden.audit_story import render_story
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.store import open_store

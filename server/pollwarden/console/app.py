@@ -52,9 +52,9 @@ from pollwarden.audit import (
     describe_mode,
     export_jsonl,
     read_anchor,
-    render_story,
     verify_chain,
 )
+from pollwarden.audit_story import render_story
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console import bearer, charts
