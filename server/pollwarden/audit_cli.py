@@ -3,7 +3,9 @@
 show, export, verify and anchor are offline commands: they read the database
 file read-only (a copy works too) and print to stdout; ``show`` and ``export``
 first write the summary rows of refused calls counted since the last row, when
-the file is writable. rekey is the one that writes a decision: the audited
+the file is writable, and on PostgreSQL ``anchor`` first seals every
+operation's chain (one chain row, `pollwarden.audit_verify`), so the anchor
+covers them. rekey is the one that writes a decision: the audited
 re-key row that lets a keyed server continue a chain that was unkeyed. The HMAC
 key is read from ``POLLWARDEN_AUDIT_KEY`` and is never printed.
 
@@ -25,17 +27,14 @@ from pollwarden.audit import (
     REKEY_KIND,
     AuditError,
     AuditKeyError,
-    VerifyResult,
     audit_key_from_env,
-    describe_mode,
     export_jsonl,
     read_anchor,
     read_rows,
-    rekey_chain,
-    verify_chain,
     write_anchor,
 )
 from pollwarden.audit_story import render_story
+from pollwarden.audit_verify import VerifyResult, describe_mode, rekey_chain, verify_chain
 from pollwarden.cli_options import (
     add_database_options,
     database_from,
@@ -146,6 +145,8 @@ def _anchor(args: argparse.Namespace, db: DatabaseLocation) -> int:
         print(_describe(result))
         print("refusing to anchor a broken chain")
         return EXIT_FAILED
+    if not db.is_sqlite:
+        _seal_first(args, db)
     try:
         anchor = write_anchor(db, out)
     except OSError as exc:
@@ -153,6 +154,22 @@ def _anchor(args: argparse.Namespace, db: DatabaseLocation) -> int:
         return EXIT_USAGE
     print(f"anchored audit head seq {anchor.seq} hash {anchor.hash} at {anchor.at} to {out}")
     return EXIT_OK
+
+
+def _seal_first(args: argparse.Namespace, db: DatabaseLocation) -> None:
+    """On PostgreSQL, seal the operations' chains so the anchor covers their latest rows too."""
+    from pollwarden.store.postgres.offline import seal
+
+    busy_timeout = database_from(args).busy_timeout_seconds
+    sealed, why_not = seal(db, audit_key=audit_key_from_env(), busy_timeout=busy_timeout)
+    if why_not is not None:
+        print(
+            f"pollwarden audit: could not seal the operations' chains first ({why_not}); the anchor covers "
+            "each operation's rows up to the last seal only",
+            file=sys.stderr,
+        )
+    elif sealed:
+        print(f"sealed the audit chains of {sealed} operations")
 
 
 def _add_rekeyed_option(parser: argparse.ArgumentParser) -> None:

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pollwarden.audit import (
+    CHAIN,
     GENESIS_HASH,
+    OPERATION_LINK,
     REKEY_KIND,
     AuditKeyError,
     canonical_json,
     format_timestamp,
-    hashed_middle,
     key_mismatch,
     row_hash,
 )
@@ -147,7 +148,7 @@ def lease_recovered(before: OperationRecord, at: float) -> AuditEvent:
 
 @dataclass(frozen=True)
 class ChainHead:
-    """The last row of the chain, as read inside the appending transaction."""
+    """The last row of the one chain, as read inside the appending transaction (`seq`: its place)."""
 
     seq: int
     hash: str
@@ -155,10 +156,22 @@ class ChainHead:
 
 
 @dataclass(frozen=True)
-class ChainRow:
-    """One audit row ready to insert."""
+class OperationChain:
+    """An operation's own chain as its row records it (PostgreSQL): how many rows, the last one's hash."""
 
-    seq: int
+    rows: int
+    hash: str
+
+
+@dataclass(frozen=True)
+class ChainRow:
+    """One audit row ready to insert: `position` is the number its hash covers (`pollwarden.audit_verify`).
+
+    A chain row's position is its place in the one chain (and its seq, on SQLite); an operation
+    row's, its place among its operation's rows.
+    """
+
+    position: int
     operation_id: str
     at: str
     kind: str
@@ -166,30 +179,11 @@ class ChainRow:
     prev_hash: str
     hash: str
     keyed: bool
-
-
-@dataclass(frozen=True)
-class UnlinkedRow:
-    """One audit row's text before its place in the chain is known (an unkeyed append that the
-    database links and hashes in one statement: `pollwarden.store.postgres.writer`)."""
-
-    operation_id: str
-    at: str
-    kind: str
-    payload: str
-    middle: str
-
-
-def unlinked(entry: AuditEvent) -> UnlinkedRow:
-    """The stored text of `entry` and the seq-free middle of its hashed message (`audit.hashed_middle`)."""
-    at = format_timestamp(to_datetime(entry.at))
-    payload = canonical_json(dict(entry.payload))
-    middle = hashed_middle(operation_id=entry.operation_id, at=at, kind=entry.kind, payload=payload)
-    return UnlinkedRow(entry.operation_id, at, entry.kind, payload, middle)
+    link: str = CHAIN
 
 
 def link(head: ChainHead | None, entry: AuditEvent, *, key: bytes | None) -> ChainRow:
-    """The row that appends `entry` after `head` (None: the chain is empty)."""
+    """The chain row that appends `entry` after `head` (None: the chain is empty)."""
     return chain_row(
         head,
         operation_id=entry.operation_id,
@@ -197,6 +191,37 @@ def link(head: ChainHead | None, entry: AuditEvent, *, key: bytes | None) -> Cha
         kind=entry.kind,
         payload=entry.payload,
         key=key,
+    )
+
+
+def link_in_operation(chain: OperationChain, entry: AuditEvent, *, key: bytes | None) -> ChainRow:
+    """The operation row that appends `entry` after its operation's last row (`chain`, never empty).
+
+    Whether `key` may extend the chain is the caller's to check against the chain's head
+    (`audit.key_mismatch`): an operation's chain is keyed exactly when the one chain is.
+    """
+    at_text = format_timestamp(to_datetime(entry.at))
+    payload_text = canonical_json(dict(entry.payload))
+    position = chain.rows + 1
+    digest = row_hash(
+        prev_hash=chain.hash,
+        seq=position,
+        operation_id=entry.operation_id,
+        at=at_text,
+        kind=entry.kind,
+        payload=payload_text,
+        key=key,
+    )
+    return ChainRow(
+        position,
+        entry.operation_id,
+        at_text,
+        entry.kind,
+        payload_text,
+        chain.hash,
+        digest,
+        key is not None,
+        OPERATION_LINK,
     )
 
 
@@ -209,7 +234,7 @@ def chain_row(
     payload: Mapping[str, object],
     key: bytes | None,
 ) -> ChainRow:
-    """The row that appends one decision after `head`: its seq, the previous hash and its own hash.
+    """The chain row that appends one decision after `head`: its place, the previous hash and its own hash.
 
     `at` must be timezone-aware (``ValueError`` otherwise). Raises `AuditKeyError`
     when the head is keyed and `key` is None (continuing a keyed chain unkeyed
@@ -219,21 +244,21 @@ def chain_row(
     """
     at_text = format_timestamp(at)
     if head is None:
-        seq, prev_hash = 1, GENESIS_HASH
+        position, prev_hash = 1, GENESIS_HASH
     else:
         problem = key_mismatch(head.seq, head.keyed, key)
         # The explicit re-key row is the one keyed row allowed on an unkeyed head.
         if problem is not None and not (kind == REKEY_KIND and key is not None):
             raise AuditKeyError(problem)
-        seq, prev_hash = head.seq + 1, head.hash
+        position, prev_hash = head.seq + 1, head.hash
     payload_text = canonical_json(dict(payload))
     digest = row_hash(
         prev_hash=prev_hash,
-        seq=seq,
+        seq=position,
         operation_id=operation_id,
         at=at_text,
         kind=kind,
         payload=payload_text,
         key=key,
     )
-    return ChainRow(seq, operation_id, at_text, kind, payload_text, prev_hash, digest, key is not None)
+    return ChainRow(position, operation_id, at_text, kind, payload_text, prev_hash, digest, key is not None)

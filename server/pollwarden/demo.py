@@ -15,8 +15,9 @@ from typing import Any
 import anyio
 from mcp.client import Client
 
-from pollwarden.audit import read_rows, verify_chain
+from pollwarden.audit import read_rows
 from pollwarden.audit_story import render_story
+from pollwarden.audit_verify import verify_chain
 from pollwarden.config import ServerConfig
 from pollwarden.demo_provider import http, pending, running_demo_provider, succeeded
 from pollwarden.server import build_server, controller_factory

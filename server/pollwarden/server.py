@@ -65,7 +65,7 @@ from pollwarden.audit_story import render_story
 from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
-from pollwarden.errors import InvalidRequest, OperationNotFound, PollwardenError, StoreError
+from pollwarden.errors import AuditKeyError, InvalidRequest, OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.principals import Principal, current_principal
@@ -356,6 +356,24 @@ class PollwardenServer(MCPServer[ServerContext]):
             raise
 
 
+# How often a serving process seals the operations' audit chains that moved (PostgreSQL): rows deleted
+# from an operation's end are caught once a seal named them, so this bounds what only an anchor catches.
+SEAL_EVERY_SECONDS = 60.0
+
+
+async def seal_periodically(controller: Controller, every: float = SEAL_EVERY_SECONDS) -> None:
+    """Seal the moved audit chains every `every` seconds until cancelled; a failure is logged, not fatal."""
+    while True:
+        await anyio.sleep(every)
+        try:
+            sealed = await controller.store.seal(at=controller.clock.now())
+        except (StoreError, AuditKeyError) as exc:
+            log.warning("could not seal the audit chains: %s", exc)
+            continue
+        if sealed:
+            log.info("sealed the audit chains of %d operations", sealed)
+
+
 def _reader_of(context: object) -> Reader | None:
     """The store a lifespan context reads from, if the database opened."""
     return context.store if isinstance(context, Controller) else None
@@ -402,6 +420,7 @@ def build_server(
                     watchers.start_soon(
                         partial(run_watcher, subscriptions, context.store, publish, interval=watch_interval)
                     )
+                    watchers.start_soon(seal_periodically, context)
                 yield context
                 watchers.cancel_scope.cancel()
 

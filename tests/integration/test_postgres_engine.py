@@ -1,20 +1,15 @@
-"""The PostgreSQL engine itself: selection by URL, passwords never shown, migrations once, one audit chain.
+"""The PostgreSQL engine itself: selection by URL, passwords never shown, migrations once, the audit.
 
 The tool tests run on PostgreSQL through the engine parameter (conftest); these
 are about what only PostgreSQL has: a URL with a password, several instances
 migrating one database at once, processes on different connections appending
-to one chain.
+to the audit (and `test_operation_chains.py`, for the audit's per-operation chains).
 """
 
 from __future__ import annotations
 
 import io
-import itertools
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,15 +19,8 @@ import psycopg.errors
 import pytest
 
 from harness import database_in, db_rows, db_write, make_harness
-from pollwarden.audit import (
-    GENESIS_HASH,
-    AuditKeyError,
-    export_jsonl,
-    read_rows,
-    rekey_chain,
-    row_hash,
-    verify_chain,
-)
+from pollwarden.audit import GENESIS_HASH, AuditKeyError, export_jsonl, read_rows, row_hash
+from pollwarden.audit_verify import rekey_chain, verify_chain
 from pollwarden.config import load_config
 from pollwarden.errors import ConfigError, StoreError
 from pollwarden.server import controller_factory
@@ -148,84 +136,6 @@ async def test_a_database_a_newer_release_migrated_is_refused_with_the_fix(
             pass
 
 
-APPENDER = textwrap.dedent(
-    """
-    import os, sys, time, anyio
-    from pollwarden.store import open_store
-
-    async def main(url: str, worker: str, go: str) -> None:
-        async with open_store(url) as store:
-            values = dict(
-                operation_id="op-" + worker, provider="acme", provider_job_id=None, account_context="a",
-                request_fingerprint="f", idempotency_key=None, expected_terminal_state="succeeded",
-                status="waiting", started_at=0.0, deadline_at=1e9, business_deadline_at=None,
-                max_status_requests=5, max_transport_failures=3, max_rate_limited=3, next_check_at=0.0,
-                delay_source="local_backoff", submit_payload_json=None, created_at=0.0, updated_at=0.0,
-            )
-            await store.create_operation(values, kind="tracking_started", at=1.0)
-            deadline = time.monotonic() + 20
-            while not os.path.exists(go):
-                if time.monotonic() > deadline:
-                    raise SystemExit("start signal never came")
-                await anyio.sleep(0.002)
-            for i in range(25):
-                await store.audit_event("op-" + worker, kind="polled", at=2.0 + i, note=None, extra={"i": i})
-                await anyio.sleep(0.003)  # let the other workers in between our rows
-
-    anyio.run(main, *sys.argv[1:4])
-    """
-)
-
-
-def test_four_processes_appending_on_their_own_connections_leave_one_contiguous_chain(
-    tmp_path: Path, database_engine: Engine
-) -> None:
-    where = database_in(tmp_path)
-    url = where.dsn if not where.is_sqlite else str(where.path)
-    go = tmp_path / "go"
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", APPENDER, url, str(n), str(go)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(os.environ),
-        )
-        for n in range(4)
-    ]
-    subprocess.run([sys.executable, "-c", "import time; time.sleep(1.0)"], check=True)  # every worker ready
-    go.touch()
-    for proc in workers:
-        _, err = proc.communicate(timeout=90)
-        assert proc.returncode == 0, err.decode()
-
-    result = verify_chain(where, None)
-    assert result.ok, result.problem
-    assert result.rows_checked == 4 * 26
-    rows = read_rows(where)
-    assert [row.seq for row in rows] == list(range(1, 105))
-    for n in range(4):
-        mine = [row for row in read_rows(where, f"op-{n}") if row.kind == "polled"]
-        assert [row.payload_obj["i"] for row in mine] == list(range(25))
-    owners = [row.operation_id for row in rows]
-    assert sum(1 for a, b in itertools.pairwise(owners) if a != b) > 3  # they interleaved
-
-
-async def test_a_deleted_operation_story_breaks_the_one_chain(
-    tmp_path: Path, database_engine: Engine
-) -> None:
-    _postgres_only(database_engine)
-    where = database_in(tmp_path)
-    async with open_store(where) as store:
-        for n in range(3):
-            values = _new_operation(f"op-{n}")
-            await store.create_operation(values, kind="tracking_started", at=1.0 + n)
-    assert verify_chain(where, None).ok
-    db_write(where, "DELETE FROM audit WHERE operation_id = ?", "op-1")
-    broken = verify_chain(where, None)
-    assert not broken.ok
-    assert broken.first_broken_seq == 2
-
-
 # Text a JSON encoder must escape (quotes, backslashes, control characters) or pass through (non-ASCII,
 # astral characters, U+2028): the row's hash must be the same wherever it was computed.
 AWKWARD = 'quote " back \\ slash\nnew line\ttab \x01\x1f del \x7f é ✓ 🦜 \u2028 </script>'
@@ -331,7 +241,7 @@ async def test_a_postgresql_database_at_schema_5_holding_one_job_twice_upgrades_
         conn.execute("UPDATE operations SET duplicate_of = NULL WHERE operation_id = 'b-later'")
 
 
-async def test_on_postgresql_a_refusal_is_two_trips_without_a_durable_commit_and_a_poll_three_or_four(
+async def test_on_postgresql_a_refusal_is_one_trip_without_a_durable_commit_and_a_poll_two(
     tmp_path: Path, fake: FakeProvider, database_engine: Engine
 ) -> None:
     _postgres_only(database_engine)
@@ -349,23 +259,32 @@ async def test_on_postgresql_a_refusal_is_two_trips_without_a_durable_commit_and
         before = counted()
         assert (await controller.check_status("op-trips")).outcome == "not_yet"
         after = counted()
-        # The read, then the refusal counted in one statement (not waited to disk).
-        assert tuple(b - a for a, b in zip(before, after, strict=True)) == (2, 0, 1)
+        # The row as the start wrote it is known: the refusal is counted in one guarded statement, no read
+        # (not waited to disk).
+        assert tuple(b - a for a, b in zip(before, after, strict=True)) == (1, 0, 1)
 
         h.clock.advance(10)
         assert (await controller.check_status("op-trips")).outcome == "polled"
         polled = counted()
-        # The read, the reservation (one statement, durable), then the answer on the locked row, which
-        # also writes the summary of the refused call (two trips).
-        assert tuple(b - a for a, b in zip(after, polled, strict=True)) == (4, 2, 0)
+        # The reservation (one statement, durable), then the answer on the locked row, which also writes
+        # the summary of the refused call (two trips).
+        assert tuple(b - a for a, b in zip(after, polled, strict=True)) == (3, 2, 0)
 
         h.clock.advance(300)
         assert (await controller.check_status("op-trips")).outcome == "polled"
         again = counted()
-        # Nothing pending: the answer and its audit row are written in one trip, guarded by the reserved row.
-        assert tuple(b - a for a, b in zip(polled, again, strict=True)) == (3, 2, 0)
+        # Nothing pending: the reservation, then the answer and its audit row in one trip, guarded by
+        # the reserved row.
+        assert tuple(b - a for a, b in zip(polled, again, strict=True)) == (2, 2, 0)
+
+        # Another process moves the row: the known row's guard fails, and the check reads it afresh.
+        db_write(h.db_path, "UPDATE operations SET version = version + 1 WHERE operation_id = 'op-trips'")
+        assert (await controller.check_status("op-trips")).outcome == "not_yet"
+        moved = counted()
+        assert tuple(b - a for a, b in zip(again, moved, strict=True)) == (3, 0, 2)
     assert len(fake.status_requests("trips")) == 2
-    assert [row.kind for row in read_rows(h.db_path)][-3:] == ["not_yet_summary", "polled", "polled"]
+    kinds = [row.kind for row in read_rows(h.db_path)]
+    assert kinds[-4:] == ["not_yet_summary", "polled", "polled", "not_yet_summary"]  # the last at close
     assert verify_chain(h.db_path, None).ok
 
 
@@ -400,3 +319,26 @@ async def test_an_answer_that_comes_after_its_lease_was_taken_over_is_recorded_a
     kinds = [row.kind for row in read_rows(where)]
     assert kinds == ["tracking_started", "lease_recovered", "late_answer_ignored", "polled"]
     assert verify_chain(where, None).ok
+
+
+async def test_a_refusal_that_completes_a_summary_counted_by_another_process_writes_the_summary(
+    tmp_path: Path, fake: FakeProvider, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    fake.script("runs", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    h.server()
+    async with controller_factory(h.config(), clock=h.clock, rng=h.rng)() as controller:
+        await controller.start_operation(provider="acme", operation_id="op-runs", provider_job_id="runs")
+        assert (await controller.check_status("op-runs")).outcome == "not_yet"
+        # Other processes refused 98 more calls meanwhile (the counters move without a new version):
+        # this process's known row still says 1, and the next refusal completes a run of 100.
+        db_write(
+            h.db_path,
+            "UPDATE operations SET refused_count = 99 WHERE operation_id = 'op-runs'",
+        )
+        assert (await controller.check_status("op-runs")).outcome == "not_yet"
+        summaries = [r for r in read_rows(h.db_path, "op-runs") if r.kind == "not_yet_summary"]
+        assert [r.payload_obj["count"] for r in summaries] == [100]
+        assert db_rows(h.db_path, "SELECT refused_count FROM operations") == [{"refused_count": 0}]
+    assert verify_chain(h.db_path, None).ok

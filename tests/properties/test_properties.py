@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from harness import base_table, merge, operation_record
-from pollwarden.audit import read_rows, verify_chain
+from pollwarden.audit import read_rows
+from pollwarden.audit_verify import verify_chain
 from pollwarden.clock import FakeClock
 from pollwarden.config import ServerConfig
 from pollwarden.controller import Controller, transition_changes

@@ -45,16 +45,9 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pollwarden.approvals import describe_request
-from pollwarden.audit import (
-    Anchor,
-    AuditError,
-    VerifyResult,
-    describe_mode,
-    export_jsonl,
-    read_anchor,
-    verify_chain,
-)
+from pollwarden.audit import Anchor, AuditError, export_jsonl, read_anchor
 from pollwarden.audit_story import render_story
+from pollwarden.audit_verify import VerifyResult, describe_mode, verify_chain
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console import bearer, charts

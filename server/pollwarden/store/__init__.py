@@ -328,6 +328,15 @@ class Store(Protocol):
         """
         ...
 
+    async def seal(self, *, at: float) -> int:
+        """Seal every operation's audit chain that moved since the last seal; how many were named.
+
+        Only where operations' later rows form chains of their own (PostgreSQL,
+        `pollwarden.audit_verify`): from the seal on, rows deleted from the end of
+        those chains are caught. A server seals periodically; `audit anchor` seals first.
+        """
+        ...
+
 
 @asynccontextmanager
 async def open_store(

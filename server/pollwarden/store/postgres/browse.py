@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pollwarden.audit import SELECT_AUDIT_ROWS_OF, AuditRow, audit_row
+from pollwarden.audit import AuditRow, audit_row, audit_rows_sql
 from pollwarden.store import browse
 from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.postgres.connection import Pool
@@ -43,7 +43,7 @@ async def facets(pool: Pool) -> OperationFacets:
 
 async def audit_rows(pool: Pool, operation_id: str) -> list[AuditRow]:
     """One operation's audit rows in chain order."""
-    sql = SELECT_AUDIT_ROWS_OF.format(operation_id=_mark("operation_id"))
+    sql = audit_rows_sql(per_operation=True) + f" WHERE operation_id = {_mark('operation_id')} ORDER BY seq"
     return [audit_row(raw) for raw in await pool.read(sql, {"operation_id": operation_id})]
 
 

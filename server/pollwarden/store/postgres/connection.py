@@ -304,7 +304,7 @@ async def migrate(pool: Pool) -> None:
         if not schema_steps.pending(numbers, version=current, recorded=recorded):
             return
     async with pool.transaction() as tx:
-        await tx.queue("SELECT pg_advisory_xact_lock(%s)", (schema.MIGRATION_LOCK_KEY,))
+        await tx.queue(schema.MIGRATION_LOCK)
         await tx.queue(schema.VERSION_TABLE)
         await tx.queue(schema.STEPS_TABLE)
         row = await tx.one("SELECT max(version) FROM pollwarden_schema")

@@ -4,27 +4,42 @@ Each method is one transaction, in pipeline mode (see `connection`), in as few
 round trips as its reads allow; the guarantee each gives is stated on it. The
 shape of most writes is two trips: the first locks the operation row (when the
 provider has a [fleet] pace, its pace row too) and reads it; the second carries
-the new rows and the COMMIT. The audit head is locked by the statement that
-appends to it, in that second trip (unkeyed: `writer`), so the one global
-chain is held only while the database runs that trip, never while Python
-decides. The reservation, when nothing else goes with it, is one guarded
-`UPDATE … RETURNING` that commits itself (autocommit, one trip); the count
-of a refused call is one guarded statement in one trip. Nothing uses SKIP LOCKED: a peer that skipped a locked row could spend
-the same budget or pace. Every time written comes from the caller's clock.
+the new rows and the COMMIT. The check's own writes are shorter: the
+reservation, when nothing else goes with it, is one guarded `UPDATE …
+RETURNING` that commits itself (autocommit, one trip), the count of a refused
+call one guarded statement, and the answer to this process's own reservation
+one guarded trip; the read before them is saved when this process knows the
+row (`_known_row`: the guard holds only on that very row). Nothing uses SKIP
+LOCKED: a peer that skipped a locked row could spend the same budget or pace.
+
+The audit (`pollwarden.audit_verify`): an operation's first row joins the one
+chain, whose head row its transaction locks; every later row follows that
+operation's own last row, recorded on the operation's row, so answers to
+different operations never wait for one another. Every time written comes
+from the caller's clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
-from pollwarden.audit import AuditRow
-from pollwarden.audit_entry import NO_REFUSALS, REFUSALS_PER_SUMMARY, PendingRefusals, event, lease_recovered
+from pollwarden.audit import REKEY_OPERATION, SEAL_KIND, AuditRow
+from pollwarden.audit_entry import (
+    NO_REFUSALS,
+    REFUSALS_PER_SUMMARY,
+    AuditEvent,
+    OperationChain,
+    PendingRefusals,
+    event,
+    lease_recovered,
+)
 from pollwarden.errors import StoreError
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
 from pollwarden.job_identity import REOPENABLE, account_parts, duplicate_changes
@@ -41,7 +56,7 @@ from pollwarden.store.browse import OperationFacets, OperationFilter, OperationP
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import browse, sql
 from pollwarden.store.postgres.connection import EngineStats, GuardFailed, Pool, Tx, migrate
-from pollwarden.store.postgres.writer import Writer, operation
+from pollwarden.store.postgres.writer import Writer, operation, seal_entries
 from pollwarden.store.sqlite.queries import OPTIONAL_NEW_COLUMNS
 from pollwarden.store.sqlite.rows import StoredOperation, stored
 from pollwarden.timefmt import iso
@@ -63,6 +78,8 @@ POOL_SIZE = 10
 
 # Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
 _RESERVED_KEPT = 256
+# Operation rows remembered as this process last saw them (the check's first trip, saved).
+_KNOWN_KEPT = 4096
 
 # What a submission answer that named another operation's job still records about itself.
 _SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
@@ -84,6 +101,19 @@ class PostgresStore:
         # The rows this process reserved in one statement, by (operation, lease owner): the answer
         # that follows is written in one trip if the row is still exactly that (see apply_answer).
         self._reserved: dict[tuple[str, str], StoredOperation] = {}
+        # Each operation's row as this process last read or wrote it (see `_known_row`).
+        self._known: OrderedDict[str, StoredOperation] = OrderedDict()
+
+    def _remember(self, current: StoredOperation) -> None:
+        """Keep `current` as the row this process knows last (bounded: the oldest go first)."""
+        op_id = current.record.operation_id
+        self._known[op_id] = current
+        self._known.move_to_end(op_id)
+        while len(self._known) > _KNOWN_KEPT:
+            self._known.popitem(last=False)
+
+    def _forget(self, operation_id: str) -> None:
+        self._known.pop(operation_id, None)
 
     @property
     def stats(self) -> EngineStats:
@@ -99,6 +129,7 @@ class PostgresStore:
             writer = Writer(tx, self._key)
             cursor = None
             if operation_id is not None:
+                self._forget(operation_id)  # written on the locked row: read afresh next time
                 cursor = await tx.queue(sql.LOCK_OPERATION, {"operation_id": operation_id})
             if audit:
                 await writer.head_first()
@@ -110,7 +141,11 @@ class PostgresStore:
     async def get(self, operation_id: str) -> OperationRecord | None:
         """The current record, or None."""
         row = await self._pool.read_one(sql.SELECT_OPERATION, {"operation_id": operation_id})
-        return None if row is None else stored(row).record
+        if row is None:
+            return None
+        current = stored(row)
+        self._remember(current)
+        return current.record
 
     async def list_operations(
         self,
@@ -209,11 +244,27 @@ class PostgresStore:
         `UPDATE … RETURNING` (the gate's conditions and the version it read) or
         made on the operation row locked `FOR UPDATE`, with the provider's pace
         row locked in the same transaction when it has a [fleet] pace.
+
+        The first trip, the read, is saved when this process knows the row (`_known_row`) and the
+        gate's verdict on it is one guarded statement: the statement's guard (the version, and the
+        refusal counters' state) holds only on that very row, so the verdict is the one a read
+        would have given. Any other verdict, or a guard that fails, reads the row.
         """
+        known = self._known_row(operation_id)
+        if known is not None:
+            decision = await self._decide(
+                None, known.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
+            )
+            if decision.step == Step.RESERVE or decision.refusal is not None:
+                at = clock() if clock is not None else now
+                quick = await self._one_statement(known, decision, at, owner, lease_seconds, fleets)
+                if quick is not None:
+                    return quick
         row = await self._pool.read_one(sql.SELECT_OPERATION, {"operation_id": operation_id})
         if row is None:
             return None
         current = stored(row)
+        self._remember(current)
         decision = await self._decide(
             None, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
         )
@@ -226,7 +277,7 @@ class PostgresStore:
         # Anything else (a pace, a stop, a recovered lease, a summary row due, or a peer moved first):
         # decide again on the locked row, where nothing can change.
         fleet = fleets.get(current.record.provider)
-        async with self._locked(operation_id, audit=False) as (writer, tx, cursor):
+        async with self._locked(operation_id) as (writer, tx, cursor):
             pace_cursor = None
             if fleet is not None:
                 await tx.queue(sql.ENSURE_FLEET_ROW, {"provider": current.record.provider})
@@ -243,6 +294,12 @@ class PostgresStore:
             return await _carry_out(
                 writer, current, decision, now, owner, lease_seconds, fleet, tat, fleet_slots
             )
+
+    def _known_row(self, operation_id: str) -> StoredOperation | None:
+        """The row as this process last saw it, while it is waiting (an escalated one's approvals
+        live in other rows, read on every check)."""
+        known = self._known.get(operation_id)
+        return known if known is not None and known.record.status == Status.WAITING else None
 
     async def _decide(
         self,
@@ -295,7 +352,11 @@ class PostgresStore:
                 cursor = await tx.queue(sql.COUNT_REFUSAL, {**params, "version": record.version})
             counted = await cursor.fetchone()
             if counted is None:
+                self._forget(record.operation_id)
                 return None
+            count, _, first_at, last_at = counted
+            refusals = PendingRefusals(int(count), outcome, first_at, last_at)
+            self._remember(dataclasses.replace(current, refusals=refusals))
             return CheckStart(record, decision)  # the version guard held: only the counters moved
         if decision.step != Step.RESERVE or fleets.get(record.provider) is not None:
             return None
@@ -310,8 +371,10 @@ class PostgresStore:
         }
         reserved = await self._pool.write_one(sql.RESERVE, params)
         if reserved is None:
+            self._forget(record.operation_id)
             return None
         held = stored(reserved)
+        self._remember(held)
         if len(self._reserved) >= _RESERVED_KEPT:
             del self._reserved[next(iter(self._reserved))]  # a check that never answered
         self._reserved[(record.operation_id, owner)] = held
@@ -334,10 +397,11 @@ class PostgresStore:
         still exactly as reserved (`_answer_as_reserved`).
         """
         reserved = self._reserved.pop((operation_id, owner), None)
-        if reserved is not None and self._key is None:
+        if reserved is not None:
             answered = await self._answer_as_reserved(reserved, owner, changes, at, payload_extra)
             if answered is not None:
-                return answered, True
+                self._remember(answered)
+                return answered.record, True
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             await writer.flush(current)
@@ -345,12 +409,17 @@ class PostgresStore:
                 late = event(
                     current.record, "late_answer_ignored", at, outcome=Outcome.POLLED, extra=payload_extra
                 )
-                await writer.append(late)
+                await writer.append(late, on=current)
                 return current.record, False
             released = {**changes, "lease_owner": None, "lease_expires_at": None}
             updated = await writer.write(current, released, at=at)
-            await writer.append(event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra))
-            return updated, True
+            await writer.append(
+                event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra), on=current
+            )
+            await writer.finish()
+            answered = StoredOperation(updated, NO_REFUSALS, writer.chain_of(operation_id))
+        self._remember(answered)  # committed: the next check needs no read
+        return updated, True
 
     async def _answer_as_reserved(
         self,
@@ -359,13 +428,14 @@ class PostgresStore:
         changes: Mapping[str, object],
         at: float,
         payload_extra: Mapping[str, object],
-    ) -> OperationRecord | None:
+    ) -> StoredOperation | None:
         """The answer in one trip, computed from the row as this process reserved it (None: it changed).
 
         Written without reading the row first: the UPDATE's guard states that the row is still at the
-        reserved version, leased by `owner`, with no refused call counted since — then it is the row
-        reserved, and this is exactly what the locked path would write. Otherwise (or on a keyed audit
-        head) the guard fails, nothing is committed, and the caller takes the locked path.
+        reserved version, leased by `owner`, with no refused call counted and no audit row written
+        since — then it is the row reserved, and this is exactly what the locked path would write.
+        Otherwise (or when the key does not match the chain) the guard fails, nothing is committed,
+        and the caller takes the locked path.
         """
         if reserved.refusals.count:
             return None
@@ -375,11 +445,12 @@ class PostgresStore:
                 writer = Writer(tx, self._key)
                 updated = await writer.write(reserved, released, at=at, owner=owner)
                 polled = event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra)
-                await writer.append(polled, unread=True)
+                await writer.append(polled, on=reserved, unread=True)
                 await writer.finish()
+                chain = writer.chain_of(reserved.record.operation_id)
         except GuardFailed:
             return None
-        return updated
+        return StoredOperation(updated, NO_REFUSALS, chain)
 
     # -- creating and submitting ---------------------------------------------------------------
 
@@ -412,7 +483,7 @@ class PostgresStore:
                 if in_flight is not None and await tx.read(same_id) is None:
                     return stored(in_flight).record, False
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
-            await writer.head_first()
+            await writer.head_first(lock=True)  # its first row is a row of the one chain
             row = await tx.read(inserted)
             if row is None:
                 existing = await tx.one(sql.SELECT_OPERATION, {"operation_id": operation_id})
@@ -427,8 +498,14 @@ class PostgresStore:
                 "account_credential_env": credential_env,
                 "expected_terminal_state": created.expected_terminal_state,
             }
-            await writer.append(event(created, kind, at, extra=first))
-            return created, True
+            await writer.append(
+                event(created, kind, at, extra=first),
+                on=StoredOperation(created, NO_REFUSALS, OperationChain(0, "")),
+            )
+            await writer.finish()
+            opened = StoredOperation(created, NO_REFUSALS, writer.chain_of(operation_id))
+        self._remember(opened)  # committed: its first check needs no read
+        return created, True
 
     async def claim_submission(
         self, operation_id: str, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str
@@ -448,7 +525,7 @@ class PostgresStore:
                 {"lease_owner": owner, "lease_expires_at": now + lease_seconds, "submit_sent_at": now},
                 at=now,
             )
-            await writer.append(event(claimed, "submit_sending", now, note=note))
+            await writer.append(event(claimed, "submit_sending", now, note=note), on=current)
             return claimed
 
     async def finish_submission(
@@ -486,7 +563,7 @@ class PostgresStore:
                     released["provider_job_id"] = job_id
                     kind, note = "stopped", str(released["stop_detail"])
             finished = await writer.write(current, released, at=at)
-            await writer.append(event(finished, kind, at, note=note, extra=payload_extra))
+            await writer.append(event(finished, kind, at, note=note, extra=payload_extra), on=current)
             return finished
 
     # -- extensions and approvals ---------------------------------------------------------------
@@ -514,7 +591,7 @@ class PostgresStore:
             if approval_id is not None:
                 await tx.queue(sql.MARK_APPROVAL_APPLIED, {"approval_id": approval_id})
             await writer.append(
-                event(granted, "extension_approved", at, note=approval_id, extra=payload_extra)
+                event(granted, "extension_approved", at, note=approval_id, extra=payload_extra), on=current
             )
             return granted
 
@@ -554,7 +631,8 @@ class PostgresStore:
                     at,
                     note=approval_id,
                     extra={"request": dict(request), "approval_kind": str(kind)},
-                )
+                ),
+                on=current,
             )
             return ApprovalRecord(
                 approval_id,
@@ -607,7 +685,7 @@ class PostgresStore:
             kind = _DECIDED_KIND.get(status, f"{approval.kind}_denied")
             note = f"{approval_id} by {by}"
             await writer.append(
-                event(current.record, kind, at, note=note, extra={"authenticated_by": method})
+                event(current.record, kind, at, note=note, extra={"authenticated_by": method}), on=current
             )
             return dataclasses.replace(
                 approval,
@@ -645,7 +723,7 @@ class PostgresStore:
             approval = ApprovalRecord.from_row(row)
             if audit_kind is not None:
                 await writer.flush(current)
-                await writer.append(event(current.record, audit_kind, at, note=approval_id))
+                await writer.append(event(current.record, audit_kind, at, note=approval_id), on=current)
             return approval
 
     # -- follow-ups and the audit ------------------------------------------------------------------
@@ -692,7 +770,7 @@ class PostgresStore:
                     sql.MARK_APPROVAL_USED, {"note": f"used by {followup_id}", "approval_id": approval_id}
                 )
             extra = {"followup_id": followup_id, "http_status": http_status, "approval_id": approval_id}
-            await writer.append(event(record, f"{kind}_{status}", at, note=note, extra=extra))
+            await writer.append(event(record, f"{kind}_{status}", at, note=note, extra=extra), on=current)
             return followup
 
     async def audit_event(
@@ -702,7 +780,7 @@ class PostgresStore:
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             await writer.flush(current)
-            await writer.append(event(current.record, kind, at, note=note, extra=extra))
+            await writer.append(event(current.record, kind, at, note=note, extra=extra), on=current)
 
     async def reopen(
         self,
@@ -738,7 +816,9 @@ class PostgresStore:
                 "lease_expires_at": None,
             }
             reopened = await writer.write(current, changes, at=at)
-            await writer.append(event(reopened, "reopened", at, note=str(extra.get("reason")), extra=extra))
+            await writer.append(
+                event(reopened, "reopened", at, note=str(extra.get("reason")), extra=extra), on=current
+            )
             return reopened
 
     async def wake(
@@ -759,7 +839,7 @@ class PostgresStore:
         job = {"provider": provider, "job_id": job_id}
         if await self._pool.read_one(sql.KNOWS_JOB, job) is None:
             return WakeResult(WakeOutcome.UNKNOWN_JOB, ())
-        async with self._locked(audit=False) as (writer, tx, _):
+        async with self._locked() as (writer, tx, _):
             await tx.queue(sql.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds})
             remembered = await tx.one(
                 sql.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
@@ -773,19 +853,44 @@ class PostgresStore:
                 "delay_source": DelaySource.PROVIDER_WEBHOOK,
             }
             for current in woken:
+                self._forget(current.record.operation_id)
                 await writer.flush(current)
-                await writer.append(event(current.record, "woken_by_webhook", now, extra=extra))
+                await writer.append(event(current.record, "woken_by_webhook", now, extra=extra), on=current)
             ids = tuple(c.record.operation_id for c in woken)
             return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
+
+    async def seal(self, *, at: float) -> int:
+        """Seal every operation's audit chain that moved since the last seal; how many were named.
+
+        One chain row (`audit.SEAL_KIND`) names each such operation with its chain's row count and
+        last hash (`pollwarden.audit_verify`): from then on, rows deleted from the end of any of
+        those chains are caught. Nothing is written when no chain moved. The head is locked first,
+        then the moved operations' rows, for this one transaction.
+        """
+        async with self._pool.transaction() as tx:
+            writer = Writer(tx, self._key)
+            await writer.head_first(lock=True)
+            moved = seal_entries(await tx.all(sql.SEAL_OPERATIONS))
+            if not moved:
+                return 0
+            payload = {
+                "decision": SEAL_KIND,
+                "note": f"sealed the audit chains of {len(moved)} operations",
+                "operations": moved,
+            }
+            await writer.append_to_chain(AuditEvent(REKEY_OPERATION, at, SEAL_KIND, payload))
+            await writer.finish()
+            return len(moved)
 
     async def flush_refusals(self, operation_id: str | None = None) -> int:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""
         if operation_id is None:
             if await self._pool.read_one(sql.ANY_PENDING_REFUSALS) is None:
                 return 0
-            async with self._locked(audit=False) as (writer, tx, _):
+            async with self._locked() as (writer, tx, _):
                 pending = await tx.all(sql.LOCK_PENDING_REFUSALS)
                 for row in pending:
+                    self._forget(stored(row).record.operation_id)
                     await writer.flush(stored(row))
                 return len(pending)
         if await self._pool.read_one(sql.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id}) is None:
@@ -821,7 +926,7 @@ async def _carry_out(
         assert decision.stop_reason is not None
         await writer.flush(current)
         if record.lease_owner is not None:  # the gate stops only once a lease has expired
-            await writer.append(lease_recovered(record, now))
+            await writer.append(lease_recovered(record, now), on=current)
         changes = {
             "status": status_for(decision.stop_reason),
             "stop_reason": decision.stop_reason,
@@ -831,7 +936,7 @@ async def _carry_out(
             "lease_expires_at": None,
         }
         stopped = await writer.write(current, changes, at=now)
-        await writer.append(event(stopped, "stopped", now, outcome=Outcome.STOPPED))
+        await writer.append(event(stopped, "stopped", now, outcome=Outcome.STOPPED), on=current)
         return CheckStart(stopped, decision)
     if fleet is not None and may_reserve(record, now):
         held = record.fleet_slot_at is not None and slot_still_held(
@@ -861,7 +966,7 @@ async def _carry_out(
     if record.lease_owner is not None:
         # A check that never finished held the lease until it expired: tell it in the story.
         await writer.flush(current)
-        await writer.append(lease_recovered(record, now))
+        await writer.append(lease_recovered(record, now), on=current)
     reserved = await writer.write(
         current,
         {
@@ -898,7 +1003,7 @@ async def _count_refusal(writer: Writer, current: StoredOperation, outcome: Outc
         pending = NO_REFUSALS
     after = PendingRefusals(pending.count + 1, outcome, pending.first_at if pending.count else at, at)
     if after.count >= REFUSALS_PER_SUMMARY:
-        await writer.flush(StoredOperation(current.record, after))
+        await writer.flush(dataclasses.replace(current, refusals=after))
         return
     await writer.tx.queue(
         sql.SET_REFUSALS,

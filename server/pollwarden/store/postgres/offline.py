@@ -7,27 +7,24 @@ the same statements. Nothing here prints the URL's password.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, LiteralString, cast
 
 import anyio
 import psycopg
 from psycopg.rows import TupleRow
 
-from pollwarden.audit import (
-    REKEY_KIND,
-    REKEY_OPERATION,
-    AuditError,
-    refuse_unless_rekeyable,
-    verify_chain,
-)
+from pollwarden.audit import REKEY_KIND, REKEY_OPERATION, AuditError
 from pollwarden.audit_entry import ChainHead, chain_row
+from pollwarden.audit_verify import refuse_unless_rekeyable, rekey_payload, verify_chain
 from pollwarden.errors import StoreError
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import describe
+from pollwarden.store.postgres.writer import seal_entries
 
 
 class ReadOnlySession:
@@ -50,41 +47,67 @@ def _connect(location: DatabaseLocation) -> psycopg.Connection[TupleRow]:
 
 @contextmanager
 def read_only(location: DatabaseLocation) -> Generator[ReadOnlySession]:
-    """A read-only session on the database; AuditError when it cannot be reached or has no audit."""
+    """A read-only session on the database, every read in one snapshot (a verification sees rows and
+    the operations' records of them as of one moment); AuditError when it cannot be reached or has no audit."""
     with _connect(location) as conn:
         try:
-            conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            conn.execute(
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+            )
             conn.execute("SELECT 1 FROM audit LIMIT 1").fetchall()
         except psycopg.Error as exc:
             raise AuditError(f"no readable audit table in {location.display}: {exc}") from None
-        yield ReadOnlySession(conn)
+        with conn.transaction():
+            yield ReadOnlySession(conn)
 
 
 def rekey(location: DatabaseLocation, key: bytes, *, by: str, at: datetime) -> int:
-    """`pollwarden.audit.rekey_chain` on PostgreSQL: verify under the head's lock, then append the re-key row."""
+    """`pollwarden.audit_verify.rekey_chain` on PostgreSQL; the re-key row's seq.
+
+    Locks the chain's head, then the audit table against every insert (SHARE: in that order, so
+    an operation's first row, which waits for the head before it inserts, never deadlocks with
+    it), so nothing is appended while the unkeyed chain verifies and until the keyed re-key row
+    commits; appends waiting meanwhile then see the chain keyed. The re-key row seals every
+    operation's chain not sealed yet, so their unkeyed rows are linked to it.
+    """
     with _connect(location) as conn, conn.transaction():
         head = conn.execute(sql.LOCK_AUDIT_HEAD).fetchone()
         if head is None:
             raise AuditError(f"no audit head in {location.display}")
+        conn.execute("LOCK TABLE audit IN SHARE MODE")
         result = verify_chain(location, None)
         refuse_unless_rekeyable(result)
+        moved = seal_entries(conn.execute(sql.SEAL_OPERATIONS).fetchall())
         row = chain_row(
             ChainHead(int(head[0]), str(head[1]), bool(head[2])),
             operation_id=REKEY_OPERATION,
             at=at,
             kind=REKEY_KIND,
-            payload={
-                "decision": REKEY_KIND,
-                "note": f"re-keyed by {by}: rows after this one are HMAC-keyed",
-                "by": by,
-                "unkeyed_rows": result.head_seq,
-                "unkeyed_head_hash": result.head_hash,
-            },
+            payload=rekey_payload(by, result, moved),
             key=key,
         )
-        conn.execute(sql.INSERT_AUDIT_ROW, row.__dict__)
-        conn.execute(sql.SET_AUDIT_HEAD, {"seq": row.seq, "hash": row.hash, "keyed": row.keyed})
-        return row.seq
+        inserted = conn.execute(sql.INSERT_CHAIN_ROW + " RETURNING seq", dataclasses.asdict(row)).fetchone()
+        assert inserted is not None
+        conn.execute(sql.SET_AUDIT_HEAD, {"seq": row.position, "hash": row.hash, "keyed": row.keyed})
+        return int(inserted[0])
+
+
+def seal(
+    location: DatabaseLocation, *, audit_key: bytes | None, busy_timeout: float
+) -> tuple[int, str | None]:
+    """Seal every operation's chain that moved since the last seal (`PostgresStore.seal`), so an
+    anchor taken next covers them; (operations named, None) or (0, why it could not)."""
+    from pollwarden.audit import AuditKeyError as KeyProblem
+    from pollwarden.store.postgres.engine import open_postgres
+
+    async def run() -> int:
+        async with open_postgres(location, audit_key=audit_key, busy_timeout=busy_timeout) as store:
+            return await store.seal(at=datetime.now(UTC).timestamp())
+
+    try:
+        return anyio.run(run), None
+    except (StoreError, KeyProblem) as exc:
+        return 0, str(exc)
 
 
 def flush_refusals_before_reading(

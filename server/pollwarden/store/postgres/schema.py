@@ -12,6 +12,8 @@ Every time is `double precision` epoch seconds written from the controller's
 clock (no column defaults to now()); the vocabulary is spelled out as CHECK
 constraints, as in SQLite.
 
+Step 13 is PostgreSQL's own (per-operation audit chains); SQLite has no step 13.
+
 Migrations run in one transaction under a transaction-scoped advisory lock,
 so several instances starting at once run them exactly once; a database at a
 version newer than this code is refused. Steps run in number order, but one
@@ -35,8 +37,10 @@ class Migration:
     statements: tuple[str, ...]
 
 
-# pg_advisory_xact_lock key: "pollwarden" as a number, the same in every process.
-MIGRATION_LOCK_KEY = 0x706F6C6C77617264
+# Instances migrating one database's pollwarden schema take this transaction-scoped lock: the two-key
+# form, "pomi" and the schema's name (the tables live in the first schema of search_path), so two
+# pollwarden schemas in one database (a team's and a test's) never wait for each other.
+MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(1886350697, hashtext(current_schema()))"
 
 OPERATIONS = """
 CREATE TABLE operations (
@@ -157,6 +161,27 @@ CREATE TABLE fleet_buckets (
     tat double precision
 )"""
 
+# Step 13 (issue 18): an operation's audit rows after its first follow that operation's row before
+# them (`pollwarden.audit_verify`), so answers to different operations never wait for one chain's
+# head. Every row gets its seq from a sequence (the order of all rows; an operation's rows are
+# inserted under its row lock, so their seqs are in its order); `position` is the number hashed
+# and `link` which row it follows. Rows before this step keep both NULL: chain rows at their seq.
+# Each operation's row records its chain (how many rows, the last hash) and how far a seal named it.
+PER_OPERATION_CHAINS = (
+    "CREATE SEQUENCE audit_seq AS bigint OWNED BY audit.seq",
+    "SELECT setval('audit_seq', COALESCE((SELECT max(seq) FROM audit), 0) + 1, false)",
+    "ALTER TABLE audit ALTER COLUMN seq SET DEFAULT nextval('audit_seq')",
+    "ALTER TABLE audit ADD COLUMN position bigint",
+    "ALTER TABLE audit ADD COLUMN link text CHECK (link IN ('chain', 'operation'))",
+    "ALTER TABLE operations ADD COLUMN audit_rows bigint NOT NULL DEFAULT 0",
+    "ALTER TABLE operations ADD COLUMN audit_hash text",
+    "ALTER TABLE operations ADD COLUMN audit_sealed_rows bigint NOT NULL DEFAULT 0",
+    """UPDATE operations AS o SET audit_rows = c.n, audit_hash = c.last, audit_sealed_rows = c.n
+       FROM (SELECT operation_id, count(*) AS n, (array_agg(hash ORDER BY seq DESC))[1] AS last
+             FROM audit GROUP BY operation_id) AS c
+       WHERE c.operation_id = o.operation_id""",
+)
+
 _FIRST_RELEASE: tuple[Migration, ...] = (
     Migration(
         5,
@@ -259,6 +284,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         12, "submission request time", ("ALTER TABLE operations ADD COLUMN submit_sent_at double precision",)
     ),
+    # PostgreSQL's own step 13 (SQLite has none: one writer at a time, its one chain costs nothing).
+    Migration(13, "per-operation audit chains under the one chain", PER_OPERATION_CHAINS),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from functools import cache
 
+from pollwarden.audit_entry import REFUSALS_PER_SUMMARY
 from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
 from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
 from pollwarden.store.sqlite.queries import MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS
 
 REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
-OPERATION_ROW = ", ".join((*OPERATION_COLUMNS, *REFUSAL_COLUMNS))
+# The operation's own audit chain (schema step 13): how many rows, and the last one's hash.
+CHAIN_COLUMNS = ("audit_rows", "audit_hash")
+OPERATION_ROW = ", ".join((*OPERATION_COLUMNS, *REFUSAL_COLUMNS, *CHAIN_COLUMNS))
 
 SELECT_OPERATION = f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = %(operation_id)s"
 LOCK_OPERATION = SELECT_OPERATION + " FOR UPDATE"
@@ -102,12 +105,15 @@ RESERVE = (
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
-# One refused call, counted on the operation as the gate read it (version guard).
+# One refused call, counted on the operation as the gate read it (version guard), unless a summary row
+# is due first (a run of the other outcome pending) or with it (this call completes the run): those go
+# the locked way, which writes the row.
 COUNT_REFUSAL = (
     "UPDATE operations SET refused_count = refused_count + 1, refused_outcome = %(outcome)s, "
     "refused_first_at = COALESCE(refused_first_at, %(at)s), refused_last_at = %(at)s "
     "WHERE operation_id = %(operation_id)s AND version = %(version)s "
     "AND (refused_outcome IS NULL OR refused_outcome = %(outcome)s) "
+    f"AND refused_count < {REFUSALS_PER_SUMMARY - 1} "
     f"RETURNING {', '.join(REFUSAL_COLUMNS)}"
 )
 RESET_REFUSALS = (
@@ -124,25 +130,39 @@ SET_REFUSALS = (
 _WRITABLE = tuple(sorted(MUTABLE_COLUMNS | {"extensions_used"}))
 
 
+_RESET = "refused_count = 0, refused_outcome = NULL, refused_first_at = NULL, refused_last_at = NULL, "
+_CHAIN = "audit_rows = %(audit_rows)s, audit_hash = %(audit_hash)s, "
+
+
 @cache
-def write_operation(columns: tuple[str, ...], reset_refusals: bool, *, unlocked: bool = False) -> str:
+def write_operation(
+    columns: tuple[str, ...], reset_refusals: bool, chain_moved: bool, *, unlocked: bool = False
+) -> str:
     """`UPDATE operations SET <columns>` guarded by the version read under the row lock.
 
-    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`. `unlocked`: the row
-    was not read under this transaction's lock; the guard also states what the write assumes of it
-    (the lease `owner` holds it, no refused calls counted since).
+    Parameters: `c_<column>` for each column, `version` (read), `new_version`, `at`; with
+    `chain_moved`, the operation's audit chain after this transaction's rows (`audit_rows`,
+    `audit_hash`). `unlocked`: the row was not read under this transaction's lock; the guard also
+    states what the write assumes of it (the lease `owner` holds it, no refused calls counted and no
+    audit row written since: `rows_before`).
     """
     unknown = [c for c in columns if c not in _WRITABLE]
     if unknown:
         raise ValueError(f"not a field an operation's change may set: {', '.join(unknown)}")
     sets = "".join(f"{c} = %(c_{c})s, " for c in columns)
-    if reset_refusals:
-        sets += "refused_count = 0, refused_outcome = NULL, refused_first_at = NULL, refused_last_at = NULL, "
+    sets += (_RESET if reset_refusals else "") + (_CHAIN if chain_moved else "")
+    guard = " AND lease_owner = %(owner)s AND refused_count = 0 AND audit_rows = %(rows_before)s"
     return (
         f"UPDATE operations SET {sets}version = %(new_version)s, updated_at = %(at)s "
-        "WHERE operation_id = %(operation_id)s AND version = %(version)s"
-        + (" AND lease_owner = %(owner)s AND refused_count = 0" if unlocked else "")
+        "WHERE operation_id = %(operation_id)s AND version = %(version)s" + (guard if unlocked else "")
     )
+
+
+@cache
+def move_chain(reset_refusals: bool) -> str:
+    """The operation's audit chain after this transaction's rows, on its locked row (no other change)."""
+    sets = (_RESET if reset_refusals else "") + _CHAIN
+    return f"UPDATE operations SET {sets.rstrip(', ')} WHERE operation_id = %(operation_id)s"
 
 
 # -- fleet pacing: the provider's row exists (inserted once) so that it can always be locked ----------
@@ -225,28 +245,28 @@ WAKE = (
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
-# -- the audit chain: one head row, locked by every append ---------------------------------------------
+# -- the audit: the one chain's head row, and the rows (pollwarden.audit_verify) ----------------------
 
-# A keyed chain: the head is locked and read, the HMAC computed here (the key never leaves the process).
-LOCK_AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit_head FOR UPDATE"
-SET_AUDIT_HEAD = "UPDATE audit_head SET seq = %(seq)s, hash = %(hash)s, keyed = %(keyed)s"
-INSERT_AUDIT_ROW = (
-    "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
-    "VALUES (%(seq)s, %(operation_id)s, %(at)s, %(kind)s, %(payload)s, %(prev_hash)s, %(hash)s, %(keyed)s)"
-)
-
-# An unkeyed chain: the head is read without a lock first (only to refuse a keyed chain with the fix),
-# then locked, linked and hashed by the statement that inserts the row, so the lock is held only from
-# that statement to the COMMIT queued behind it, never across a round trip. The message hashed is
-# `audit.row_hash`'s: "[" seq middle "\"" prev_hash "\"]", the middle JSON-escaped by Python
-# (`audit.hashed_middle`). No row (the chain became keyed meanwhile) divides by zero: nothing commits.
+# A chain row (an operation's first, a seal, the re-key) locks the head, is linked and hashed here (the
+# key never leaves the process), and moves the head: chain rows from every process form one chain.
 READ_AUDIT_HEAD = "SELECT seq, hash, keyed FROM audit_head"
-APPEND_AUDIT_ROW = (
-    "WITH linked AS (INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
-    "SELECT seq + 1, %(operation_id)s, %(at)s, %(kind)s, %(payload)s, hash, encode(sha256(convert_to("
-    "'[' || (seq + 1)::text || %(middle)s || '\"' || hash || '\"]', 'UTF8')), 'hex'), false "
-    "FROM audit_head WHERE NOT keyed FOR UPDATE RETURNING 1) SELECT 1 / count(*) FROM linked"
+LOCK_AUDIT_HEAD = READ_AUDIT_HEAD + " FOR UPDATE"
+SET_AUDIT_HEAD = "UPDATE audit_head SET seq = %(seq)s, hash = %(hash)s, keyed = %(keyed)s"
+_AUDIT_COLUMNS = "position, link, operation_id, at, kind, payload, prev_hash, hash, keyed"
+_AUDIT_VALUES = "%(position)s, %(link)s, %(operation_id)s, %(at)s, %(kind)s, %(payload)s, %(prev_hash)s, %(hash)s, %(keyed)s"
+INSERT_CHAIN_ROW = f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES ({_AUDIT_VALUES})"
+
+# An operation row follows its operation's last row (on the row this transaction locked or guards),
+# without the head's lock; it is keyed exactly when the chain is (a keyed server never extends an
+# unkeyed chain, nor the reverse): read without a lock, a guard that fails divides by zero.
+INSERT_OPERATION_ROW = (
+    f"WITH linked AS (INSERT INTO audit ({_AUDIT_COLUMNS}) SELECT {_AUDIT_VALUES} FROM audit_head "
+    "WHERE keyed = %(keyed)s RETURNING 1) SELECT 1 / count(*) FROM linked"
 )
-MOVE_AUDIT_HEAD = (
-    "UPDATE audit_head SET seq = a.seq, hash = a.hash FROM audit AS a WHERE a.seq = audit_head.seq + 1"
+
+# A seal: every operation whose chain moved since the last seal, named with its head (locks those rows
+# for the seal's one transaction).
+SEAL_OPERATIONS = (
+    "UPDATE operations SET audit_sealed_rows = audit_rows WHERE audit_rows > audit_sealed_rows "
+    "RETURNING operation_id, audit_rows, audit_hash"
 )

@@ -1,28 +1,42 @@
-"""What one locked PostgreSQL transaction writes: operation changes and audit rows, all queued.
+"""What one PostgreSQL transaction writes: operation changes and audit rows, all queued.
 
-A `Writer` works on rows its transaction locked (`… FOR UPDATE`): it computes
-each new record in Python from the locked row and queues the UPDATE, guarded by
-the version read (a guard that fails raises in SQL and aborts the transaction,
-so nothing is committed — no extra trip to check a row count). Audit rows are
-linked to the chain head, which the transaction also locks: appends from every
-process form one chain. Unkeyed, the row is linked and hashed by the statement
-that inserts it, so the head is locked only from that statement to the COMMIT
-sent with it; keyed, the head is locked with the transaction's first trip and
-the HMAC computed here (the key never goes to the server). Everything queued
-goes to the server with the COMMIT.
+A `Writer` works on rows its transaction locked (`… FOR UPDATE`, or the guarded
+one-trip form): it computes each new record in Python from the row read, and
+queues at `finish` one UPDATE per operation, guarded by the version read (a
+guard that fails raises in SQL and aborts the transaction, so nothing is
+committed — no extra trip to check a row count), then the audit rows.
+
+Audit rows (`pollwarden.audit_verify`): an operation's first row is a chain row
+— the transaction locks the one chain's head (`head_first(lock=True)`), links
+and hashes the row here, and moves the head. Every later row of an operation is
+an operation row: it follows the operation's own last row, which the locked
+operation row records (`audit_rows`, `audit_hash`), so appends to different
+operations never wait for each other; the head is only read (without a lock) to
+refuse a key that does not match the chain. Hashes are computed here, keyed or
+not: the key never goes to the database server. Everything queued goes to the
+server with the COMMIT.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
 from pollwarden.audit import AuditKeyError, key_mismatch
-from pollwarden.audit_entry import AuditEvent, ChainHead, link, refusal_summary, unlinked
+from pollwarden.audit_entry import (
+    AuditEvent,
+    ChainHead,
+    ChainRow,
+    OperationChain,
+    link,
+    link_in_operation,
+    refusal_summary,
+)
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
 from pollwarden.store.postgres import sql
@@ -40,6 +54,25 @@ def operation(row: Row | None, operation_id: str) -> StoredOperation:
     return stored(row)
 
 
+def seal_entries(rows: list[Row]) -> list[list[object]]:
+    """`sql.SEAL_OPERATIONS`'s rows as a seal names them: ``[operation_id, rows, last hash]``, by id."""
+    entries: list[list[object]] = [[str(op), int(n), str(last)] for op, n, last in rows]
+    return sorted(entries, key=lambda entry: str(entry[0]))
+
+
+@dataclass
+class _Pending:
+    """What this transaction owes one operation's row at `finish`."""
+
+    before: StoredOperation
+    changes: dict[str, Any] = field(default_factory=dict[str, Any])
+    new_version: int | None = None
+    at: float = 0.0
+    owner: str | None = None  # the one-trip form: the row was not read under this transaction's lock
+    reset_refusals: bool = False
+    chain_moved: bool = False
+
+
 class Writer:
     """The writes of one transaction on locked rows, queued until its COMMIT."""
 
@@ -47,89 +80,147 @@ class Writer:
         self.tx = tx
         self._key = key
         self._head_cursor: AsyncCursor[TupleRow] | None = None
+        self._head_locked = False
         self._head: ChainHead | None = None
         self._head_read = False
         self._head_moved = False
-        self._unreset: set[str] = set()
+        self._pending: dict[str, _Pending] = {}
+        # Each operation's audit chain as this transaction's rows leave it (kept across `finish`).
+        self._chains: dict[str, OperationChain] = {}
+        # Audit rows to insert at `finish`, after the operation rows: an operation row takes its seq
+        # only once its operation's row is locked (or its guarded write waited for the lock).
+        self._rows: list[tuple[str, ChainRow]] = []
 
-    async def head_first(self) -> None:
-        """Queue the audit head's read now, to come back with the transaction's first result.
+    async def head_first(self, *, lock: bool = False) -> None:
+        """Queue the chain head's read now, to come back with the transaction's first result.
 
-        Keyed, the head is locked here (the HMAC is computed in Python, from the head it read);
-        unkeyed, it is only read, and locked by the append itself (`sql.APPEND_AUDIT_ROW`).
+        `lock`: this transaction appends a chain row (an operation's first), so the head is locked
+        (FOR UPDATE) until the COMMIT; otherwise it is only read, to check the key against it.
         """
         if self._head_cursor is None:
-            query = sql.READ_AUDIT_HEAD if self._key is None else sql.LOCK_AUDIT_HEAD
-            self._head_cursor = await self.tx.queue(query)
+            self._head_cursor = await self.tx.queue(sql.LOCK_AUDIT_HEAD if lock else sql.READ_AUDIT_HEAD)
+            self._head_locked = lock
 
-    async def _read_head(self) -> ChainHead | None:
-        await self.head_first()
+    async def _read_head(self, *, lock: bool) -> ChainHead | None:
+        if lock and self._head_cursor is not None and not self._head_locked:
+            self._head_cursor = None  # read without the lock: lock it now (a chain row no one expected)
+        await self.head_first(lock=lock)
         assert self._head_cursor is not None
-        head = await self.tx.read(self._head_cursor)
-        if head is None:
-            raise StoreError("the audit head row is missing; the database was not created by pollwarden")
-        self._head_read = True
-        return None if int(head[0]) == 0 else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
+        if not self._head_read:
+            head = await self.tx.read(self._head_cursor)
+            if head is None:
+                raise StoreError("the audit head row is missing; the database was not created by pollwarden")
+            self._head = None if int(head[0]) == 0 else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
+            self._head_read = True
+        return self._head
 
-    async def append(self, entry: AuditEvent, *, unread: bool = False) -> None:
-        """Append one row to the chain after the head (one chain for every process).
+    def _entry(self, current: StoredOperation) -> _Pending:
+        op_id = current.record.operation_id
+        pending = self._pending.get(op_id)
+        if pending is None:
+            pending = self._pending[op_id] = _Pending(current)
+        return pending
 
-        `unread` (unkeyed only): append without reading the head first; a keyed head then fails the
-        statement's guard instead of raising `AuditKeyError` (the caller retries on the locked path).
+    async def append(self, entry: AuditEvent, *, on: StoredOperation, unread: bool = False) -> None:
+        """Append one row about `on`'s operation: its first as a chain row, any later one after its own last.
+
+        `unread` (the one-trip form): append without reading the head; a key that does not match the
+        chain fails the statement's guard instead of raising `AuditKeyError` (the caller retries on the
+        locked path, which says why).
         """
-        if self._key is None:
-            if not self._head_read and not unread:
-                head = await self._read_head()
-                problem = None if head is None else key_mismatch(head.seq, head.keyed, None)
+        pending = self._entry(on)
+        chain = self._chains.get(entry.operation_id) or on.chain
+        if chain is None:
+            raise StoreError(f"operation {entry.operation_id!r} was read without its audit chain")
+        if chain.rows == 0:
+            await self.append_to_chain(entry)
+            assert self._head is not None
+            row = self._rows[-1][1]
+        else:
+            if not unread:
+                head = await self._read_head(lock=False)
+                problem = None if head is None else key_mismatch(head.seq, head.keyed, self._key)
                 if problem is not None:
                     raise AuditKeyError(problem)
-            await self.tx.queue(sql.APPEND_AUDIT_ROW, dataclasses.asdict(unlinked(entry)))
-            await self.tx.queue(sql.MOVE_AUDIT_HEAD)
-            return
-        if not self._head_read:
-            self._head = await self._read_head()
-        row = link(self._head, entry, key=self._key)
-        await self.tx.queue(sql.INSERT_AUDIT_ROW, dataclasses.asdict(row))
-        self._head = ChainHead(row.seq, row.hash, row.keyed)
+            row = link_in_operation(chain, entry, key=self._key)
+            self._rows.append((sql.INSERT_OPERATION_ROW, row))
+        # A chain row's position is its place in the one chain; the operation counts its own rows.
+        self._chains[entry.operation_id] = OperationChain(chain.rows + 1, row.hash)
+        pending.chain_moved = True
+
+    def chain_of(self, operation_id: str) -> OperationChain | None:
+        """An operation's audit chain as this transaction's rows leave it (None: no row written for it)."""
+        return self._chains.get(operation_id)
+
+    async def append_to_chain(self, entry: AuditEvent) -> None:
+        """Append a row about the chain itself (a seal): a chain row of no operation."""
+        row = link(await self._read_head(lock=True), entry, key=self._key)
+        self._rows.append((sql.INSERT_CHAIN_ROW, row))
+        self._head = ChainHead(row.position, row.hash, row.keyed)
         self._head_moved = True
 
     async def flush(self, current: StoredOperation) -> bool:
         """Append the pending summary of refused calls (if any); the counters reset with the next write."""
-        pending = current.refusals
-        if pending.count == 0:
+        refusals = current.refusals
+        if refusals.count == 0:
             return False
-        await self.append(refusal_summary(current.record, pending))
-        self._unreset.add(current.record.operation_id)
+        await self.append(refusal_summary(current.record, refusals), on=current)
+        self._entry(current).reset_refusals = True
         return True
 
     async def write(
         self, current: StoredOperation, changes: Mapping[str, Any], *, at: float, owner: str | None = None
     ) -> OperationRecord:
-        """Write `changes` to the locked operation (version + 1); the new record.
+        """Write `changes` to the locked operation (version + 1, queued until `finish`); the new record.
 
         With `owner`, the row need not be locked: the write holds only if the row is still at the
-        version read, leased by `owner`, with no refused calls counted (else the transaction fails).
+        version read, leased by `owner`, with no refused calls counted and no audit row written since
+        (else the transaction fails).
         """
         before = current.record
-        op_id = before.operation_id
-        reset = op_id in self._unreset
-        self._unreset.discard(op_id)
-        columns = tuple(changes)
-        params: dict[str, object] = {f"c_{c}": v for c, v in changes.items()}
-        params.update(operation_id=op_id, version=before.version, new_version=before.version + 1, at=at)
-        if owner is not None:
-            params["owner"] = owner
-        update = sql.write_operation(columns, reset, unlocked=owner is not None)
-        await self.tx.queue(_GUARDED.format(update=update), params)
+        pending = self._entry(current)
+        if pending.new_version is not None:
+            raise StoreError(f"operation {before.operation_id!r} written twice in one transaction")
+        pending.changes = dict(changes)
+        pending.new_version = before.version + 1
+        pending.at = at
+        pending.owner = owner
         return dataclasses.replace(before, **changes, version=before.version + 1, updated_at=at)
 
     async def finish(self) -> None:
-        """Queue what is still owed: the counters of summarised refusals, and the chain head."""
-        for op_id in sorted(self._unreset):
-            await self.tx.queue(sql.RESET_REFUSALS, {"operation_id": op_id})
-        self._unreset.clear()
+        """Queue what is still owed: each operation's row (its changes, its refusal counters, its audit
+        chain), and the chain head."""
+        for op_id in sorted(self._pending):
+            pending = self._pending.pop(op_id)
+            await self._queue_row(op_id, pending)
+        for statement, row in self._rows:
+            await self.tx.queue(statement, dataclasses.asdict(row))
+        self._rows.clear()
         if self._head_moved and self._head is not None:
-            await self.tx.queue(
-                sql.SET_AUDIT_HEAD,
-                {"seq": self._head.seq, "hash": self._head.hash, "keyed": self._head.keyed},
-            )
+            head = {"seq": self._head.seq, "hash": self._head.hash, "keyed": self._head.keyed}
+            await self.tx.queue(sql.SET_AUDIT_HEAD, head)
+            self._head_moved = False
+
+    async def _queue_row(self, op_id: str, pending: _Pending) -> None:
+        chain: dict[str, object] = {}
+        if pending.chain_moved:
+            now = self._chains[op_id]
+            chain = {"audit_rows": now.rows, "audit_hash": now.hash}
+        if pending.new_version is None:
+            if chain or pending.reset_refusals:
+                statement = sql.move_chain(pending.reset_refusals) if chain else sql.RESET_REFUSALS
+                await self.tx.queue(statement, {"operation_id": op_id, **chain})
+            return
+        before = pending.before
+        params: dict[str, object] = {f"c_{c}": v for c, v in pending.changes.items()}
+        params.update(
+            operation_id=op_id, version=before.record.version, new_version=pending.new_version, at=pending.at
+        )
+        params.update(chain)
+        if pending.owner is not None:
+            params["owner"] = pending.owner
+            params["rows_before"] = 0 if before.chain is None else before.chain.rows
+        update = sql.write_operation(
+            tuple(pending.changes), pending.reset_refusals, bool(chain), unlocked=pending.owner is not None
+        )
+        await self.tx.queue(_GUARDED.format(update=update), params)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from pollwarden.audit import SELECT_AUDIT_ROWS_OF, AuditRow, audit_row
+from pollwarden.audit import AuditRow, audit_row, audit_rows_sql
 from pollwarden.store import browse
 from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.sqlite import rows
@@ -43,7 +43,7 @@ def facets(conn: sqlite3.Connection) -> OperationFacets:
 
 def audit_rows(conn: sqlite3.Connection, operation_id: str) -> list[AuditRow]:
     """One operation's audit rows in chain order."""
-    sql = SELECT_AUDIT_ROWS_OF.format(operation_id=_mark("operation_id"))
+    sql = audit_rows_sql(per_operation=False) + f" WHERE operation_id = {_mark('operation_id')} ORDER BY seq"
     return [audit_row(raw) for raw in conn.execute(sql, {"operation_id": operation_id}).fetchall()]
 
 

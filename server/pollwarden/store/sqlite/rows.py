@@ -17,6 +17,8 @@ from pollwarden.audit_entry import (
     REFUSALS_PER_SUMMARY,
     AuditEvent,
     ChainHead,
+    ChainRow,
+    OperationChain,
     PendingRefusals,
     chain_row,
     link,
@@ -30,20 +32,24 @@ from pollwarden.vocabulary import Outcome
 
 @dataclass(frozen=True)
 class StoredOperation:
-    """An operation row: the record, and the refused calls counted on it and not yet audited."""
+    """An operation row: the record, the refused calls counted on it and not yet audited, and (on
+    PostgreSQL, where each operation's audit rows form a chain of their own) that chain's head."""
 
     record: OperationRecord
     refusals: PendingRefusals
+    chain: OperationChain | None = None
 
 
 def stored(row: Sequence[Any]) -> StoredOperation:
-    """A row of `queries.OPERATION_ROW` as the record and its refusal counters."""
+    """A row of `queries.OPERATION_ROW` as the record and its refusal counters (and, when the row
+    carries two more columns, PostgreSQL's `audit_rows` and `audit_hash`, the operation's chain)."""
     width = queries.OPERATION_ROW_WIDTH
     record = OperationRecord.from_row(row[:width])
-    count, outcome, first_at, last_at = row[width:]
+    count, outcome, first_at, last_at = row[width : width + 4]
+    chain = None if len(row) == width + 4 else OperationChain(int(row[width + 4]), str(row[width + 5] or ""))
     if not count:
-        return StoredOperation(record, NO_REFUSALS)
-    return StoredOperation(record, PendingRefusals(int(count), Outcome(outcome), first_at, last_at))
+        return StoredOperation(record, NO_REFUSALS, chain)
+    return StoredOperation(record, PendingRefusals(int(count), Outcome(outcome), first_at, last_at), chain)
 
 
 def fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation | None:
@@ -85,10 +91,8 @@ def update_operation(
 def append(conn: sqlite3.Connection, entry: AuditEvent, key: bytes | None) -> int:
     """Append one decision to the chain (head read and insert in this transaction); its seq."""
     row = link(_head(conn), entry, key=key)
-    _insert(
-        conn, row.seq, row.operation_id, row.at, row.kind, row.payload, row.prev_hash, row.hash, row.keyed
-    )
-    return row.seq
+    _insert(conn, row)
+    return row.position
 
 
 def append_audit(
@@ -110,10 +114,8 @@ def append_audit(
     if not conn.in_transaction:
         raise RuntimeError("append_audit must run inside an open write transaction (BEGIN IMMEDIATE)")
     row = chain_row(_head(conn), operation_id=operation_id, at=at, kind=kind, payload=payload, key=key)
-    _insert(
-        conn, row.seq, row.operation_id, row.at, row.kind, row.payload, row.prev_hash, row.hash, row.keyed
-    )
-    return row.seq
+    _insert(conn, row)
+    return row.position
 
 
 def _head(conn: sqlite3.Connection) -> ChainHead | None:
@@ -121,7 +123,18 @@ def _head(conn: sqlite3.Connection) -> ChainHead | None:
     return None if head is None else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
 
 
-def _insert(conn: sqlite3.Connection, *values: object) -> None:
+def _insert(conn: sqlite3.Connection, row: ChainRow) -> None:
+    # A SQLite row's place in the chain is its seq: every row is a chain row.
+    values = (
+        row.position,
+        row.operation_id,
+        row.at,
+        row.kind,
+        row.payload,
+        row.prev_hash,
+        row.hash,
+        row.keyed,
+    )
     conn.execute(queries.INSERT_AUDIT_ROW, values)
 
 
