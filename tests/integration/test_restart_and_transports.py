@@ -278,7 +278,9 @@ def child_process(args: list[str], log: Path, **popen: Any) -> Iterator[subproce
 
 def test_the_stdio_server_writes_nothing_but_json_rpc_to_stdout(tmp_path: Path, fake: FakeProvider) -> None:
     fake.script("raw", [pending("running")])
-    h = make_harness(tmp_path, fake, table=FAST)
+    # The first check is allowed 1.5-3 s after the start, so the check below always waits (and reports
+    # progress) however slowly the machine gets from one call to the next.
+    h = make_harness(tmp_path, fake, table={"schedule": {"base_delay_seconds": 3, "max_delay_seconds": 3}})
     args = serve_args(h)
     args.insert(2, "--verbose")  # debug logging: every log line must still go to stderr
     log = tmp_path / "stderr.log"
