@@ -7,17 +7,23 @@ time, on operations of their own (as 8 agents checking 8 jobs would):
 * reservation: the engine's one-statement reservation (a guarded
   `UPDATE … RETURNING`, committed with synchronous_commit on, one trip), the
   path `begin_check` takes when nothing else goes with the reservation;
-* answer + audit: `Store.apply_answer` — the operation row and the audit head
-  locked, the answer written, one audit row linked to the one global chain,
-  committed (two trips).
+* answer + audit: the answer a check writes after its own reservation — the
+  operation row updated under its guard (version, lease, no refusal, no audit
+  row since) and one audit row appended to that operation's own chain,
+  committed in one trip (`PostgresStore._answer_as_reserved`'s statements,
+  driven directly: each answer keeps the lease, so the next one's guard holds);
+* answer + audit, locked: `Store.apply_answer` without a reservation of this
+  process (the row locked and read, then the writes: two trips).
 
 Goals (issue 18): ≥ 5,000 reservation tx/s and ≥ 3,000 answer-plus-audit tx/s.
-The chain is verified after the run.
+The audit is verified after the run.
 
 The ceiling, measured right after in the same run (when `pgbench` is on PATH):
 the same two transactions, statement for statement and trip for trip, driven
 by pgbench (C, no Python, 8 connections) on a scratch schema of their own —
-what this machine's PostgreSQL and disk allow whatever the client does.
+what this machine's PostgreSQL and disk allow whatever the client does — and
+the answer as it was with one chain for every row (the head locked by every
+answer: what per-operation chains removed).
 Results: benchmarks/results/engine_alone.json.
 
     python -m benchmarks.engine_alone [--url postgresql://postgres@127.0.0.1:5432/test] [--seconds 5]
@@ -43,10 +49,15 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import DEFAULT_PG_URL, RESULTS_DIR, dump_json, machine, percentile_ms, scratch_schema
-from pollwarden.audit import verify_chain
+from pollwarden.audit_entry import event
+from pollwarden.audit_verify import verify_chain
 from pollwarden.store import DatabaseLocation, open_store
 from pollwarden.store.postgres import sql
+from pollwarden.store.postgres.connection import Pool, Row
 from pollwarden.store.postgres.engine import PostgresStore
+from pollwarden.store.postgres.writer import Writer
+from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.vocabulary import Outcome
 
 
 def _values(operation_id: str) -> dict[str, object]:
@@ -83,6 +94,7 @@ async def _worker(url: str, kind: str, ops: list[str], seconds: float, start_at:
 
         async def loop(op: str) -> None:
             now = 1.0
+            held = stored(cast(Row, await pool.read_one(sql.SELECT_OPERATION, {"operation_id": op})))
             while time.time() < stop:
                 now += 1.0
                 began = time.perf_counter()
@@ -92,6 +104,8 @@ async def _worker(url: str, kind: str, ops: list[str], seconds: float, start_at:
                         sql.RESERVE.replace("version = %(version)s AND ", ""), params
                     )
                     assert reserved is not None
+                elif kind == "answer_audit":
+                    held = await _answer_as_reserved(pool, held, now)
                 else:
                     # The answer of a check whose lease is free (owner None matches): applied every time.
                     await pg.apply_answer(
@@ -105,6 +119,29 @@ async def _worker(url: str, kind: str, ops: list[str], seconds: float, start_at:
         return latencies
 
 
+async def _answer_as_reserved(pool: Pool, held: StoredOperation, now: float) -> StoredOperation:
+    """One answer in one trip, as `PostgresStore._answer_as_reserved` writes it, keeping the lease."""
+    async with pool.transaction() as tx:
+        writer = Writer(tx, None)
+        changes = {"polls_completed": held.record.polls_completed + 1, "last_http_status": 200}
+        updated = await writer.write(held, changes, at=now, owner="bench")
+        polled = event(updated, "polled", now, outcome=Outcome.POLLED)
+        await writer.append(polled, on=held, unread=True)
+        await writer.finish()
+        chain = writer.chain_of(held.record.operation_id)
+    return StoredOperation(updated, held.refusals, chain)
+
+
+async def create_operations(url: str, ops: Sequence[str], leased: bool) -> None:
+    """The phase's operations; `leased`: each held by the lease a reservation of "bench" takes."""
+    async with open_store(url) as store:
+        for op in ops:
+            await store.create_operation(_values(op), kind="tracking_started", at=0.5)
+            if leased:
+                check = {"wait_until": 0.0, "lease_seconds": 4e9, "fleets": {"bench": None}}
+                await store.begin_check(op, now=1.0, owner="bench", **check)
+
+
 def _process(url: str, kind: str, ops: list[str], seconds: float, start_at: float, out: Any) -> None:
     out.put(anyio.run(_worker, url, kind, ops, seconds, start_at))
 
@@ -112,13 +149,7 @@ def _process(url: str, kind: str, ops: list[str], seconds: float, start_at: floa
 def run(url: str, kind: str, *, connections: int, processes: int, seconds: float) -> dict[str, Any]:
     """One phase: `connections` operations, spread over `processes` worker processes."""
     ops = [f"{kind}-{i}" for i in range(connections)]
-
-    async def create() -> None:
-        async with open_store(url) as store:
-            for op in ops:
-                await store.create_operation(_values(op), kind="tracking_started", at=0.5)
-
-    anyio.run(create)
+    anyio.run(create_operations, url, ops, kind == "answer_audit")
     queue: Any = multiprocessing.get_context("spawn").Queue()
     start_at = time.time() + 5.0  # every worker connected before the clock starts (a loaded machine)
     workers = [
@@ -142,38 +173,52 @@ def run(url: str, kind: str, *, connections: int, processes: int, seconds: float
     }
 
 
-# The two transactions as pgbench scripts (prepared statements; each pipeline is one trip).
+# The transactions as pgbench scripts (prepared statements; each pipeline is one trip).
 _PGBENCH_RESERVATION = """\\set n random(0, {last})
 UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, \
 lease_owner = 'bench', lease_expires_at = 0, version = version + 1, updated_at = 1 \
 WHERE operation_id = 'reservation-' || (:n)::int AND status = 'waiting' \
 AND status_requests_used < max_status_requests RETURNING *;
 """
+# The one-trip answer: the guarded update, its row in the operation's own chain, COMMIT.
 _PGBENCH_ANSWER = """\\set n random(0, {last})
 \\startpipeline
 BEGIN;
-SELECT * FROM operations WHERE operation_id = 'answer_audit-' || (:n)::int FOR UPDATE;
-SELECT seq, hash, keyed FROM audit_head;
-\\endpipeline
-\\startpipeline
-UPDATE operations SET polls_completed = 0, version = version + 1 WHERE operation_id = 'answer_audit-' || (:n)::int;
+WITH written AS (UPDATE operations SET polls_completed = polls_completed + 1, last_http_status = 200, \
+audit_rows = audit_rows + 1, audit_hash = md5(random()::text), version = version + 1, updated_at = 2 \
+WHERE operation_id = 'answer_audit-' || (:n)::int AND lease_owner = 'bench' AND refused_count = 0 \
+RETURNING 1) SELECT 1 / count(*) FROM written;
 {append};
-{move};
 COMMIT;
 \\endpipeline
 """
-
-
-# The same answer with its audit row in no chain (no global head to lock): what one chain costs.
-_UNCHAINED = "INSERT INTO audit_unchained (operation_id, payload) VALUES ('answer_audit-' || (:n)::int, repeat('x', 700))"
+# The answer as it was with one chain for every row: the row and the head locked, then the writes.
+_PGBENCH_ONE_CHAIN = """\\set n random(0, {last})
+\\startpipeline
+BEGIN;
+SELECT * FROM operations WHERE operation_id = 'answer_audit-' || (:n)::int FOR UPDATE;
+SELECT seq, hash, keyed FROM audit_head FOR UPDATE;
+\\endpipeline
+\\startpipeline
+UPDATE operations SET polls_completed = 0, version = version + 1 WHERE operation_id = 'answer_audit-' || (:n)::int;
+INSERT INTO audit (position, link, operation_id, at, kind, payload, prev_hash, hash, keyed) \
+SELECT seq + 1, 'chain', 'answer_audit-' || (:n)::int, '1970-01-01T00:00:01.000Z', 'polled', '{payload}', \
+hash, md5(random()::text), false FROM audit_head;
+UPDATE audit_head SET seq = seq + 1, hash = md5(random()::text);
+COMMIT;
+\\endpipeline
+"""
+_PAYLOAD = "{" + '"note":"' + "x" * 700 + '"}'
 
 
 def _pgbench_append() -> str:
-    """The engine's append statement with a payload of a real row's size written in."""
-    payload = "{" + '"note":"' + "x" * 700 + '"}'
-    values = {"operation_id": "'answer_audit-' || (:n)::int", "at": "'1970-01-01T00:00:01.000Z'"}
-    values.update(kind="'polled'", payload=f"'{payload}'", middle=f'\',"op","at","polled","{payload}",\'')
-    text = sql.APPEND_AUDIT_ROW
+    """The engine's statement for an operation row, with a real row's size written in."""
+    values = {
+        "position": "2", "link": "'operation'", "operation_id": "'answer_audit-' || (:n)::int",
+        "at": "'1970-01-01T00:00:01.000Z'", "kind": "'polled'", "payload": f"'{_PAYLOAD}'",
+        "prev_hash": "md5('a')", "hash": "md5(random()::text)", "keyed": "false",
+    }  # fmt: skip
+    text = sql.INSERT_OPERATION_ROW
     for name, value in values.items():
         text = text.replace(f"%({name})s", value)
     return text
@@ -181,7 +226,6 @@ def _pgbench_append() -> str:
 
 def ceiling(url: str, *, connections: int, seconds: float) -> dict[str, Any] | None:
     """The same transactions from pgbench (None without pgbench on PATH)."""
-    import psycopg
 
     pgbench = shutil.which("pgbench")
     if pgbench is None:
@@ -191,24 +235,15 @@ def ceiling(url: str, *, connections: int, seconds: float) -> dict[str, Any] | N
         shapes = {
             "reservation": _PGBENCH_RESERVATION,
             "answer_audit": _PGBENCH_ANSWER,
-            "answer_audit_unchained": _PGBENCH_ANSWER.replace("{append};\n{move};\n", _UNCHAINED + ";\n"),
+            "answer_audit_one_chain": _PGBENCH_ONE_CHAIN,
         }
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                "CREATE TABLE audit_unchained (seq bigserial PRIMARY KEY, operation_id text, payload text)"
-            )
         for kind, template in shapes.items():
-            ops = [f"{kind}-{i}" for i in range(connections)] if kind != "answer_audit_unchained" else []
-
-            async def create(ops: list[str] = ops) -> None:
-                async with open_store(url) as store:
-                    for op in ops:
-                        await store.create_operation(_values(op), kind="tracking_started", at=0.5)
-
-            anyio.run(create)
+            if kind != "answer_audit_one_chain":
+                ops = [f"{kind}-{i}" for i in range(connections)]
+                anyio.run(create_operations, url, ops, kind == "answer_audit")
             script = Path(tmp) / f"{kind}.sql"
             script.write_text(
-                template.format(last=connections - 1, append=_pgbench_append(), move=sql.MOVE_AUDIT_HEAD)
+                template.format(last=connections - 1, append=_pgbench_append(), payload=_PAYLOAD)
             )
             done = subprocess.run(
                 [
@@ -255,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with scratch_schema(args.url, "bench") as url:
         phases = {
             kind: run(url, kind, connections=args.connections, processes=args.processes, seconds=args.seconds)
-            for kind in ("reservation", "answer_audit")
+            for kind in ("reservation", "answer_audit", "answer_audit_locked")
         }
         verdict = verify_chain(DatabaseLocation.parse(url), None)
     with scratch_schema(args.url, "bench_ceiling") as url:
@@ -267,13 +302,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": args.seconds,
         "reservation": phases["reservation"],
         "answer_audit": phases["answer_audit"],
+        "answer_audit_locked": phases["answer_audit_locked"],
         "goals": {"reservation_per_second": 5000, "answer_audit_per_second": 3000},
         "ceiling_pgbench": bare,
         "of_ceiling": None
         if bare is None
         else {
             kind: round(phases[kind]["per_second"] / bare[kind]["per_second"], 2)
-            for kind in phases
+            for kind in ("reservation", "answer_audit")
             if bare[kind]["per_second"]
         },
         "audit_chain_ok": verdict.ok,
@@ -281,13 +317,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(processor=True),
     }
     dump_json(args.out, summary)
-    for kind in ("reservation", "answer_audit"):
+    for kind in ("reservation", "answer_audit", "answer_audit_locked"):
         p = phases[kind]
-        line = f"{kind:13} {p['per_second']:>7,}/s  p50 {p['p50_ms']} ms  p95 {p['p95_ms']} ms"
-        if bare is not None:
+        line = f"{kind:19} {p['per_second']:>7,}/s  p50 {p['p50_ms']} ms  p95 {p['p95_ms']} ms"
+        if bare is not None and kind in bare:
             line += f"   pgbench, same transaction: {bare[kind]['per_second']:,}/s"
         print(line)
-    print(f"audit chain {'OK' if verdict.ok else 'BROKEN'}: {verdict.rows_checked} rows; JSON: {args.out}")
+    if bare is not None:
+        print(
+            f"pgbench, the answer with one chain for every row: {bare['answer_audit_one_chain']['per_second']:,}/s"
+        )
+    print(f"audit {'OK' if verdict.ok else 'BROKEN'}: {verdict.rows_checked} rows; JSON: {args.out}")
     return 0 if verdict.ok else 1
 
 

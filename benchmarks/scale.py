@@ -207,13 +207,22 @@ def _bulk_copies(db: DatabaseLocation, template: str, fill: int) -> None:
             f"generate_series(1, {fill - 1}) AS g WHERE operation_id = %s",
             (template,),
         )
+        # Each copy's first row is a row of the one chain (its place after the head), as a start makes it.
         conn.execute(
-            "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
-            f"SELECT h.seq + g, {new_id}, a.at, a.kind, a.payload, a.prev_hash, a.hash, a.keyed "  # pyright: ignore[reportArgumentType]
-            f"FROM audit AS a, audit_head AS h, generate_series(1, {fill - 1}) AS g WHERE a.operation_id = %s",
+            "INSERT INTO audit (position, link, operation_id, at, kind, payload, prev_hash, hash, keyed) "
+            f"SELECT h.seq + g, 'chain', {new_id}, a.at, a.kind, a.payload, a.prev_hash, a.hash, a.keyed "  # pyright: ignore[reportArgumentType]
+            f"FROM audit AS a, audit_head AS h, generate_series(1, {fill - 1}) AS g WHERE a.operation_id = %s "
+            "ORDER BY g",
             (template,),
         )
-        conn.execute("UPDATE audit_head SET seq = (SELECT max(seq) FROM audit)")
+        conn.execute(
+            "UPDATE operations AS o SET audit_rows = 1, audit_hash = a.hash, audit_sealed_rows = 1 "
+            "FROM audit AS a WHERE a.operation_id = o.operation_id AND o.operation_id LIKE 'fill-%'"
+        )
+        conn.execute(
+            "UPDATE audit_head SET seq = (SELECT max(position) FROM audit WHERE link = 'chain'), "
+            "hash = (SELECT hash FROM audit WHERE link = 'chain' ORDER BY position DESC LIMIT 1)"
+        )
         conn.execute("VACUUM ANALYZE operations")
         conn.execute("VACUUM ANALYZE audit")
 
