@@ -14,8 +14,6 @@ from .loader import (
 )
 from .table import (
     CATEGORIES,
-    AuthSpec,
-    CancelSpec,
     Category,
     FleetSpec,
     LimitsSpec,
@@ -26,10 +24,10 @@ from .table import (
     ResponseSpec,
     ScheduleSpec,
     StatesSpec,
-    SubmitSpec,
     SuccessSpec,
     WebhookSpec,
 )
+from .table_request import AuthSpec, CancelSpec, SubmitSpec
 
 __all__ = [
     "CATEGORIES",
