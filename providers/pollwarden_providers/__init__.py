@@ -17,17 +17,14 @@ from .table import (
     Category,
     FleetSpec,
     LimitsSpec,
-    NotFoundSpec,
     ProviderTable,
     RateLimitSpec,
-    RefineSpec,
-    ResponseSpec,
     ScheduleSpec,
-    StatesSpec,
     SuccessSpec,
     WebhookSpec,
 )
 from .table_request import AuthSpec, CancelSpec, SubmitSpec
+from .table_response import NotFoundSpec, RefineSpec, ResponseSpec, StatesSpec
 
 __all__ = [
     "CATEGORIES",
