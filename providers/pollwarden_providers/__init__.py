@@ -20,11 +20,11 @@ from .table import (
     ProviderTable,
     RateLimitSpec,
     ScheduleSpec,
-    SuccessSpec,
     WebhookSpec,
 )
 from .table_request import AuthSpec, CancelSpec, SubmitSpec
 from .table_response import NotFoundSpec, RefineSpec, ResponseSpec, StatesSpec
+from .table_results import SuccessSpec
 
 __all__ = [
     "CATEGORIES",
