@@ -6,28 +6,35 @@ poll and what the budgets are (README "Writing a provider table"). Everything he
 the table is loaded, so a wrong table is refused at start-up with a message
 naming the key and the fix, rather than misbehaving mid-operation.
 
-What every section is built from (frozen models, strict and finite numbers,
-the refusal that carries its fix) is ``table_common``.
+``ProviderTable`` here assembles the sections, checks its top-level keys and
+makes the checks that need more than one section. The sections live by group:
+
+- ``table_request``: base_url and its origin, job id parts, paths, [headers],
+  [auth], [submit], [cancel];
+- ``table_response``: [response], [states], [refine.*], [not_found], [expiry],
+  [awaiting_review];
+- ``table_results``: [success], [results], [fields], [counts];
+- ``table_limits``: [schedule], [fleet], [rate_limit], [limits], [approval];
+- ``table_webhook``: [webhook];
+- ``table_common``: what they are all built from (frozen models, strict and
+  finite numbers, the refusal that carries its fix).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Self
+from typing import Annotated, Self
 
 from pydantic import BaseModel, Field, PrivateAttr, StrictStr, field_validator, model_validator
 
 from pollwarden_providers.category import CATEGORIES, Category
-from pollwarden_providers.table_common import (
-    ENV_RE,
-    MODEL_CONFIG,
-    PLACEHOLDER_RE,
-    PositiveFloat,
-    PositiveInt,
-    check_dotted_path,
-    check_header_name,
-    has_control_or_space,
-    refuse,
+from pollwarden_providers.table_common import MODEL_CONFIG, PLACEHOLDER_RE, check_dotted_path, refuse
+from pollwarden_providers.table_limits import (
+    ApprovalSpec,
+    FleetSpec,
+    LimitsSpec,
+    RateLimitSpec,
+    ScheduleSpec,
 )
 from pollwarden_providers.table_request import (
     CREDENTIAL_HEADER_WORDS,
@@ -56,238 +63,13 @@ from pollwarden_providers.table_results import (
     ResultsSpec,
     SuccessSpec,
 )
+from pollwarden_providers.table_webhook import WebhookSpec
 
-__all__ = [
-    "CATEGORIES",
-    "Category",
-    "FleetSpec",
-    "LimitsSpec",
-    "ProviderTable",
-    "RateLimitSpec",
-    "ScheduleSpec",
-    "WebhookSpec",
-]
+# FleetSpec is re-exported because the store imports it from here; every other
+# section model is imported from its own module.
+__all__ = ["FleetSpec", "ProviderTable"]
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
-
-
-class RateLimitSpec(BaseModel):
-    """How the provider signals a rate limit besides a plain 429 (GitHub: a 403 plus its headers)."""
-
-    model_config = MODEL_CONFIG
-
-    remaining_header: str | None = Field(
-        default=None,
-        description='an HTTP header name, e.g. "x-ratelimit-remaining" (a 403 with it at "0" is a rate limit)',
-    )
-    reset_header: str | None = Field(
-        default=None,
-        description='an HTTP header name, e.g. "x-ratelimit-reset" (Unix seconds; waited for without Retry-After)',
-    )
-    forbidden_with_retry_after: bool = Field(
-        default=False, description="true or false: a 403 carrying Retry-After is a rate limit"
-    )
-    body_field: str | None = Field(
-        default=None,
-        description='a dotted path to the error text in the JSON body, e.g. "message" (used with body_contains)',
-    )
-    body_contains: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
-        default=(),
-        description='literal phrases, e.g. ["secondary rate limit"]: a 403 whose body_field contains one '
-        "(ignoring case) is a rate limit",
-    )
-    min_wait_seconds: PositiveFloat | None = Field(
-        default=None,
-        description="a number of seconds > 0, e.g. 60: the documented shortest wait after a rate limit "
-        "that gives no Retry-After (or reset time)",
-    )
-
-    @field_validator("remaining_header", "reset_header")
-    @classmethod
-    def _headers_are_tokens(cls, value: str | None) -> str | None:
-        return check_header_name(value)
-
-    @field_validator("body_field")
-    @classmethod
-    def _field_is_dotted(cls, value: str | None) -> str | None:
-        return check_dotted_path(value)
-
-    @field_validator("body_contains")
-    @classmethod
-    def _phrases_are_literal(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for phrase in value:
-            if not 3 <= len(phrase) <= 100 or has_control_or_space(phrase.replace(" ", "")):
-                raise refuse(
-                    f"{phrase[:40]!r} is not a short literal phrase",
-                    'write 3 to 100 plain characters as the provider documents them, e.g. "secondary rate limit"',
-                )
-        return value
-
-    @model_validator(mode="after")
-    def _phrases_need_a_field(self) -> Self:
-        if bool(self.body_field) != bool(self.body_contains):
-            raise refuse(
-                "body_field and body_contains go together",
-                'name the documented field and the phrases, e.g. body_field = "message" and '
-                'body_contains = ["secondary rate limit"]',
-                key="body_field" if self.body_contains else "body_contains",
-            )
-        return self
-
-
-class ScheduleSpec(BaseModel):
-    """Local backoff: ``raw = min(max, base * 2**attempt)``, then drawn uniformly from [raw/2, raw]."""
-
-    model_config = MODEL_CONFIG
-
-    base_delay_seconds: PositiveFloat = Field(default=5.0, description="a number of seconds > 0, e.g. 5")
-    max_delay_seconds: PositiveFloat = Field(default=120.0, description="a number of seconds > 0, e.g. 120")
-
-    @model_validator(mode="after")
-    def _base_within_max(self) -> Self:
-        if self.base_delay_seconds > self.max_delay_seconds:
-            raise refuse(
-                f"base_delay_seconds ({self.base_delay_seconds:g}) is larger than "
-                f"max_delay_seconds ({self.max_delay_seconds:g})",
-                "make base_delay_seconds at most max_delay_seconds",
-                key="base_delay_seconds",
-            )
-        return self
-
-
-class FleetSpec(BaseModel):
-    """A token bucket shared by every operation of this provider on one database."""
-
-    model_config = MODEL_CONFIG
-
-    max_requests_per_second: PositiveFloat = Field(description="a number > 0, e.g. 5")
-    burst: int = Field(default=1, ge=1, description="a whole number >= 1, e.g. 5")
-
-
-class LimitsSpec(BaseModel):
-    """Budget defaults and the caps an operation may never be given more than."""
-
-    model_config = MODEL_CONFIG
-
-    default_deadline_seconds: PositiveFloat = Field(default=2400.0, description="a number of seconds > 0")
-    max_deadline_seconds: PositiveFloat = Field(default=86400.0, description="a number of seconds > 0")
-    default_max_status_requests: PositiveInt = Field(default=12, description="a whole number > 0")
-    max_status_requests: PositiveInt = Field(default=200, description="a whole number > 0")
-    max_transport_failures: PositiveInt = Field(default=3, description="a whole number > 0")
-    max_rate_limited: PositiveInt = Field(default=3, description="a whole number > 0")
-
-    @model_validator(mode="after")
-    def _defaults_within_caps(self) -> Self:
-        pairs: tuple[tuple[str, float, str, float], ...] = (
-            ("default_deadline_seconds", self.default_deadline_seconds,
-             "max_deadline_seconds", self.max_deadline_seconds),
-            ("default_max_status_requests", self.default_max_status_requests,
-             "max_status_requests", self.max_status_requests),
-        )  # fmt: skip
-        for default_key, default, cap_key, cap in pairs:
-            if default > cap:
-                raise refuse(
-                    f"{default_key} ({default:g}) is larger than {cap_key} ({cap:g})",
-                    f"make {default_key} at most {cap_key}",
-                    key=default_key,
-                )
-        return self
-
-
-class ApprovalSpec(BaseModel):
-    """[approval]: when a person approves this provider's requests (README "Approvals").
-
-    By default routine status requests inside approved bounds need no click.
-    `every_status_request = true` is for high-privilege status APIs (ones that
-    expose sensitive job metadata): a person approves each status request
-    before it is sent.
-    """
-
-    model_config = MODEL_CONFIG
-
-    every_status_request: bool = Field(
-        default=False, description="true or false: a person approves each status request before it is sent"
-    )
-
-
-class WebhookSpec(BaseModel):
-    """A provider's signed webhooks: a hint that brings the next status check forward, nothing more."""
-
-    model_config = MODEL_CONFIG
-
-    scheme: Literal["standard", "github"] = Field(
-        description='"standard" (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature; '
-        'OpenAI, Replicate) or "github" (X-Hub-Signature-256)'
-    )
-    secret_env: str = Field(
-        description='the name of an environment variable holding the signing secret, e.g. "OPENAI_WEBHOOK_SECRET"'
-    )
-    job_id_fields: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
-        description='dotted paths to the job id in the event, joined by "/" when several, '
-        'e.g. ["data.id"] or ["repository.full_name", "workflow_run.id"]'
-    )
-    event_type_field: str = Field(
-        default="type", description='a dotted path to the event type in the event, e.g. "type" or "action"'
-    )
-    event_type_header: str | None = Field(
-        default=None,
-        description='a header whose value is put before the field\'s, joined by ".", e.g. "X-GitHub-Event"',
-    )
-    events: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
-        description='the event types that wake an operation, e.g. ["batch.completed", "batch.failed"]'
-    )
-    max_body_bytes: int = Field(
-        default=256 * 1024, gt=0, le=25 * 1024 * 1024, description="a whole number of bytes, at most 26214400"
-    )
-
-    @field_validator("secret_env")
-    @classmethod
-    def _secret_env_is_a_variable_name(cls, value: str) -> str:
-        if not ENV_RE.fullmatch(value):
-            # The value is not echoed: people paste the secret itself here.
-            raise refuse(
-                "the value is not an environment variable name",
-                'name the variable that holds the signing secret, not the secret, e.g. "OPENAI_WEBHOOK_SECRET"',
-            )
-        return value
-
-    @field_validator("job_id_fields")
-    @classmethod
-    def _job_id_fields_are_dotted(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise refuse("no field is named", 'name where the job id is, e.g. ["data.id"]')
-        for field in value:
-            check_dotted_path(field)
-        return value
-
-    @field_validator("event_type_field")
-    @classmethod
-    def _event_type_field_is_dotted(cls, value: str) -> str:
-        check_dotted_path(value)
-        return value
-
-    @field_validator("event_type_header")
-    @classmethod
-    def _event_type_header_is_a_token(cls, value: str | None) -> str | None:
-        return check_header_name(value)
-
-    @field_validator("events")
-    @classmethod
-    def _events_are_exact(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise refuse(
-                "no event type is listed, so no webhook could ever wake an operation",
-                'list the event types that mean the job may have finished, e.g. ["batch.completed"]',
-            )
-        for name in value:
-            if name == "" or name != name.strip() or has_control_or_space(name):
-                raise refuse(
-                    f"{name!r} is empty or has spaces or control characters",
-                    "write the event type exactly as the provider sends it",
-                )
-        if len(set(value)) != len(value):
-            raise refuse("an event type is listed twice", "list each once")
-        return value
 
 
 class ProviderTable(BaseModel):
