@@ -16,9 +16,12 @@ from email.utils import parsedate_to_datetime
 from typing import Literal, cast
 from urllib.parse import urlsplit
 
+from pollwarden_providers.category import Category
 from pollwarden_providers.errors import PollwardenError
 from pollwarden_providers.request_building import split_job_id
-from pollwarden_providers.table import Category, FieldSpec, ProviderTable, TimeFormat
+from pollwarden_providers.table import ProviderTable
+from pollwarden_providers.table_response import TimeFormat
+from pollwarden_providers.table_results import FieldSpec
 
 # An HTTP-date further in the past than this is not "retry now", it is garbage.
 FAR_PAST_SECONDS = 86_400.0

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
 from pollwarden_providers.errors import PollwardenError
-from pollwarden_providers.table import OWN_ENV_PREFIX, ProviderTable
+from pollwarden_providers.table import ProviderTable
+from pollwarden_providers.table_request import OWN_ENV_PREFIX
 
 
 class EgressError(PollwardenError, ValueError):

@@ -6,1044 +6,76 @@ poll and what the budgets are (README "Writing a provider table"). Everything he
 the table is loaded, so a wrong table is refused at start-up with a message
 naming the key and the fix, rather than misbehaving mid-operation.
 
-All models are frozen: a loaded table is shared by every operation and must not
-change under them. Numbers are strict (no ``"5"`` for 5, no ``true`` for 1) and
-must be finite, because TOML accepts ``inf`` and ``nan`` and neither is a
-sensible delay or budget.
+``ProviderTable`` here assembles the sections, checks its top-level keys and
+makes the checks that need more than one section. The sections live by group:
+
+- ``table_request``: base_url and its origin, job id parts, paths, [headers],
+  [auth], [submit], [cancel];
+- ``table_response``: [response], [states], [refine.*], [not_found], [expiry],
+  [awaiting_review];
+- ``table_results``: [success], [results], [fields], [counts];
+- ``table_limits``: [schedule], [fleet], [rate_limit], [limits], [approval];
+- ``table_webhook``: [webhook];
+- ``table_common``: what they are all built from (frozen models, strict and
+  finite numbers, the refusal that carries its fix).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import re
-from typing import Annotated, Literal, Self
-from urllib.parse import urlsplit
+from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictStr, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field, PrivateAttr, StrictStr, field_validator, model_validator
 
 from pollwarden_providers.category import CATEGORIES, Category
+from pollwarden_providers.table_common import MODEL_CONFIG, PLACEHOLDER_RE, check_dotted_path, refuse
+from pollwarden_providers.table_limits import (
+    ApprovalSpec,
+    FleetSpec,
+    LimitsSpec,
+    RateLimitSpec,
+    ScheduleSpec,
+)
+from pollwarden_providers.table_request import (
+    CREDENTIAL_HEADER_WORDS,
+    CREDENTIAL_HEADERS,
+    AuthSpec,
+    CancelSpec,
+    SubmitSpec,
+    check_base_url,
+    check_fixed_headers,
+    check_job_id_parts,
+    check_path,
+    check_placeholders,
+    normalized_origin,
+)
+from pollwarden_providers.table_response import (
+    AwaitingReviewSpec,
+    ExpirySpec,
+    NotFoundSpec,
+    RefineSpec,
+    ResponseSpec,
+    StatesSpec,
+)
+from pollwarden_providers.table_results import (
+    CountsSpec,
+    FieldSpec,
+    ResultsSpec,
+    SuccessSpec,
+)
+from pollwarden_providers.table_webhook import WebhookSpec
 
-__all__ = [
-    "CATEGORIES",
-    "AuthSpec",
-    "AwaitingReviewSpec",
-    "CancelSpec",
-    "Category",
-    "CountsSpec",
-    "ExpirySpec",
-    "FieldSpec",
-    "FieldType",
-    "FleetSpec",
-    "LimitsSpec",
-    "NotFoundSpec",
-    "ProviderTable",
-    "RateLimitSpec",
-    "RefineSpec",
-    "ResponseSpec",
-    "ResultsSpec",
-    "ScheduleSpec",
-    "StatesSpec",
-    "SubmitSpec",
-    "SuccessSpec",
-    "TimeFormat",
-    "WebhookSpec",
-]
-
-TimeFormat = Literal["rfc3339", "unix_seconds"]
-"""How a table's time fields are written: RFC 3339 text, or seconds since 1970."""
-
-
-EndCategory = Literal["failed", "cancelled", "expired"]
-"""The end states whose documented result fields ``[results]`` may name."""
-
-FieldType = Literal["string", "integer", "url", "object", "list", "any"]
-"""The declared type of a result field (``[fields]``)."""
-
-COUNT_NAMES: tuple[str, ...] = ("succeeded", "errored", "cancelled", "expired", "processing", "total")
-"""The request counts a ``[counts]`` table can map, in the order they are shown."""
-
-# hide_input_in_errors: a mistaken table may hold a secret (a token pasted into
-# auth.env, a password in base_url); a logged ValidationError must not show it.
-_MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
-
-# Annotated field types. ``strict=False`` on the tuples only lets a TOML array
-# (a Python list) become a tuple; the items themselves stay strict strings.
-_PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-_NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-_PositiveInt = Annotated[int, Field(gt=0)]
-_StateList = Annotated[tuple[StrictStr, ...], Field(strict=False)]
-_FieldList = Annotated[tuple[StrictStr, ...], Field(strict=False)]
+# FleetSpec is re-exported because the store imports it from here; every other
+# section model is imported from its own module.
+__all__ = ["FleetSpec", "ProviderTable"]
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
-_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# pollwarden's own settings and secrets (the audit key, the operator token) live
-# in variables with this prefix: no table may send one to a provider.
-OWN_ENV_PREFIX = "POLLWARDEN_"
-# RFC 9110 token: anything else would be refused by the HTTP client at request
-# time, which is far later and far less clear than refusing the table.
-_HEADER_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_PLACEHOLDER_RE = re.compile(r"\{[^{}]*\}")
-_HOST_RE = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*\.?")
-_USERINFO_RE = re.compile(r"(?<=://)[^/?#]*@")
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_PART_RE = re.compile(r"[a-z][a-z0-9_]*")
-# Headers pollwarden itself sets or that would change how a request is framed,
-# routed or decoded: a table may not set them in [headers].
-_OWN_HEADERS = frozenset(
-    {"host", "content-length", "content-type", "transfer-encoding", "connection", "te", "upgrade",
-     "accept-encoding", "cookie", "proxy-authorization", "keep-alive", "expect", "trailer"}
-)  # fmt: skip
-# Hop-by-hop and routing headers: a credential sent in one of these would be
-# consumed or forwarded by a proxy, or would re-route the request. [auth] may
-# not use them (nor any header pollwarden owns, nor one starting "proxy-").
-_ROUTING_HEADERS = frozenset(
-    {"forwarded", "via", "max-forwards", "x-real-ip", "x-http-method-override", "x-original-url",
-     "x-rewrite-url", "content-encoding", "origin", "referer"}
-)  # fmt: skip
-# [headers] holds fixed, non-secret values. A header whose name says it carries
-# a credential is refused: these names exactly, and any name containing one of
-# the words below (so "X-Api-Key", "X-Auth-Token", "X-Client-Secret" are refused).
-_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
-CREDENTIAL_HEADER_WORDS: tuple[str, ...] = (
-    "token",
-    "secret",
-    "key",
-    "auth",
-    "password",
-    "passwd",
-    "credential",
-)
-# A declared pattern and a "where" text are short; a value checked against a pattern is bounded too.
-_MAX_PATTERN = 200
-_MAX_WHERE = 300
-
-
-def _refuse(problem: str, fix: str, key: str | None = None) -> PydanticCustomError:
-    """Build a validation error that carries its own fix (and, from a model-level check, its key).
-
-    The loader reads ``table_problem``/``table_fix``/``table_key`` from the error
-    context to build a precise TableError; the rendered message keeps both parts
-    so the models read well when validated directly, too.
-    """
-    context: dict[str, str] = {"table_problem": problem, "table_fix": fix}
-    if key is not None:
-        context["table_key"] = key
-    # pydantic fills the template from the context by name only, so a literal
-    # "{job_id}" inside a problem survives rendering.
-    return PydanticCustomError("provider_table", "{table_problem} — {table_fix}", context)
-
-
-def _has_control_or_space(value: str) -> bool:
-    return any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
-
-
-def _check_header_name(value: str | None) -> str | None:
-    if value is not None and not _HEADER_RE.fullmatch(value):
-        raise _refuse(
-            f"{value!r} is not a valid HTTP header name",
-            'use letters, digits and "-" only, e.g. "X-Request-Id"',
-        )
-    return value
-
-
-def _check_dotted_path(value: str | None) -> str | None:
-    # Dotted paths are split on "." by the interpreter; an empty segment would
-    # silently look up a key named "" instead of failing here.
-    if value is not None and (value == "" or any(part == "" for part in value.split("."))):
-        raise _refuse(
-            f"{value!r} is not a dotted path into the JSON body",
-            'write field names joined by ".", e.g. "result.url"',
-        )
-    return value
-
-
-def _check_path(value: str, *, example: str) -> str:
-    """Check the syntax of a request path relative to ``base_url``.
-
-    The path is appended to the one origin, so anything that could make it name
-    another host (a leading "//", a backslash, a scheme) is refused. Which
-    placeholders it holds is checked by the table, which knows the job id parts.
-    """
-    if not value.startswith("/"):
-        raise _refuse(
-            f"{value!r} does not start with '/'", f"write the path relative to base_url, e.g. {example}"
-        )
-    if value.startswith("//") or "\\" in value:
-        raise _refuse(
-            f"{value!r} could be read as another host",
-            f"write a plain path on base_url's host, e.g. {example}",
-        )
-    if _has_control_or_space(value) or "#" in value:
-        raise _refuse(
-            f"{value!r} contains spaces, control characters or a '#' fragment",
-            f"percent-encode them or remove them, e.g. {example}",
-        )
-    if "{" in _PLACEHOLDER_RE.sub("", value) or "}" in _PLACEHOLDER_RE.sub("", value):
-        raise _refuse(f"{value!r} has an unmatched '{{' or '}}'", f"remove it, e.g. {example}")
-    return value
-
-
-def _check_placeholders(value: str, parts: tuple[str, ...], *, key: str, names_the_job: bool) -> None:
-    """Refuse a path whose placeholders are not exactly the job id parts (each once), or any at submission."""
-    wanted = [f"{{{part}}}" for part in parts]
-    shown = "".join(f"/{p}" for p in wanted)
-    example = f'"/v1/jobs{shown}"' if names_the_job else '"/v1/jobs"'
-    placeholders = _PLACEHOLDER_RE.findall(value)
-    if not names_the_job:
-        if placeholders:
-            raise _refuse(
-                f"{value!r} contains {', '.join(sorted(set(placeholders)))}, but no job exists yet at submission",
-                f"remove it, e.g. {example}",
-                key=key,
-            )
-        return
-    for segment in value.split("?")[0].split("/"):
-        held = _PLACEHOLDER_RE.findall(segment)
-        if len(held) > 1:
-            adjacent = "}{" in segment
-            raise _refuse(
-                f"{value!r} puts {' and '.join(held)} "
-                + ("next to each other" if adjacent else "in one path segment")
-                + ", so a job id could not be told apart from its neighbour",
-                "give each placeholder its own path segment, e.g. " + example,
-                key=key,
-            )
-    others = sorted({p for p in placeholders if p not in wanted})
-    if others:
-        raise _refuse(
-            f"{value!r} has placeholder(s) {', '.join(others)}; only {', '.join(wanted)} "
-            + ("is" if len(wanted) == 1 else "are")
-            + " filled in",
-            "remove them or write them literally, or name them in job_id_parts, e.g. " + example,
-            key=key,
-        )
-    for placeholder in wanted:
-        count = placeholders.count(placeholder)
-        if count != 1:
-            problem = (
-                f"does not contain {placeholder}" if count == 0 else f"contains {placeholder} more than once"
-            )
-            raise _refuse(
-                f"{value!r} {problem}",
-                f"put {placeholder} exactly once where it goes, e.g. {example}",
-                key=key,
-            )
-
-
-class AuthSpec(BaseModel):
-    """How the server authenticates: a secret read from its own environment, sent in one header."""
-
-    model_config = _MODEL_CONFIG
-
-    env: str = Field(description='the name of an environment variable holding the secret, e.g. "ACME_TOKEN"')
-    header: str = Field(default="Authorization", description='an HTTP header name, e.g. "Authorization"')
-    prefix: str = Field(default="", description='text put before the secret, e.g. "Bearer "')
-    shared_with_origins: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
-        default=(),
-        description='origins of other tables allowed to use the same variable, e.g. ["https://api.acme.example"]',
-    )
-
-    @field_validator("env")
-    @classmethod
-    def _env_is_a_variable_name(cls, value: str) -> str:
-        if not _ENV_RE.fullmatch(value):
-            # The value is not echoed: people paste the token itself here.
-            raise _refuse(
-                "the value is not an environment variable name",
-                'name the variable that holds the secret, not the secret, e.g. "ACME_TOKEN"',
-            )
-        if value.upper().startswith(OWN_ENV_PREFIX):
-            raise _refuse(
-                f"{value!r} is one of pollwarden's own variables, which are never sent to a provider",
-                'name a variable that holds this provider\'s credential, e.g. "ACME_TOKEN"',
-            )
-        return value
-
-    @field_validator("header")
-    @classmethod
-    def _header_is_a_token(cls, value: str) -> str:
-        _check_header_name(value)
-        lower = value.lower()
-        if lower in _OWN_HEADERS or lower in _ROUTING_HEADERS or lower.startswith(("proxy-", "x-forwarded-")):
-            raise _refuse(
-                f"{value!r} is a hop-by-hop, routing or framing header: a proxy would consume, forward "
-                "or re-route a credential sent in it",
-                'send the credential in the header the provider documents, e.g. "Authorization" or "x-api-key"',
-            )
-        return value
-
-    @field_validator("shared_with_origins")
-    @classmethod
-    def _origins_are_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for origin in value:
-            parts = urlsplit(origin)
-            if (
-                parts.scheme not in _DEFAULT_PORTS
-                or not parts.netloc
-                or "@" in parts.netloc
-                or parts.path not in ("", "/")
-                or parts.query
-                or parts.fragment
-                or _has_control_or_space(origin)
-            ):
-                raise _refuse(
-                    f"{origin!r} is not an origin",
-                    'write scheme, host and optional port only, e.g. "https://api.acme.example"',
-                )
-        return value
-
-    @field_validator("prefix")
-    @classmethod
-    def _prefix_cannot_inject(cls, value: str) -> str:
-        # A CR/LF here would let the table smuggle extra headers into every request.
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-            raise _refuse("the prefix contains control characters", 'use plain text such as "Bearer "')
-        return value
-
-
-class SubmitSpec(BaseModel):
-    """The provider's submit call; without it ``start_operation`` can only track existing jobs."""
-
-    model_config = _MODEL_CONFIG
-
-    path: str = Field(description='a path on base_url starting with "/", e.g. "/v1/jobs"')
-    method: Literal["POST", "PUT"] = Field(default="POST", description='"POST" or "PUT"')
-    idempotency_header: str | None = Field(
-        default=None,
-        description='an HTTP header name, e.g. "Idempotency-Key" (omit it if the provider has none)',
-    )
-    job_id_field: str | None = Field(
-        default=None,
-        description='a dotted path to the job id in the JSON reply, e.g. "id" (omit it to use Location)',
-    )
-
-    @field_validator("path")
-    @classmethod
-    def _path_is_relative(cls, value: str) -> str:
-        return _check_path(value, example='"/v1/jobs"')
-
-    @field_validator("idempotency_header")
-    @classmethod
-    def _header_is_a_token(cls, value: str | None) -> str | None:
-        return _check_header_name(value)
-
-    @field_validator("job_id_field")
-    @classmethod
-    def _field_is_dotted(cls, value: str | None) -> str | None:
-        return _check_dotted_path(value)
-
-
-class CancelSpec(BaseModel):
-    """The provider's documented cancel call; without it nobody can cancel through pollwarden."""
-
-    model_config = _MODEL_CONFIG
-
-    path: str = Field(
-        description='a path on base_url containing {job_id} once, e.g. "/v1/jobs/{job_id}/cancel"'
-    )
-    method: Literal["POST", "PUT", "DELETE"] = Field(default="POST", description='"POST", "PUT" or "DELETE"')
-
-    @field_validator("path")
-    @classmethod
-    def _path_is_relative(cls, value: str) -> str:
-        return _check_path(value, example='"/v1/jobs/{job_id}/cancel"')
-
-
-class ResponseSpec(BaseModel):
-    """Where the facts are in a status response (dotted paths into the JSON body, or header names)."""
-
-    model_config = _MODEL_CONFIG
-
-    state_field: str = Field(default="state", description='a dotted path into the JSON body, e.g. "state"')
-    expires_at_field: str | None = Field(default=None, description='a dotted path, e.g. "expires_at"')
-    poll_after_field: str | None = Field(default=None, description='a dotted path, e.g. "poll_after_seconds"')
-    next_check_at_field: str | None = Field(default=None, description='a dotted path, e.g. "next_check_at"')
-    error_field: str | None = Field(default=None, description='a dotted path, e.g. "error"')
-    request_id_header: str | None = Field(
-        default=None, description='an HTTP header name, e.g. "X-Request-Id"'
-    )
-    job_id_field: str | None = Field(default=None, description='a dotted path, e.g. "id"')
-    retry_after_ms_header: str | None = Field(
-        default=None,
-        description='an HTTP header name, e.g. "retry-after-ms" (milliseconds; a minimum wait like Retry-After)',
-    )
-    time_format: TimeFormat = Field(
-        default="rfc3339",
-        description='how expires_at_field and next_check_at_field write times: "rfc3339" or "unix_seconds"',
-    )
-
-    @field_validator(
-        "state_field",
-        "expires_at_field",
-        "poll_after_field",
-        "next_check_at_field",
-        "error_field",
-        "job_id_field",
-    )
-    @classmethod
-    def _fields_are_dotted(cls, value: str | None) -> str | None:
-        return _check_dotted_path(value)
-
-    @field_validator("request_id_header", "retry_after_ms_header")
-    @classmethod
-    def _header_is_a_token(cls, value: str | None) -> str | None:
-        return _check_header_name(value)
-
-
-class _CategoryLists(BaseModel):
-    """Provider values listed by category; each value in one category only, matched exactly."""
-
-    model_config = _MODEL_CONFIG
-
-    pending: _StateList = Field(default=(), description='a list of state strings, e.g. ["queued", "running"]')
-    succeeded: _StateList = Field(default=(), description='a list of state strings, e.g. ["succeeded"]')
-    failed: _StateList = Field(default=(), description='a list of state strings, e.g. ["failed"]')
-    cancelled: _StateList = Field(default=(), description='a list of state strings, e.g. ["cancelled"]')
-    expired: _StateList = Field(default=(), description='a list of state strings, e.g. ["expired"]')
-    awaiting_review: _StateList = Field(
-        default=(),
-        description='a list of states in which a person must act at the provider, e.g. ["waiting"]',
-    )
-
-    @field_validator("pending", "succeeded", "failed", "cancelled", "expired", "awaiting_review")
-    @classmethod
-    def _states_are_exact(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for state in value:
-            # States are compared exactly, so " running" would never match what
-            # the provider sends: it is a typo, not a state.
-            if state == "" or state != state.strip():
-                raise _refuse(
-                    f"{state!r} is empty or has surrounding spaces",
-                    "write the state exactly as the provider sends it",
-                )
-        return value
-
-    @model_validator(mode="after")
-    def _each_state_has_one_category(self) -> Self:
-        seen: dict[str, Category] = {}
-        for category in CATEGORIES:
-            for state in self.of(category):
-                first = seen.get(state)
-                if first == category:
-                    raise _refuse(
-                        f"{state!r} is listed twice under {category}",
-                        "list each state once",
-                        key=category,
-                    )
-                if first is not None:
-                    raise _refuse(
-                        f"{state!r} is listed under both {first} and {category}",
-                        "list each state under one category only",
-                        key=first,
-                    )
-                seen[state] = category
-        return self
-
-    def of(self, category: Category) -> tuple[str, ...]:
-        """Return the values listed under ``category`` (none for ``unknown``)."""
-        match category:
-            case Category.PENDING:
-                return self.pending
-            case Category.SUCCEEDED:
-                return self.succeeded
-            case Category.FAILED:
-                return self.failed
-            case Category.CANCELLED:
-                return self.cancelled
-            case Category.EXPIRED:
-                return self.expired
-            case Category.AWAITING_REVIEW:
-                return self.awaiting_review
-            case Category.UNKNOWN:
-                return ()
-
-    def listed(self) -> tuple[str, ...]:
-        """Every listed value, in table order."""
-        return tuple(state for category in CATEGORIES for state in self.of(category))
-
-    def category_of(self, state: object) -> Category:
-        """Return the category of ``state``: an exact, case-sensitive match, else ``unknown``."""
-        if not isinstance(state, str):
-            return Category.UNKNOWN
-        # A str subclass could override __eq__; compare its plain-str value instead.
-        plain = str.__str__(state)
-        for category in CATEGORIES:
-            if plain in self.of(category):
-                return category
-        return Category.UNKNOWN
-
-
-class RateLimitSpec(BaseModel):
-    """How the provider signals a rate limit besides a plain 429 (GitHub: a 403 plus its headers)."""
-
-    model_config = _MODEL_CONFIG
-
-    remaining_header: str | None = Field(
-        default=None,
-        description='an HTTP header name, e.g. "x-ratelimit-remaining" (a 403 with it at "0" is a rate limit)',
-    )
-    reset_header: str | None = Field(
-        default=None,
-        description='an HTTP header name, e.g. "x-ratelimit-reset" (Unix seconds; waited for without Retry-After)',
-    )
-    forbidden_with_retry_after: bool = Field(
-        default=False, description="true or false: a 403 carrying Retry-After is a rate limit"
-    )
-    body_field: str | None = Field(
-        default=None,
-        description='a dotted path to the error text in the JSON body, e.g. "message" (used with body_contains)',
-    )
-    body_contains: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
-        default=(),
-        description='literal phrases, e.g. ["secondary rate limit"]: a 403 whose body_field contains one '
-        "(ignoring case) is a rate limit",
-    )
-    min_wait_seconds: _PositiveFloat | None = Field(
-        default=None,
-        description="a number of seconds > 0, e.g. 60: the documented shortest wait after a rate limit "
-        "that gives no Retry-After (or reset time)",
-    )
-
-    @field_validator("remaining_header", "reset_header")
-    @classmethod
-    def _headers_are_tokens(cls, value: str | None) -> str | None:
-        return _check_header_name(value)
-
-    @field_validator("body_field")
-    @classmethod
-    def _field_is_dotted(cls, value: str | None) -> str | None:
-        return _check_dotted_path(value)
-
-    @field_validator("body_contains")
-    @classmethod
-    def _phrases_are_literal(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for phrase in value:
-            if not 3 <= len(phrase) <= 100 or _has_control_or_space(phrase.replace(" ", "")):
-                raise _refuse(
-                    f"{phrase[:40]!r} is not a short literal phrase",
-                    'write 3 to 100 plain characters as the provider documents them, e.g. "secondary rate limit"',
-                )
-        return value
-
-    @model_validator(mode="after")
-    def _phrases_need_a_field(self) -> Self:
-        if bool(self.body_field) != bool(self.body_contains):
-            raise _refuse(
-                "body_field and body_contains go together",
-                'name the documented field and the phrases, e.g. body_field = "message" and '
-                'body_contains = ["secondary rate limit"]',
-                key="body_field" if self.body_contains else "body_contains",
-            )
-        return self
-
-
-class StatesSpec(_CategoryLists):
-    """The provider's states by category. Matching is exact; any other value is ``unknown`` and stops."""
-
-
-class RefineSpec(_CategoryLists):
-    """A state whose meaning a second field decides (GitHub's ``completed`` plus its ``conclusion``).
-
-    The refined state is reported as ``state/value`` (``completed/success``); a
-    value listed nowhere, or a missing one, is ``unknown`` and stops.
-    """
-
-    field: str = Field(description='a dotted path into the JSON body, e.g. "conclusion"')
-
-    @field_validator("field")
-    @classmethod
-    def _field_is_dotted(cls, value: str) -> str:
-        _check_dotted_path(value)
-        return value
-
-    @model_validator(mode="after")
-    def _lists_something(self) -> Self:
-        if not self.listed():
-            raise _refuse(
-                f"no value of {self.field!r} is listed",
-                'list the documented values by category, e.g. succeeded = ["success"]',
-                key="succeeded",
-            )
-        return self
-
-
-def _check_fields(value: tuple[str, ...]) -> tuple[str, ...]:
-    for field in value:
-        _check_dotted_path(field)
-    if len(set(value)) != len(value):
-        raise _refuse("a field is named twice", "name each field once")
-    return value
-
-
-class SuccessSpec(BaseModel):
-    """What a success must carry; a success without these fields is a contradiction and stops.
-
-    Every field named here needs a declared type in ``[fields]``.
-    """
-
-    model_config = _MODEL_CONFIG
-
-    required_fields: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["result_url"]')
-    required_one_of: _FieldList = Field(
-        default=(),
-        description='dotted paths of which at least one must be present, e.g. ["output.file", "output.inline"]',
-    )
-    failure_fields: _FieldList = Field(
-        default=(),
-        description='dotted paths, e.g. ["error_file_id"]: a success state without its required fields but '
-        "with one of these is the provider's failure (every request failed), not a contradiction",
-    )
-
-    @field_validator("required_fields", "required_one_of", "failure_fields")
-    @classmethod
-    def _fields_are_dotted(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_fields(value)
-
-    @model_validator(mode="after")
-    def _one_of_means_two(self) -> Self:
-        if len(self.required_one_of) == 1:
-            raise _refuse(
-                "required_one_of names one field",
-                "move it to required_fields, or name the alternatives it stands for",
-                key="required_one_of",
-            )
-        return self
-
-
-class ResultsSpec(BaseModel):
-    """Result fields the provider documents for an end state other than success (partial results).
-
-    After such a stop ``fetch_result`` returns the ones present (validated like a
-    success's fields): OpenAI keeps the finished requests of an expired or
-    cancelled batch in ``output_file_id``.
-    """
-
-    model_config = _MODEL_CONFIG
-
-    failed: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["error_file_id"]')
-    cancelled: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["output_file_id"]')
-    expired: _FieldList = Field(default=(), description='a list of dotted paths, e.g. ["output_file_id"]')
-
-    @field_validator("failed", "cancelled", "expired")
-    @classmethod
-    def _fields_are_dotted(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_fields(value)
-
-    def of(self, category: str) -> tuple[str, ...]:
-        """The fields documented for `category` (none for other categories)."""
-        documented = {"failed": self.failed, "cancelled": self.cancelled, "expired": self.expired}
-        return documented.get(category, ())
-
-
-def pattern_problem(pattern: str) -> str | None:
-    """Why `pattern` is not an allowed value pattern, or None.
-
-    Allowed: literal characters, escapes and character classes, each optionally
-    repeated, with at most one repeated a variable number of times. Without
-    groups, alternatives or a second variable repeat, a full match runs in
-    linear time, so a table cannot make a provider's answer stall the server.
-    """
-    if len(pattern) > _MAX_PATTERN:
-        return f"it is longer than {_MAX_PATTERN} characters"
-    variable = 0
-    i, n = 0, len(pattern)
-    while i < n:
-        ch = pattern[i]
-        if ch in "()|":
-            return "groups and alternatives ( ) | are not supported"
-        if ch in "^$":
-            return "anchors are not needed: the whole value must match"
-        if ch in "*+?{}":
-            return f"{ch!r} at position {i} repeats nothing"
-        if ch == "\\":
-            if i + 1 >= n:
-                return "it ends with a lone backslash"
-            if pattern[i + 1].isdigit() or pattern[i + 1] in "bBAZgkpPN":
-                return "backreferences, anchors and named escapes are not supported"
-            i += 2
-        elif ch == "[":
-            j = i + 1
-            j += 1 if j < n and pattern[j] == "^" else 0
-            j += 1 if j < n and pattern[j] == "]" else 0
-            while j < n and pattern[j] != "]":
-                if pattern[j] == "[":
-                    return "a '[' inside a character class is not supported"
-                j += 2 if pattern[j] == "\\" else 1
-            if j >= n:
-                return "a character class is not closed with ']'"
-            i = j + 1
-        else:
-            i += 1
-        if i < n and pattern[i] in "*+?{":
-            if pattern[i] == "{":
-                repeat = re.match(r"\{([0-9]{1,4})(,([0-9]{0,4}))?\}", pattern[i:])
-                if repeat is None:
-                    return "a repeat in braces must be {n}, {m,n} or {m,}"
-                i += repeat.end()
-                variable += repeat.group(2) is not None
-            else:
-                i += 1
-                variable += 1
-            if i < n and pattern[i] in "*+?{":
-                return "a repeat may not be followed by another (no lazy or possessive forms)"
-    if variable > 1:
-        return "more than one part repeats a variable number of times"
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return f"it is not a valid pattern ({exc})"
-    return None
-
-
-class FieldSpec(BaseModel):
-    """The declared type of a result field; a value that does not validate is never handed over."""
-
-    model_config = _MODEL_CONFIG
-
-    type: FieldType = Field(description='"string", "integer", "url", "object", "list" or "any"')
-    pattern: str | None = Field(
-        default=None,
-        description='for a string: a pattern the whole value matches, e.g. "file-[A-Za-z0-9]+"',
-    )
-    schemes: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
-        default=("https",), description='for a url: the allowed schemes, e.g. ["https"]'
-    )
-    max_length: _PositiveInt = Field(default=2048, description="for a string or url: a whole number > 0")
-    minimum: int | None = Field(
-        default=None, description="for an integer: the smallest allowed value, e.g. 0"
-    )
-
-    @field_validator("pattern")
-    @classmethod
-    def _pattern_is_linear(cls, value: str | None) -> str | None:
-        if value is not None and (problem := pattern_problem(value)) is not None:
-            raise _refuse(
-                f"the pattern {value[:60]!r} is refused: {problem}",
-                'write literal text and character classes with one open repeat, e.g. "file-[A-Za-z0-9_-]{1,64}"',
-            )
-        return value
-
-    @field_validator("schemes")
-    @classmethod
-    def _schemes_are_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) for scheme in value):
-            raise _refuse("schemes must be lower-case URL schemes", 'e.g. ["https"]')
-        return value
-
-    @model_validator(mode="after")
-    def _options_fit_the_type(self) -> Self:
-        misplaced = [
-            name
-            for name, applies, is_set in (
-                ("pattern", self.type == "string", self.pattern is not None),
-                ("schemes", self.type == "url", self.schemes != ("https",)),
-                ("minimum", self.type == "integer", self.minimum is not None),
-            )
-            if is_set and not applies
-        ]
-        if misplaced:
-            raise _refuse(
-                f"{misplaced[0]} does not apply to type {self.type!r}",
-                f"remove {misplaced[0]}, or change the type",
-                key=misplaced[0],
-            )
-        return self
-
-
-class CountsSpec(BaseModel):
-    """Where the provider reports how many requests of a batch ended how (dotted paths).
-
-    Shown in the view on every answer. A success state whose ``succeeded``
-    count is 0 while other requests are counted is not a success: it stops as
-    ``cancelled`` when every counted request was cancelled, ``expired`` when
-    every one expired, else ``provider_failure``.
-    """
-
-    model_config = _MODEL_CONFIG
-
-    succeeded: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.succeeded"')
-    errored: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.errored"')
-    cancelled: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.canceled"')
-    expired: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.expired"')
-    processing: str | None = Field(
-        default=None, description='a dotted path, e.g. "request_counts.processing"'
-    )
-    total: str | None = Field(default=None, description='a dotted path, e.g. "request_counts.total"')
-
-    @field_validator("succeeded", "errored", "cancelled", "expired", "processing", "total")
-    @classmethod
-    def _fields_are_dotted(cls, value: str | None) -> str | None:
-        return _check_dotted_path(value)
-
-    def mapped(self) -> dict[str, str]:
-        """Count name -> dotted path, for the counts the table maps, in display order."""
-        paths = {
-            "succeeded": self.succeeded,
-            "errored": self.errored,
-            "cancelled": self.cancelled,
-            "expired": self.expired,
-            "processing": self.processing,
-            "total": self.total,
-        }
-        return {name: path for name, path in paths.items() if path is not None}
-
-
-class ExpirySpec(BaseModel):
-    """How the provider's own expiry time (``response.expires_at_field``) is read.
-
-    A pending state later than ``expires_at + grace_seconds`` is a contradiction,
-    except the states in ``states_after_expiry``, which the provider documents
-    as finishing after the expiry (OpenAI's ``finalizing`` and ``cancelling``).
-    """
-
-    model_config = _MODEL_CONFIG
-
-    grace_seconds: _NonNegativeFloat = Field(
-        default=0.0,
-        description="a number of seconds >= 0, e.g. 3600: how late a batch may still be seen pending",
-    )
-    states_after_expiry: _StateList = Field(
-        default=(), description='pending states documented to end after the expiry, e.g. ["finalizing"]'
-    )
-    window_seconds: _PositiveFloat | None = Field(
-        default=None,
-        description="a number of seconds > 0, e.g. 86400: the provider's documented processing window; the "
-        "default deadline must cover it plus grace_seconds",
-    )
-
-
-class AwaitingReviewSpec(BaseModel):
-    """Where a person acts when a job waits for them (states in the ``awaiting_review`` category).
-
-    ``where`` (and each ``where_for`` text) may name the job id's parts as
-    placeholders, e.g. ``{owner}``; they are filled in from the recorded job id,
-    never from the provider's answer.
-    """
-
-    model_config = _MODEL_CONFIG
-
-    where: str = Field(
-        description='text naming where a person acts, e.g. "the run\'s page on GitHub: Review deployments"'
-    )
-    where_for: dict[str, StrictStr] = Field(
-        default_factory=dict[str, str],
-        description='per-state text, e.g. "completed/action_required" = "the pull request: Approve and run"',
-    )
-
-    @field_validator("where")
-    @classmethod
-    def _where_is_short_plain_text(cls, value: str) -> str:
-        return _check_where(value)
-
-    @field_validator("where_for")
-    @classmethod
-    def _each_where_is_short_plain_text(cls, value: dict[str, str]) -> dict[str, str]:
-        for text in value.values():
-            _check_where(text)
-        return value
-
-    def where_of(self, state: str | None) -> str:
-        """The text for `state` (its own, else the general one)."""
-        return self.where_for.get(state or "", self.where)
-
-
-def _check_where(value: str) -> str:
-    if not value.strip() or len(value) > _MAX_WHERE or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        raise _refuse(
-            f"the text must be 1 to {_MAX_WHERE} characters on one line",
-            'name the page and the button a person uses, e.g. "the run\'s page: Review deployments"',
-        )
-    if "{" in _PLACEHOLDER_RE.sub("", value) or "}" in _PLACEHOLDER_RE.sub("", value):
-        raise _refuse(f"{value[:60]!r} has an unmatched '{{' or '}}'", "remove it")
-    return value
-
-
-class NotFoundSpec(BaseModel):
-    """The provider's documented meaning of a 404 on the status path.
-
-    Within ``grace_seconds`` after start a 404 is eventual consistency (still
-    pending); after ``started_at + retention_seconds`` it means the job expired;
-    any other 404 is an integration failure.
-    """
-
-    model_config = _MODEL_CONFIG
-
-    grace_seconds: _NonNegativeFloat = Field(default=0.0, description="a number of seconds >= 0, e.g. 30")
-    retention_seconds: _PositiveFloat | None = Field(
-        default=None, description="a number of seconds > 0, e.g. 604800 (omit it if undocumented)"
-    )
-
-    @model_validator(mode="after")
-    def _grace_ends_before_retention(self) -> Self:
-        if self.retention_seconds is not None and self.grace_seconds > self.retention_seconds:
-            raise _refuse(
-                "grace_seconds is longer than retention_seconds, so a 404 could mean pending and expired",
-                "make grace_seconds at most retention_seconds",
-                key="grace_seconds",
-            )
-        return self
-
-
-class ScheduleSpec(BaseModel):
-    """Local backoff: ``raw = min(max, base * 2**attempt)``, then drawn uniformly from [raw/2, raw]."""
-
-    model_config = _MODEL_CONFIG
-
-    base_delay_seconds: _PositiveFloat = Field(default=5.0, description="a number of seconds > 0, e.g. 5")
-    max_delay_seconds: _PositiveFloat = Field(default=120.0, description="a number of seconds > 0, e.g. 120")
-
-    @model_validator(mode="after")
-    def _base_within_max(self) -> Self:
-        if self.base_delay_seconds > self.max_delay_seconds:
-            raise _refuse(
-                f"base_delay_seconds ({self.base_delay_seconds:g}) is larger than "
-                f"max_delay_seconds ({self.max_delay_seconds:g})",
-                "make base_delay_seconds at most max_delay_seconds",
-                key="base_delay_seconds",
-            )
-        return self
-
-
-class FleetSpec(BaseModel):
-    """A token bucket shared by every operation of this provider on one database."""
-
-    model_config = _MODEL_CONFIG
-
-    max_requests_per_second: _PositiveFloat = Field(description="a number > 0, e.g. 5")
-    burst: int = Field(default=1, ge=1, description="a whole number >= 1, e.g. 5")
-
-
-class LimitsSpec(BaseModel):
-    """Budget defaults and the caps an operation may never be given more than."""
-
-    model_config = _MODEL_CONFIG
-
-    default_deadline_seconds: _PositiveFloat = Field(default=2400.0, description="a number of seconds > 0")
-    max_deadline_seconds: _PositiveFloat = Field(default=86400.0, description="a number of seconds > 0")
-    default_max_status_requests: _PositiveInt = Field(default=12, description="a whole number > 0")
-    max_status_requests: _PositiveInt = Field(default=200, description="a whole number > 0")
-    max_transport_failures: _PositiveInt = Field(default=3, description="a whole number > 0")
-    max_rate_limited: _PositiveInt = Field(default=3, description="a whole number > 0")
-
-    @model_validator(mode="after")
-    def _defaults_within_caps(self) -> Self:
-        pairs: tuple[tuple[str, float, str, float], ...] = (
-            ("default_deadline_seconds", self.default_deadline_seconds,
-             "max_deadline_seconds", self.max_deadline_seconds),
-            ("default_max_status_requests", self.default_max_status_requests,
-             "max_status_requests", self.max_status_requests),
-        )  # fmt: skip
-        for default_key, default, cap_key, cap in pairs:
-            if default > cap:
-                raise _refuse(
-                    f"{default_key} ({default:g}) is larger than {cap_key} ({cap:g})",
-                    f"make {default_key} at most {cap_key}",
-                    key=default_key,
-                )
-        return self
-
-
-class ApprovalSpec(BaseModel):
-    """[approval]: when a person approves this provider's requests (README "Approvals").
-
-    By default routine status requests inside approved bounds need no click.
-    `every_status_request = true` is for high-privilege status APIs (ones that
-    expose sensitive job metadata): a person approves each status request
-    before it is sent.
-    """
-
-    model_config = _MODEL_CONFIG
-
-    every_status_request: bool = Field(
-        default=False, description="true or false: a person approves each status request before it is sent"
-    )
-
-
-class WebhookSpec(BaseModel):
-    """A provider's signed webhooks: a hint that brings the next status check forward, nothing more."""
-
-    model_config = _MODEL_CONFIG
-
-    scheme: Literal["standard", "github"] = Field(
-        description='"standard" (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature; '
-        'OpenAI, Replicate) or "github" (X-Hub-Signature-256)'
-    )
-    secret_env: str = Field(
-        description='the name of an environment variable holding the signing secret, e.g. "OPENAI_WEBHOOK_SECRET"'
-    )
-    job_id_fields: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
-        description='dotted paths to the job id in the event, joined by "/" when several, '
-        'e.g. ["data.id"] or ["repository.full_name", "workflow_run.id"]'
-    )
-    event_type_field: str = Field(
-        default="type", description='a dotted path to the event type in the event, e.g. "type" or "action"'
-    )
-    event_type_header: str | None = Field(
-        default=None,
-        description='a header whose value is put before the field\'s, joined by ".", e.g. "X-GitHub-Event"',
-    )
-    events: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
-        description='the event types that wake an operation, e.g. ["batch.completed", "batch.failed"]'
-    )
-    max_body_bytes: int = Field(
-        default=256 * 1024, gt=0, le=25 * 1024 * 1024, description="a whole number of bytes, at most 26214400"
-    )
-
-    @field_validator("secret_env")
-    @classmethod
-    def _secret_env_is_a_variable_name(cls, value: str) -> str:
-        if not _ENV_RE.fullmatch(value):
-            # The value is not echoed: people paste the secret itself here.
-            raise _refuse(
-                "the value is not an environment variable name",
-                'name the variable that holds the signing secret, not the secret, e.g. "OPENAI_WEBHOOK_SECRET"',
-            )
-        return value
-
-    @field_validator("job_id_fields")
-    @classmethod
-    def _job_id_fields_are_dotted(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise _refuse("no field is named", 'name where the job id is, e.g. ["data.id"]')
-        for field in value:
-            _check_dotted_path(field)
-        return value
-
-    @field_validator("event_type_field")
-    @classmethod
-    def _event_type_field_is_dotted(cls, value: str) -> str:
-        _check_dotted_path(value)
-        return value
-
-    @field_validator("event_type_header")
-    @classmethod
-    def _event_type_header_is_a_token(cls, value: str | None) -> str | None:
-        return _check_header_name(value)
-
-    @field_validator("events")
-    @classmethod
-    def _events_are_exact(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise _refuse(
-                "no event type is listed, so no webhook could ever wake an operation",
-                'list the event types that mean the job may have finished, e.g. ["batch.completed"]',
-            )
-        for name in value:
-            if name == "" or name != name.strip() or _has_control_or_space(name):
-                raise _refuse(
-                    f"{name!r} is empty or has spaces or control characters",
-                    "write the event type exactly as the provider sends it",
-                )
-        if len(set(value)) != len(value):
-            raise _refuse("an event type is listed twice", "list each once")
-        return value
 
 
 class ProviderTable(BaseModel):
     """One provider's table. ``source`` is the file it was loaded from, not a TOML key."""
 
-    model_config = _MODEL_CONFIG
+    model_config = MODEL_CONFIG
 
     name: str = Field(description='lower-case letters, digits, ".", "_" or "-", e.g. "acme-export"')
     base_url: str = Field(
@@ -1106,7 +138,7 @@ class ProviderTable(BaseModel):
     @classmethod
     def _name_is_a_slug(cls, value: str) -> str:
         if not _NAME_RE.fullmatch(value):
-            raise _refuse(
+            raise refuse(
                 f"{value!r} is not a valid provider name",
                 'use lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, '
                 'e.g. "acme-export"',
@@ -1116,107 +148,48 @@ class ProviderTable(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _base_url_is_one_origin(cls, value: str) -> str:
-        # base_url is the only place requests may go (no request leaves its origin), so it must be
-        # an origin and nothing more: a path would be ambiguous when joined, and
-        # userinfo would be a credential living in the table.
-        example = 'e.g. "https://api.acme.example"'
-        shown = repr(_USERINFO_RE.sub("***@", value))  # never echo a password
-        if _has_control_or_space(value) or "\\" in value:
-            raise _refuse(f"{shown} contains spaces, control characters or '\\'", f"remove them, {example}")
-        parts = urlsplit(value)
-        if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.netloc:
-            raise _refuse(f"{shown} is not an absolute http(s) URL", f"write scheme and host, {example}")
-        if "@" in parts.netloc:
-            raise _refuse(
-                f"{shown} contains a user name or password",
-                f"remove it and put the secret in an environment variable named by [auth], {example}",
-            )
-        if "?" in value or "#" in value:
-            raise _refuse(f"{shown} has a query or fragment", f"remove it, {example}")
-        if parts.path not in ("", "/"):
-            raise _refuse(
-                f"{shown} has a path ({parts.path!r})",
-                "keep only scheme, host and port here and move the path into status_path "
-                "(and submit.path, cancel.path)",
-            )
-        host = parts.hostname or ""
-        if not _valid_host(host):
-            raise _refuse(
-                f"{shown} has no valid host", f"write a DNS name or IP address (IDNs as punycode), {example}"
-            )
-        try:
-            port = parts.port
-        except ValueError:
-            port = 0
-        if port == 0 or parts.netloc.endswith(":"):
-            raise _refuse(
-                f"{shown} has an invalid port", f"write a port from 1 to 65535 or omit it, {example}"
-            )
-        return value
+        return check_base_url(value)
 
     @field_validator("status_path")
     @classmethod
     def _status_path_is_relative(cls, value: str) -> str:
-        return _check_path(value, example='"/v1/jobs/{job_id}"')
+        return check_path(value, example='"/v1/jobs/{job_id}"')
 
     @field_validator("job_id_parts")
     @classmethod
     def _parts_are_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise _refuse(
-                "no job id part is named", 'omit the key, or write e.g. ["owner", "repo", "run_id"]'
-            )
-        for part in value:
-            if not _PART_RE.fullmatch(part):
-                raise _refuse(
-                    f"{part!r} is not a placeholder name",
-                    'use lower-case letters, digits and "_", starting with a letter, e.g. "run_id"',
-                )
-        if len(set(value)) != len(value):
-            raise _refuse("a job id part is named twice", "name each part once")
-        return value
+        return check_job_id_parts(value)
 
     @field_validator("headers")
     @classmethod
     def _headers_are_plain(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, text in value.items():
-            _check_header_name(name)
-            # Credential names (Cookie among them) are refused with their own message below.
-            if name.lower() in _OWN_HEADERS - _CREDENTIAL_HEADERS or name.lower().startswith("proxy-"):
-                raise _refuse(
-                    f"{name!r} is set by pollwarden or changes how requests are framed",
-                    "remove it from [headers]",
-                )
-            if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
-                # A CR/LF would smuggle extra headers into every request.
-                raise _refuse(f"the value of {name!r} contains control characters", "use plain text")
-        return value
+        return check_fixed_headers(value)
 
     @model_validator(mode="after")
     def _parts_states_and_headers_agree(self) -> Self:
         """Checks that need more than one section: placeholders, refined states, header ownership."""
         parts = self.job_id_parts
-        _check_placeholders(self.status_path, parts, key="status_path", names_the_job=True)
+        check_placeholders(self.status_path, parts, key="status_path", names_the_job=True)
         if self.cancel is not None:
-            _check_placeholders(self.cancel.path, parts, key="cancel.path", names_the_job=True)
+            check_placeholders(self.cancel.path, parts, key="cancel.path", names_the_job=True)
         if self.submit is not None:
-            _check_placeholders(self.submit.path, parts, key="submit.path", names_the_job=False)
+            check_placeholders(self.submit.path, parts, key="submit.path", names_the_job=False)
             if len(parts) > 1 and self.submit.job_id_field is not None:
-                raise _refuse(
+                raise refuse(
                     f"a job id made of {len(parts)} parts cannot be read from one reply field",
                     "remove job_id_field so the id is read from the Location header, or remove job_id_parts",
                     key="submit.job_id_field",
                 )
         for state, refine in self.refine.items():
             if state == "" or state != state.strip():
-                raise _refuse(
+                raise refuse(
                     f"{state!r} is empty or has surrounding spaces",
                     "write the state exactly as the provider sends it",
                     key=f"refine.{state}",
                 )
             listed_under = self.states.category_of(state)
             if listed_under != Category.UNKNOWN:
-                raise _refuse(
+                raise refuse(
                     f"{state!r} is refined here and also listed under states.{listed_under}",
                     f"remove it from states.{listed_under}: its {refine.field!r} decides the category",
                     key=f"refine.{state}",
@@ -1225,7 +198,7 @@ class ProviderTable(BaseModel):
         # and without a succeeded state it could never succeed.
         for category in (Category.PENDING, Category.SUCCEEDED):
             if not self.states_of(category):
-                raise _refuse(
+                raise refuse(
                     f"no {category} state is listed",
                     f"list at least one state the provider reports as {category}",
                     key=f"states.{category}",
@@ -1238,16 +211,16 @@ class ProviderTable(BaseModel):
             owned.add(self.submit.idempotency_header.lower())
         for name in self.headers:
             if name.lower() in owned:
-                raise _refuse(
+                raise refuse(
                     f"{name!r} is already sent by [auth] or [submit]",
                     "remove it from [headers]; secrets belong in the environment variable [auth] names",
                     key=f"headers.{name}",
                 )
         for name in self.headers:
             lower = name.lower()
-            if lower in _CREDENTIAL_HEADERS or any(word in lower for word in CREDENTIAL_HEADER_WORDS):
+            if lower in CREDENTIAL_HEADERS or any(word in lower for word in CREDENTIAL_HEADER_WORDS):
                 # The value is not echoed: it would be a secret living in the table.
-                raise _refuse(
+                raise refuse(
                     f"{name!r} names a credential (Authorization, Cookie, or a name containing "
                     f"{', '.join(CREDENTIAL_HEADER_WORDS)}); in [headers] it would keep a secret in the table",
                     'remove it and add [auth] with env = "<VARIABLE HOLDING THE SECRET>" and header = '
@@ -1269,16 +242,16 @@ class ProviderTable(BaseModel):
             for field in fields:
                 named.setdefault(field, key)
                 if field not in self.fields:
-                    raise _refuse(
+                    raise refuse(
                         f"{field!r} has no declared type",
                         f'declare it under [fields], e.g. "{field}" = {{ type = "string" }} '
                         "(string, integer, url, object, list or any)",
                         key=key,
                     )
         for field in self.fields:
-            _check_dotted_path(field)
+            check_dotted_path(field)
             if field not in named:
-                raise _refuse(
+                raise refuse(
                     f"{field!r} is declared but no [success] or [results] list names it",
                     "remove it, or name it where it is handed over",
                     key=f"fields.{field}",
@@ -1288,7 +261,7 @@ class ProviderTable(BaseModel):
         states = self.states_of(Category.AWAITING_REVIEW)
         spec = self.awaiting_review
         if states and spec is None:
-            raise _refuse(
+            raise refuse(
                 f"{states[0]!r} waits for a person, but the table does not say where they act",
                 'add [awaiting_review] with where = "<the page and button a person uses>"',
                 key="awaiting_review",
@@ -1296,23 +269,23 @@ class ProviderTable(BaseModel):
         if spec is None:
             return
         if not states:
-            raise _refuse(
+            raise refuse(
                 "no state is listed under awaiting_review",
                 "list the states in which a person must act, or remove [awaiting_review]",
                 key="awaiting_review",
             )
         for state in spec.where_for:
             if state not in states:
-                raise _refuse(
+                raise refuse(
                     f"{state!r} is not an awaiting_review state",
                     f"use one of {', '.join(states)}",
                     key=f"awaiting_review.where_for.{state}",
                 )
         wanted = {f"{{{part}}}" for part in self.job_id_parts}
         for text in (spec.where, *spec.where_for.values()):
-            others = sorted(set(_PLACEHOLDER_RE.findall(text)) - wanted)
+            others = sorted(set(PLACEHOLDER_RE.findall(text)) - wanted)
             if others:
-                raise _refuse(
+                raise refuse(
                     f"{', '.join(others)} is not a job id part",
                     f"use only {', '.join(sorted(wanted))}, or write the text literally",
                     key="awaiting_review.where",
@@ -1322,7 +295,7 @@ class ProviderTable(BaseModel):
         spec = self.expiry
         uses_expiry = spec.grace_seconds > 0 or bool(spec.states_after_expiry)
         if uses_expiry and self.response.expires_at_field is None:
-            raise _refuse(
+            raise refuse(
                 "an expiry grace needs the provider's expiry time",
                 'set response.expires_at_field (e.g. "expires_at"), or remove the grace',
                 key="expiry",
@@ -1330,7 +303,7 @@ class ProviderTable(BaseModel):
         pending = self.states_of(Category.PENDING)
         for state in spec.states_after_expiry:
             if state not in pending:
-                raise _refuse(
+                raise refuse(
                     f"{state!r} is not a pending state",
                     f"list only states from states.pending ({', '.join(pending)})",
                     key="expiry.states_after_expiry",
@@ -1338,7 +311,7 @@ class ProviderTable(BaseModel):
         if spec.window_seconds is not None:
             needed = spec.window_seconds + spec.grace_seconds
             if self.limits.default_deadline_seconds < needed:
-                raise _refuse(
+                raise refuse(
                     f"default_deadline_seconds ({self.limits.default_deadline_seconds:g}) is shorter than the "
                     f"provider's window plus grace ({needed:g})",
                     f"make limits.default_deadline_seconds at least {needed:g}",
@@ -1390,30 +363,3 @@ class ProviderTable(BaseModel):
     def documented_states(self) -> tuple[str, ...]:
         """Every state the table lists, refined ones as ``state/value``, in table order."""
         return tuple(state for category in CATEGORIES for state in self.states_of(category))
-
-
-def normalized_origin(url: str) -> str:
-    """``scheme://host[:port]`` of an http(s) URL: lower-cased, IPv6 in brackets, default port omitted."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literals keep their brackets in an origin
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port is None or port == _DEFAULT_PORTS.get(scheme):
-        return f"{scheme}://{host}"
-    return f"{scheme}://{host}:{port}"
-
-
-def _valid_host(host: str) -> bool:
-    """Accept a DNS name or an IP literal (``urlsplit`` has already lower-cased it)."""
-    if not host:
-        return False
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return _HOST_RE.fullmatch(host) is not None
-    return True

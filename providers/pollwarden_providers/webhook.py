@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pollwarden_providers.interpret import get_field, truncate_text
-from pollwarden_providers.table import WebhookSpec
+from pollwarden_providers.table_webhook import WebhookSpec
 
 __all__ = ["MAX_EVENT_TEXT", "WebhookEvent", "read_event"]
 

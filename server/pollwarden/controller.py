@@ -55,7 +55,8 @@ from pollwarden_providers.request_building import (
     job_id_form,
     job_id_problem_for,
 )
-from pollwarden_providers.table import FleetSpec, ProviderTable
+from pollwarden_providers.table import ProviderTable
+from pollwarden_providers.table_limits import FleetSpec
 
 log = logging.getLogger("pollwarden")
 

@@ -22,9 +22,11 @@ from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso
 from pollwarden.views import allowed_actions, person_must_act_at
 from pollwarden.vocabulary import DelaySource, Status
+from pollwarden_providers.category import CATEGORIES
 from pollwarden_providers.interpret import BodyError, get_field, parse_json_object
 from pollwarden_providers.request_building import job_id_form
-from pollwarden_providers.table import CATEGORIES, FieldSpec, ProviderTable
+from pollwarden_providers.table import ProviderTable
+from pollwarden_providers.table_results import FieldSpec
 
 __all__ = [
     "SampleError",

@@ -52,7 +52,8 @@ from pollwarden.errors import WebhookRefused as Refused
 from pollwarden.records import WakeOutcome
 from pollwarden.store import Store
 from pollwarden_providers.interpret import BodyError, parse_json_object
-from pollwarden_providers.table import ProviderTable, WebhookSpec
+from pollwarden_providers.table import ProviderTable
+from pollwarden_providers.table_webhook import WebhookSpec
 from pollwarden_providers.webhook import MAX_EVENT_TEXT, read_event
 
 __all__ = [

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pollwarden_providers.interpret import field_problem
-from pollwarden_providers.table import FieldSpec, pattern_problem
+from pollwarden_providers.table_results import FieldSpec, pattern_problem
 
 
 @pytest.mark.parametrize(
