@@ -65,9 +65,7 @@ from pollwarden_providers.table_results import (
 )
 from pollwarden_providers.table_webhook import WebhookSpec
 
-# FleetSpec is re-exported because the store imports it from here; every other
-# section model is imported from its own module.
-__all__ = ["FleetSpec", "ProviderTable"]
+__all__ = ["ProviderTable"]
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 

@@ -23,9 +23,7 @@ from pollwarden_providers.table_common import (
 )
 
 __all__ = [
-    "COUNT_NAMES",
     "CountsSpec",
-    "EndCategory",
     "FieldSpec",
     "FieldType",
     "ResultsSpec",
@@ -33,14 +31,8 @@ __all__ = [
     "pattern_problem",
 ]
 
-EndCategory = Literal["failed", "cancelled", "expired"]
-"""The end states whose documented result fields ``[results]`` may name."""
-
 FieldType = Literal["string", "integer", "url", "object", "list", "any"]
 """The declared type of a result field (``[fields]``)."""
-
-COUNT_NAMES: tuple[str, ...] = ("succeeded", "errored", "cancelled", "expired", "processing", "total")
-"""The request counts a ``[counts]`` table can map, in the order they are shown."""
 
 # A declared pattern is short; a value checked against a pattern is bounded too.
 _MAX_PATTERN = 200

@@ -26,7 +26,7 @@ from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, Opera
 from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation, Engine
 from pollwarden.store.sqlite.engine import open_sqlite
-from pollwarden_providers.table import FleetSpec
+from pollwarden_providers.table_limits import FleetSpec
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",

@@ -71,7 +71,7 @@ from pollwarden.vocabulary import (
     Status,
     status_for,
 )
-from pollwarden_providers.table import FleetSpec
+from pollwarden_providers.table_limits import FleetSpec
 
 # Connections per process: concurrent tool calls of one HTTP instance each borrow one.
 POOL_SIZE = 10

@@ -20,7 +20,7 @@ from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.store.sqlite.rows import StoredOperation
 from pollwarden.vocabulary import Outcome, Status, status_for
-from pollwarden_providers.table import FleetSpec
+from pollwarden_providers.table_limits import FleetSpec
 
 
 class _Stale(Exception):

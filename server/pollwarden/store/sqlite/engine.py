@@ -25,7 +25,7 @@ from pollwarden.store.sqlite import browse, checks, queries, rows, wakes, writes
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
-from pollwarden_providers.table import FleetSpec
+from pollwarden_providers.table_limits import FleetSpec
 
 
 class SQLiteStore:
