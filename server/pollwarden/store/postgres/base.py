@@ -1,0 +1,82 @@
+"""The PostgreSQL engine's shared parts: the pool, the rows this process knows, the locked transaction.
+
+`PostgresBase` is what the engine's groups of methods (`check_procedure`, `decisions`,
+and `engine` itself) are built on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pollwarden.records import ApprovalRecord
+from pollwarden.store.location import DatabaseLocation
+from pollwarden.store.postgres import sql
+from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
+from pollwarden.store.postgres.writer import Writer
+from pollwarden.store.sqlite.rows import StoredOperation
+from pollwarden.vocabulary import Status
+
+# Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
+RESERVED_KEPT = 256
+# Operation rows remembered as this process last saw them (the check's first trip, saved).
+KNOWN_KEPT = 4096
+
+
+class PostgresBase:
+    """One process's store on a PostgreSQL database: what every group of its methods shares."""
+
+    def __init__(self, pool: Pool, location: DatabaseLocation, audit_key: bytes | None) -> None:
+        self._pool = pool
+        self._key = audit_key
+        self.location = location
+        # The rows this process reserved in one statement, by (operation, lease owner): the answer
+        # that follows is written in one trip if the row is still exactly that (see apply_answer).
+        self._reserved: dict[tuple[str, str], StoredOperation] = {}
+        # Each operation's row as this process last read or wrote it (see `_known_row`).
+        self._known: OrderedDict[str, StoredOperation] = OrderedDict()
+
+    def _remember(self, current: StoredOperation) -> None:
+        """Keep `current` as the row this process knows last (bounded: the oldest go first)."""
+        op_id = current.record.operation_id
+        self._known[op_id] = current
+        self._known.move_to_end(op_id)
+        while len(self._known) > KNOWN_KEPT:
+            self._known.popitem(last=False)
+
+    def _forget(self, operation_id: str) -> None:
+        self._known.pop(operation_id, None)
+
+    @property
+    def stats(self) -> EngineStats:
+        """Round trips and commits since the store opened."""
+        return self._pool.stats
+
+    @asynccontextmanager
+    async def _locked(
+        self, operation_id: str | None = None, *, audit: bool = True, durable: bool = True
+    ) -> AsyncGenerator[tuple[Writer, Tx, Any]]:
+        """A transaction that locks the operation row first (and reads the audit head); yields the row's cursor."""
+        async with self._pool.transaction(durable=durable) as tx:
+            writer = Writer(tx, self._key)
+            cursor = None
+            if operation_id is not None:
+                self._forget(operation_id)  # written on the locked row: read afresh next time
+                cursor = await tx.queue(sql.LOCK_OPERATION, {"operation_id": operation_id})
+            if audit:
+                await writer.head_first()
+            yield writer, tx, cursor
+            await writer.finish()
+
+    def _known_row(self, operation_id: str) -> StoredOperation | None:
+        """The row as this process last saw it, while it is waiting (an escalated one's approvals
+        live in other rows, read on every check)."""
+        known = self._known.get(operation_id)
+        return known if known is not None and known.record.status == Status.WAITING else None
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        """One approval by id."""
+        row = await self._pool.read_one(sql.SELECT_APPROVAL, {"approval_id": approval_id})
+        return None if row is None else ApprovalRecord.from_row(row)
