@@ -78,6 +78,7 @@ __all__ = [
     "canonical_json",
     "export_jsonl",
     "format_timestamp",
+    "hashed_middle",
     "key_problem",
     "open_read_only",
     "read_anchor",
@@ -135,6 +136,17 @@ def row_hash(
     if key is None:
         return hashlib.sha256(message).hexdigest()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def hashed_middle(*, operation_id: str, at: str, kind: str, payload: str) -> str:
+    """The part of a row's hashed message that does not depend on its place in the chain.
+
+    The message `row_hash` hashes is ``"[" + str(position) + middle + '"' + prev_hash + '"]'``
+    (``prev_hash`` is lowercase hex, which JSON needs no escaping for): what lets
+    PostgreSQL hash an operation's first row in the statement that links it into
+    the one chain, with every JSON escape done here.
+    """
+    return "," + ",".join(canonical_json(part) for part in (operation_id, at, kind, payload)) + ","
 
 
 def audit_key_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:

@@ -22,6 +22,7 @@ from pollwarden.audit import (
     AuditKeyError,
     canonical_json,
     format_timestamp,
+    hashed_middle,
     key_mismatch,
     row_hash,
 )
@@ -180,6 +181,26 @@ class ChainRow:
     hash: str
     keyed: bool
     link: str = CHAIN
+
+
+@dataclass(frozen=True)
+class UnlinkedRow:
+    """One audit row's text before its place in the chain is known (an operation's first row, which
+    PostgreSQL links and hashes in the statement that inserts it: `store.postgres.sql.OPEN_OPERATION`)."""
+
+    operation_id: str
+    at: str
+    kind: str
+    payload: str
+    middle: str
+
+
+def unlinked(entry: AuditEvent) -> UnlinkedRow:
+    """The stored text of `entry` and the place-free middle of its hashed message (`audit.hashed_middle`)."""
+    at = format_timestamp(to_datetime(entry.at))
+    payload = canonical_json(dict(entry.payload))
+    middle = hashed_middle(operation_id=entry.operation_id, at=at, kind=entry.kind, payload=payload)
+    return UnlinkedRow(entry.operation_id, at, entry.kind, payload, middle)
 
 
 def link(head: ChainHead | None, entry: AuditEvent, *, key: bytes | None) -> ChainRow:

@@ -204,7 +204,11 @@ def add_http_arguments(parser: argparse.ArgumentParser, *, default_port: int) ->
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The built-in demo (see demo.py)."""
+    """The built-in demo (see demo.py), or with --team two HTTP instances on one database (demo_team.py)."""
+    if args.team:
+        from pollwarden.demo_team import run_team_demo
+
+        return run_team_demo(args.db)
     from pollwarden.demo import run_demo
 
     return run_demo(args.db)
@@ -305,8 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the built-in demo against a local fake provider")
     demo.add_argument("--db", help="keep the demo's database here (default: a temporary file)")
+    demo.add_argument(
+        "--team",
+        action="store_true",
+        help="two `serve --transport http` instances on one database (--db postgresql://… for a team's), "
+        "one budget between them",
+    )
     with_examples(
-        demo, "pollwarden demo", "pollwarden demo --db /tmp/demo.db   # keep the database to look at"
+        demo,
+        "pollwarden demo",
+        "pollwarden demo --db /tmp/demo.db   # keep the database to look at",
+        "pollwarden demo --team --db postgresql://postgres@127.0.0.1:5432/test   # two instances, one budget",
     )
     demo.set_defaults(func=cmd_demo)
 

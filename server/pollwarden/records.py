@@ -10,7 +10,7 @@ them, nothing here does I/O.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
@@ -41,6 +41,7 @@ __all__ = [
     "StopReason",
     "WakeOutcome",
     "WakeResult",
+    "new_record",
     "status_for",
 ]
 
@@ -154,6 +155,26 @@ class OperationRecord:
 
 OPERATION_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(OperationRecord))
 """The operation's stored columns, in record order."""
+
+# What a new operation's row holds besides the columns its start gives: the schema's defaults.
+_NEW_ROW_DEFAULTS: Mapping[str, object] = {
+    "status_requests_used": 0,
+    "transport_failures_used": 0,
+    "rate_limited_used": 0,
+    "polls_completed": 0,
+    "extensions_used": 0,
+    "version": 1,
+    "owner": "local",
+}
+
+
+def new_record(values: Mapping[str, object]) -> OperationRecord:
+    """The record a new operation's row holds: `values` (its start's columns), the rest as the schema has them.
+
+    For writing the row's first audit row in the statement that inserts it (PostgreSQL).
+    """
+    return OperationRecord.from_row([values.get(c, _NEW_ROW_DEFAULTS.get(c)) for c in OPERATION_COLUMNS])
+
 
 # Columns stored as text that hold a word of the vocabulary: read back as that word.
 _OPERATION_WORDS: tuple[tuple[int, Callable[[Any], object]], ...] = tuple(

@@ -1,10 +1,16 @@
-"""`pollwarden demo` runs end to end, as a newcomer would run it."""
+"""`pollwarden demo` (and `demo --team`) run end to end, as a newcomer would run them."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from harness import database_in
+from pollwarden.audit_verify import verify_chain
+from pollwarden.store import Engine
 
 
 def test_the_demo_succeeds_one_job_and_escalates_the_other(tmp_path: Path) -> None:
@@ -26,3 +32,28 @@ def test_the_demo_succeeds_one_job_and_escalates_the_other(tmp_path: Path) -> No
     assert "received 503, Retry-After 1" in out
     assert "audit chain: OK" in out
     assert db.exists()
+
+
+@pytest.mark.both_engines
+def test_the_team_demo_runs_two_http_instances_on_one_database_that_share_one_budget(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    where = database_in(tmp_path)
+    db = where.dsn if not where.is_sqlite else str(where.path)
+    done = subprocess.run(
+        [sys.executable, "-m", "pollwarden", "demo", "--team", "--db", db],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    checks = [line for line in lines if "check_status ->" in line]
+    assert [line.split(":")[0] for line in checks] == ["instance A", "instance B", "instance A", "instance B"]
+    assert "requests used 2 of 3" in checks[1]  # B counts the request A sent
+    assert "requests used 3 of 3 -> escalated (request_budget_exhausted)" in checks[2]
+    assert "check_status -> stopped" in checks[3]
+    assert "the provider saw 3 status requests in all" in done.stdout
+    assert "one budget, shared by both instances" in done.stdout
+    assert verify_chain(where, None).ok

@@ -431,3 +431,29 @@ async def main(url, worker, go):
 
 anyio.run(main, *sys.argv[1:4])
 """
+
+
+async def test_a_start_is_one_trip_and_writes_what_the_locked_start_writes(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    quick, locked = database_in(tmp_path / "quick"), database_in(tmp_path / "locked")
+    async with open_store(quick) as store:
+        assert isinstance(store, PostgresStore)
+        before = store.stats.trips
+        record, created = await store.create_operation(_new_operation("op-a"), kind="tracking", at=5.0)
+        assert created
+        assert store.stats.trips - before == 1  # the row, its first audit row and the head, committed
+        again, created_again = await store.create_operation(_new_operation("op-a"), kind="tracking", at=6.0)
+        assert (again, created_again) == (record, False)  # the id is taken: answered with the operation
+    async with open_store(locked, audit_key=KEY) as store:  # a keyed chain takes the locked way
+        keyed, _ = await store.create_operation(_new_operation("op-a"), kind="tracking", at=5.0)
+    assert keyed == record
+    (first,) = read_rows(quick, "op-a")
+    (first_keyed,) = read_rows(locked, "op-a")
+    assert (first.payload, first.position, first.link) == (first_keyed.payload, 1, CHAIN)
+    assert db_rows(quick, "SELECT audit_rows, audit_hash FROM operations") == [
+        {"audit_rows": 1, "audit_hash": first.hash}
+    ]
+    assert verify_chain(quick, None).ok
+    assert verify_chain(locked, KEY).ok

@@ -21,6 +21,7 @@ from the caller's clock.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import asynccontextmanager
 
@@ -32,6 +33,7 @@ from pollwarden.audit_entry import (
     AuditEvent,
     OperationChain,
     event,
+    unlinked,
 )
 from pollwarden.errors import StoreError
 from pollwarden.job_identity import account_parts, duplicate_changes
@@ -41,6 +43,7 @@ from pollwarden.records import (
     OperationRecord,
     WakeOutcome,
     WakeResult,
+    new_record,
 )
 from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
@@ -172,6 +175,11 @@ class PostgresStore(CheckProcedure, Decisions):
                 f"a new operation needs exactly its columns (missing {missing}, unknown {extra})"
             )
         operation_id = str(values["operation_id"])
+        if self._key is None and values["submit_payload_json"] is None:
+            opened = await self._open_in_one_statement(values, kind=kind, at=at)
+            if opened is not None:
+                self._remember(opened)  # committed: its first check needs no read
+                return opened.record, True
         async with self._locked(audit=False) as (writer, tx, _):
             if values["submit_payload_json"] is not None:
                 payload = {"request_fingerprint": values["request_fingerprint"]}
@@ -180,8 +188,10 @@ class PostgresStore(CheckProcedure, Decisions):
                 in_flight = await tx.one(sql.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]})
                 if in_flight is not None and await tx.read(same_id) is None:
                     return stored(in_flight).record, False
+            # Its first row is a row of the one chain: the head is locked before the row is inserted, as
+            # in the one-statement start (so two starts of one job never wait for each other crosswise).
+            await writer.head_first(lock=True)
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
-            await writer.head_first(lock=True)  # its first row is a row of the one chain
             row = await tx.read(inserted)
             if row is None:
                 existing = await tx.one(sql.SELECT_OPERATION, {"operation_id": operation_id})
@@ -190,20 +200,30 @@ class PostgresStore(CheckProcedure, Decisions):
                     existing = await tx.one(sql.SELECT_JOB_OWNER, job)
                 return operation(existing, operation_id).record, False
             created = stored(row).record
-            origin, credential_env = account_parts(created.account_context)
-            first = {
-                "account_origin": origin,
-                "account_credential_env": credential_env,
-                "expected_terminal_state": created.expected_terminal_state,
-            }
             await writer.append(
-                event(created, kind, at, extra=first),
+                event(created, kind, at, extra=_opening_facts(created)),
                 on=StoredOperation(created, NO_REFUSALS, OperationChain(0, "")),
             )
             await writer.finish()
             opened = StoredOperation(created, NO_REFUSALS, writer.chain_of(operation_id))
         self._remember(opened)  # committed: its first check needs no read
         return created, True
+
+    async def _open_in_one_statement(
+        self, values: Mapping[str, object], *, kind: str, at: float
+    ) -> StoredOperation | None:
+        """A start that submits nothing, on an unkeyed chain, in one trip (`sql.OPEN_OPERATION`).
+
+        Its first audit row is written from the record the INSERT makes (`records.new_record`), so
+        the row and its audit say the same. None: nothing was inserted (the id or the job is taken,
+        or the chain is keyed); the caller goes the locked way, which answers with what holds them.
+        """
+        record = new_record(values)
+        first = unlinked(event(record, kind, at, extra=_opening_facts(record)))
+        async with self._pool.transaction() as tx:
+            cursor = await tx.queue(sql.OPEN_OPERATION, {**values, **dataclasses.asdict(first)})
+        row = await cursor.fetchone()
+        return None if row is None else stored(row)
 
     async def claim_submission(
         self, operation_id: str, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str
@@ -343,6 +363,16 @@ class PostgresStore(CheckProcedure, Decisions):
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             return 1 if await writer.flush(current) else 0
+
+
+def _opening_facts(created: OperationRecord) -> dict[str, object]:
+    """What an operation's first audit row names beside its record: the account and the expected end."""
+    origin, credential_env = account_parts(created.account_context)
+    return {
+        "account_origin": origin,
+        "account_credential_env": credential_env,
+        "expected_terminal_state": created.expected_terminal_state,
+    }
 
 
 @asynccontextmanager

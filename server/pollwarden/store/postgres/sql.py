@@ -60,6 +60,27 @@ INSERT_OPERATION = (
     f"ON CONFLICT DO NOTHING RETURNING {OPERATION_ROW}"  # the id, or the job (one job, one budget)
 )
 
+# A new operation and its first audit row (a row of the one chain) in one statement, for a start that
+# submits nothing on an unkeyed chain: the head is locked first (as every start locks it before its
+# row: no deadlock on the job's unique index), the row hashed here — the message `audit.row_hash`
+# hashes, its JSON escaped by Python (`audit.hashed_middle`) — and the operation records its chain.
+# Nothing is inserted when the id or the job is taken, or the chain is keyed: the caller goes the
+# locked way, which says which.
+OPEN_OPERATION = (
+    "WITH head AS (SELECT seq, hash FROM audit_head WHERE NOT keyed FOR UPDATE), "
+    "linked AS (SELECT seq + 1 AS position, hash AS prev_hash, encode(sha256(convert_to("
+    "'[' || (seq + 1)::text || %(middle)s || '\"' || hash || '\"]', 'UTF8')), 'hex') AS hash FROM head), "
+    f"opened AS (INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}, audit_rows, audit_hash) "
+    f"SELECT {', '.join(f'%({c})s' for c in NEW_OPERATION_COLUMNS)}, 1, linked.hash FROM linked "
+    f"ON CONFLICT DO NOTHING RETURNING {OPERATION_ROW}), "
+    "first_row AS (INSERT INTO audit (position, link, operation_id, at, kind, payload, prev_hash, hash, keyed) "
+    "SELECT linked.position, 'chain', %(operation_id)s, %(at)s, %(kind)s, %(payload)s, linked.prev_hash, "
+    "linked.hash, false FROM linked WHERE EXISTS (SELECT 1 FROM opened) RETURNING position, hash), "
+    "moved AS (UPDATE audit_head SET seq = first_row.position, hash = first_row.hash FROM first_row "
+    "RETURNING 1) "
+    "SELECT * FROM opened"
+)
+
 # The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
 # (issue 19: principals never see each other's operations); the partial UNIQUE index
 # operations_one_per_job serves it and makes a second holder impossible.
