@@ -361,17 +361,27 @@ class PollwardenServer(MCPServer[ServerContext]):
 SEAL_EVERY_SECONDS = 60.0
 
 
+async def seal_moved_chains(controller: Controller) -> int:
+    """Seal the audit chains that moved since the last seal (`Store.seal`); how many were named.
+
+    A failure (the database away, a key that does not match) is logged, not raised: the next round tries again.
+    """
+    try:
+        sealed = await controller.store.seal(at=controller.clock.now())
+    except (StoreError, AuditKeyError) as exc:
+        log.warning("could not seal the audit chains: %s", exc)
+        return 0
+    if sealed:
+        log.info("sealed the audit chains of %d operations", sealed)
+    return sealed
+
+
 async def seal_periodically(controller: Controller, every: float = SEAL_EVERY_SECONDS) -> None:
-    """Seal the moved audit chains every `every` seconds until cancelled; a failure is logged, not fatal."""
+    """`seal_moved_chains` every `every` seconds of real time until cancelled (the row's time is the
+    controller's clock; a fake clock is never moved by this)."""
     while True:
         await anyio.sleep(every)
-        try:
-            sealed = await controller.store.seal(at=controller.clock.now())
-        except (StoreError, AuditKeyError) as exc:
-            log.warning("could not seal the audit chains: %s", exc)
-            continue
-        if sealed:
-            log.info("sealed the audit chains of %d operations", sealed)
+        await seal_moved_chains(controller)
 
 
 def _reader_of(context: object) -> Reader | None:

@@ -22,17 +22,20 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import anyio
 import psycopg
 import pytest
 
-from harness import database_in, db_rows, db_write
+from harness import database_in, db_rows, db_write, make_harness
 from pollwarden.audit import CHAIN, OPERATION_LINK, SEAL_KIND, read_rows, row_hash
 from pollwarden.audit_entry import ChainHead, chain_row
 from pollwarden.audit_verify import rekey_chain, verify_chain
 from pollwarden.errors import StoreError
+from pollwarden.server import controller_factory, seal_moved_chains, seal_periodically
 from pollwarden.store import DatabaseLocation, Engine, open_store
 from pollwarden.store.postgres import schema
 from pollwarden.store.postgres.engine import PostgresStore
+from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]
 
@@ -457,3 +460,26 @@ async def test_a_start_is_one_trip_and_writes_what_the_locked_start_writes(
     ]
     assert verify_chain(quick, None).ok
     assert verify_chain(locked, KEY).ok
+
+
+async def test_a_serving_process_seals_the_chains_that_moved_on_its_own(
+    tmp_path: Path, fake: FakeProvider, database_engine: Engine
+) -> None:
+    fake.script("sealed", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    h.server()  # writes the provider table the factory loads
+    async with controller_factory(h.config(), clock=h.clock, rng=h.rng)() as controller:
+        await controller.start_operation(provider="acme", operation_id="op-sealed", provider_job_id="sealed")
+        first = await seal_moved_chains(controller)
+        assert await seal_moved_chains(controller) == 0  # nothing moved since
+        await controller.start_operation(provider="acme", operation_id="op-later", provider_job_id="later")
+        with anyio.move_on_after(2):  # a round every 0.01 s of real time, for at most 2 s
+            await seal_periodically(controller, 0.01)
+    seals = [r for r in read_rows(h.db_path) if r.kind == SEAL_KIND]
+    if database_engine == Engine.POSTGRES:
+        assert first == 1
+        named = [[e[0] for e in r.payload_obj["operations"]] for r in seals]  # type: ignore[union-attr]
+        assert named == [["op-sealed"], ["op-later"]]  # the loop sealed what moved, once
+    else:
+        assert (first, seals) == (0, [])  # every SQLite row is in the one chain: nothing to seal
+    assert verify_chain(h.db_path, None).ok
