@@ -49,13 +49,14 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import DEFAULT_PG_URL, RESULTS_DIR, dump_json, machine, percentile_ms, scratch_schema
-from pollwarden.audit_entry import event
+from pollwarden.audit_entry import AuditEvent, event
 from pollwarden.audit_verify import verify_chain
+from pollwarden.records import OperationRecord
 from pollwarden.store import DatabaseLocation, open_store
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Pool, Row
 from pollwarden.store.postgres.engine import PostgresStore
-from pollwarden.store.postgres.writer import Writer
+from pollwarden.store.postgres.writer import answer_statement
 from pollwarden.store.sqlite.rows import StoredOperation, stored
 from pollwarden.vocabulary import Outcome
 
@@ -120,16 +121,15 @@ async def _worker(url: str, kind: str, ops: list[str], seconds: float, start_at:
 
 
 async def _answer_as_reserved(pool: Pool, held: StoredOperation, now: float) -> StoredOperation:
-    """One answer in one trip, as `PostgresStore._answer_as_reserved` writes it, keeping the lease."""
-    async with pool.transaction() as tx:
-        writer = Writer(tx, None)
-        changes = {"polls_completed": held.record.polls_completed + 1, "last_http_status": 200}
-        updated = await writer.write(held, changes, at=now, owner="bench")
-        polled = event(updated, "polled", now, outcome=Outcome.POLLED)
-        await writer.append(polled, on=held, unread=True)
-        await writer.finish()
-        chain = writer.chain_of(held.record.operation_id)
-    return StoredOperation(updated, held.refusals, chain)
+    """One answer in one statement, as `CheckProcedure._answer_as_reserved` writes it, keeping the lease."""
+    changes = {"polls_completed": held.record.polls_completed + 1, "last_http_status": 200}
+
+    def polled(updated: OperationRecord) -> AuditEvent:
+        return event(updated, "polled", now, outcome=Outcome.POLLED)
+
+    statement, params, after = answer_statement(held, changes, polled, at=now, owner="bench", key=None)
+    await pool.write_one(statement, params)
+    return after
 
 
 async def create_operations(url: str, ops: Sequence[str], leased: bool) -> None:
@@ -180,17 +180,12 @@ lease_owner = 'bench', lease_expires_at = 0, version = version + 1, updated_at =
 WHERE operation_id = 'reservation-' || (:n)::int AND status = 'waiting' \
 AND status_requests_used < max_status_requests RETURNING *;
 """
-# The one-trip answer: the guarded update, its row in the operation's own chain, COMMIT.
+# The one-statement answer: the guarded update and its row in the operation's own chain, committed alone.
 _PGBENCH_ANSWER = """\\set n random(0, {last})
-\\startpipeline
-BEGIN;
 WITH written AS (UPDATE operations SET polls_completed = polls_completed + 1, last_http_status = 200, \
 audit_rows = audit_rows + 1, audit_hash = md5(random()::text), version = version + 1, updated_at = 2 \
 WHERE operation_id = 'answer_audit-' || (:n)::int AND lease_owner = 'bench' AND refused_count = 0 \
-RETURNING 1) SELECT 1 / count(*) FROM written;
-{append};
-COMMIT;
-\\endpipeline
+RETURNING 1), {append};
 """
 # The answer as it was with one chain for every row: the row and the head locked, then the writes.
 _PGBENCH_ONE_CHAIN = """\\set n random(0, {last})
@@ -212,15 +207,16 @@ _PAYLOAD = "{" + '"note":"' + "x" * 700 + '"}'
 
 
 def _pgbench_append() -> str:
-    """The engine's statement for an operation row, with a real row's size written in."""
+    """The engine's insert of an operation row (as `sql.answer_statement` has it), with a real row's size."""
     values = {
         "position": "2", "link": "'operation'", "operation_id": "'answer_audit-' || (:n)::int",
         "at": "'1970-01-01T00:00:01.000Z'", "kind": "'polled'", "payload": f"'{_PAYLOAD}'",
         "prev_hash": "md5('a')", "hash": "md5(random()::text)", "keyed": "false",
     }  # fmt: skip
-    text = sql.INSERT_OPERATION_ROW
+    text = sql.answer_statement(("polls_completed",))
+    text = text[text.index("linked AS") :]
     for name, value in values.items():
-        text = text.replace(f"%({name})s", value)
+        text = text.replace(f"%(a_{name})s", value)
     return text
 
 

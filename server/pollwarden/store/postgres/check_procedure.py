@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pollwarden.audit_entry import (
     NO_REFUSALS,
     REFUSALS_PER_SUMMARY,
+    AuditEvent,
     PendingRefusals,
     event,
     lease_recovered,
@@ -29,7 +30,7 @@ from pollwarden.schedule import pace, slot_still_held
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, PostgresBase
 from pollwarden.store.postgres.connection import GuardFailed, Tx
-from pollwarden.store.postgres.writer import Writer, operation
+from pollwarden.store.postgres.writer import Writer, answer_statement, operation
 from pollwarden.store.sqlite.rows import StoredOperation, stored
 from pollwarden.vocabulary import (
     DelaySource,
@@ -163,9 +164,9 @@ class CheckProcedure(PostgresBase):
                 return None  # a summary row is due: the locked path writes it
             # Only a counter nothing budget-related reads: committed without waiting for the disk.
             params = {"outcome": outcome, "at": now, "operation_id": record.operation_id}
-            async with self._pool.transaction(durable=False) as tx:
-                cursor = await tx.queue(sql.COUNT_REFUSAL, {**params, "version": record.version})
-            counted = await cursor.fetchone()
+            counted = await self._pool.write_one(
+                sql.COUNT_REFUSAL, {**params, "version": record.version}, durable=False
+            )
             if counted is None:
                 self._forget(record.operation_id)
                 return None
@@ -255,17 +256,18 @@ class CheckProcedure(PostgresBase):
         if reserved.refusals.count:
             return None
         released = {**changes, "lease_owner": None, "lease_expires_at": None}
+
+        def polled(updated: OperationRecord) -> AuditEvent:
+            return event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra)
+
+        statement, params, after = answer_statement(
+            reserved, released, polled, at=at, owner=owner, key=self._key
+        )
         try:
-            async with self._pool.transaction() as tx:
-                writer = Writer(tx, self._key)
-                updated = await writer.write(reserved, released, at=at, owner=owner)
-                polled = event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra)
-                await writer.append(polled, on=reserved, unread=True)
-                await writer.finish()
-                chain = writer.chain_of(reserved.record.operation_id)
+            await self._pool.write_one(statement, params)
         except GuardFailed:
             return None
-        return StoredOperation(updated, NO_REFUSALS, chain)
+        return after
 
     # -- creating and submitting ---------------------------------------------------------------
 

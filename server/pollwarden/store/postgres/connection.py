@@ -248,18 +248,22 @@ class Pool:
                 await self._forget_broken()
             raise self.describe(exc) from None
 
-    async def write_one(self, sql: str, params: Params = ()) -> Row | None:
+    async def write_one(self, sql: str, params: Params = (), *, durable: bool = True) -> Row | None:
         """One statement as a transaction of its own, in one trip; its first row.
 
-        Autocommit: the statement's implicit transaction is committed (synchronous_commit on) before
-        its result comes back. Never retried: after a lost connection its outcome is unknown.
+        Autocommit: the statement's implicit transaction is committed (synchronous_commit on, unless
+        the statement turns it off for itself: `durable=False` counts it so) before its result comes
+        back. Never retried: after a lost connection its outcome is unknown.
         """
         try:
             async with self._pool.connection() as conn:
                 self.stats.trips += 1
                 cur = await conn.execute(_query(sql), plain(params))
                 row = await cur.fetchone()
-                self.stats.commits += 1
+                if durable:
+                    self.stats.commits += 1
+                else:
+                    self.stats.relaxed_commits += 1
                 return row
         except (psycopg.Error, PoolTimeout) as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):

@@ -129,9 +129,12 @@ RESERVE = (
 # One refused call, counted on the operation as the gate read it (version guard), unless a summary row
 # is due first (a run of the other outcome pending) or with it (this call completes the run): those go
 # the locked way, which writes the row.
+# Only a counter nothing budget-related reads: committed without waiting for the disk. The statement is
+# its own transaction (autocommit), and sets synchronous_commit off for it alone (set_config, local).
 COUNT_REFUSAL = (
+    "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)) "
     "UPDATE operations SET refused_count = refused_count + 1, refused_outcome = %(outcome)s, "
-    "refused_first_at = COALESCE(refused_first_at, %(at)s), refused_last_at = %(at)s "
+    "refused_first_at = COALESCE(refused_first_at, %(at)s), refused_last_at = %(at)s FROM relaxed "
     "WHERE operation_id = %(operation_id)s AND version = %(version)s "
     "AND (refused_outcome IS NULL OR refused_outcome = %(outcome)s) "
     f"AND refused_count < {REFUSALS_PER_SUMMARY - 1} "
@@ -284,6 +287,24 @@ INSERT_OPERATION_ROW = (
     f"WITH linked AS (INSERT INTO audit ({_AUDIT_COLUMNS}) SELECT {_AUDIT_VALUES} FROM audit_head "
     "WHERE keyed = %(keyed)s RETURNING 1) SELECT 1 / count(*) FROM linked"
 )
+
+# The answer to this process's own reservation as one statement, committed by itself (autocommit): the
+# write guarded as `write_operation(…, unlocked=True)` states, and its row in the operation's chain,
+# inserted only if the write held (and keyed exactly as the chain is); else it divides by zero.
+_ANSWER_ROW = ", ".join(f"%(a_{c.strip()})s" for c in _AUDIT_COLUMNS.split(","))
+
+
+@cache
+def answer_statement(columns: tuple[str, ...]) -> str:
+    """The one-statement answer writing `columns` (parameters: `write_operation`'s, and the audit row's
+    columns prefixed `a_`)."""
+    update = write_operation(columns, False, True, unlocked=True)
+    return (
+        f"WITH written AS ({update} RETURNING 1), linked AS (INSERT INTO audit ({_AUDIT_COLUMNS}) "
+        f"SELECT {_ANSWER_ROW} FROM audit_head, written WHERE audit_head.keyed = %(a_keyed)s RETURNING 1) "
+        "SELECT 1 / count(*) FROM linked"
+    )
+
 
 # A seal: every operation whose chain moved since the last seal, named with its head (locks those rows
 # for the seal's one transaction).

@@ -20,7 +20,7 @@ server with the COMMIT.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from psycopg.rows import TupleRow
 
 from pollwarden.audit import AuditKeyError, key_mismatch
 from pollwarden.audit_entry import (
+    NO_REFUSALS,
     AuditEvent,
     ChainHead,
     ChainRow,
@@ -58,6 +59,43 @@ def seal_entries(rows: list[Row]) -> list[list[object]]:
     """`sql.SEAL_OPERATIONS`'s rows as a seal names them: ``[operation_id, rows, last hash]``, by id."""
     entries: list[list[object]] = [[str(op), int(n), str(last)] for op, n, last in rows]
     return sorted(entries, key=lambda entry: str(entry[0]))
+
+
+def answer_statement(
+    reserved: StoredOperation,
+    changes: Mapping[str, Any],
+    entry_of: Callable[[OperationRecord], AuditEvent],
+    *,
+    at: float,
+    owner: str,
+    key: bytes | None,
+) -> tuple[str, dict[str, object], StoredOperation]:
+    """The answer to `owner`'s reservation of `reserved` as one statement: (SQL, parameters, the row after).
+
+    The write is guarded as `Writer.write(…, owner=…)` guards it (the row still at the version
+    reserved, leased by `owner`, no refused call counted and no audit row written since); the audit
+    row, `entry_of` the new record, follows the operation's last row. If the guard fails, nothing is
+    written (`sql.answer_statement`).
+    """
+    before = reserved.record
+    if reserved.chain is None or reserved.chain.rows == 0:
+        raise StoreError(f"operation {before.operation_id!r} was reserved without its audit chain")
+    updated = dataclasses.replace(before, **changes, version=before.version + 1, updated_at=at)
+    row = link_in_operation(reserved.chain, entry_of(updated), key=key)
+    params: dict[str, object] = {f"c_{c}": v for c, v in changes.items()}
+    params.update(
+        operation_id=before.operation_id,
+        version=before.version,
+        new_version=before.version + 1,
+        at=at,
+        owner=owner,
+        rows_before=reserved.chain.rows,
+        audit_rows=row.position,
+        audit_hash=row.hash,
+    )
+    params.update({f"a_{name}": value for name, value in dataclasses.asdict(row).items()})
+    after = StoredOperation(updated, NO_REFUSALS, OperationChain(row.position, row.hash))
+    return sql.answer_statement(tuple(changes)), params, after
 
 
 @dataclass
