@@ -21,7 +21,6 @@ from the caller's clock.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import asynccontextmanager
 
@@ -221,7 +220,7 @@ class PostgresStore(CheckProcedure, Decisions):
         record = new_record(values)
         first = unlinked(event(record, kind, at, extra=_opening_facts(record)))
         async with self._pool.transaction() as tx:
-            cursor = await tx.queue(sql.OPEN_OPERATION, {**values, **dataclasses.asdict(first)})
+            cursor = await tx.queue(sql.OPEN_OPERATION, {**values, **vars(first)})
         row = await cursor.fetchone()
         return None if row is None else stored(row)
 

@@ -7,7 +7,6 @@ the same statements. Nothing here prints the URL's password.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -86,7 +85,7 @@ def rekey(location: DatabaseLocation, key: bytes, *, by: str, at: datetime) -> i
             payload=rekey_payload(by, result, moved),
             key=key,
         )
-        inserted = conn.execute(sql.INSERT_CHAIN_ROW + " RETURNING seq", dataclasses.asdict(row)).fetchone()
+        inserted = conn.execute(sql.INSERT_CHAIN_ROW + " RETURNING seq", vars(row)).fetchone()
         assert inserted is not None
         conn.execute(sql.SET_AUDIT_HEAD, {"seq": row.position, "hash": row.hash, "keyed": row.keyed})
         return int(inserted[0])

@@ -93,7 +93,7 @@ def answer_statement(
         audit_rows=row.position,
         audit_hash=row.hash,
     )
-    params.update({f"a_{name}": value for name, value in dataclasses.asdict(row).items()})
+    params.update({f"a_{name}": value for name, value in vars(row).items()})
     after = StoredOperation(updated, NO_REFUSALS, OperationChain(row.position, row.hash))
     return sql.answer_statement(tuple(changes)), params, after
 
@@ -232,7 +232,7 @@ class Writer:
             pending = self._pending.pop(op_id)
             await self._queue_row(op_id, pending)
         for statement, row in self._rows:
-            await self.tx.queue(statement, dataclasses.asdict(row))
+            await self.tx.queue(statement, vars(row))
         self._rows.clear()
         if self._head_moved and self._head is not None:
             head = {"seq": self._head.seq, "hash": self._head.hash, "keyed": self._head.keyed}
