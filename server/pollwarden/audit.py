@@ -96,7 +96,7 @@ GENESIS_HASH = "0" * 64
 REKEY_KIND = "audit_rekey"
 """``kind`` of the row that starts keying an unkeyed chain (written by :func:`rekey_chain`)."""
 REKEY_OPERATION = "pollwarden-audit"
-"""``operation_id`` of chain-level rows such as the re-key row and seals."""
+"""``operation_id`` of chain-level rows such as the re-key row and seals; no operation may take it."""
 SEAL_KIND = "audit_seal"
 """``kind`` of a chain row naming every operation's chain head that moved since the seal before it."""
 SEAL_KINDS = (SEAL_KIND, REKEY_KIND)

@@ -61,13 +61,12 @@ if TYPE_CHECKING:
     from pollwarden.store.location import DatabaseLocation
 
 __all__ = [
-    "Sealed",
     "VerifyResult",
     "check_rows",
     "describe_mode",
     "refuse_unless_rekeyable",
     "rekey_chain",
-    "sealed_heads",
+    "seal_entries",
     "verify_chain",
 ]
 
@@ -96,10 +95,23 @@ class VerifyResult:
     mode: str = "unkeyed"
     rekey_seq: int | None = None
     operations: int = 0
+    per_operation: bool = False  # some operation keeps a chain of its own (PostgreSQL)
+
+
+# Where operations keep chains of their own (PostgreSQL), what "the tail" is.
+_TAILS = (
+    "a deleted tail means the rows written after the last anchor, and, of each operation, its rows "
+    "written after the last seal naming it (a serving process seals every minute; `audit anchor` seals first)"
+)
 
 
 def describe_mode(result: VerifyResult) -> list[str]:
     """What a verification in ``result.mode`` detects and what it cannot, in plain words."""
+    lines = _describe_mode(result)
+    return [*lines, _TAILS] if result.per_operation else lines
+
+
+def _describe_mode(result: VerifyResult) -> list[str]:
     if result.mode == "keyed":
         return [
             f"mode: keyed (HMAC-SHA256 with {AUDIT_KEY_ENV}); every row is authenticated by the key",
@@ -125,32 +137,22 @@ def describe_mode(result: VerifyResult) -> list[str]:
     ]
 
 
-@dataclass(frozen=True)
-class Sealed:
-    """What the latest seal naming an operation says of it: its row count and last hash then."""
+def seal_entries(payload: str) -> list[tuple[str, int, str]]:
+    """What a seal's payload names: (operation id, its row count, its last row's hash) for each operation.
 
-    rows: int
-    hash: str
-    seal_seq: int
-
-
-def sealed_heads(seals: Iterable[tuple[int, str]]) -> dict[str, Sealed]:
-    """From the seal rows' (seq, payload) in seq order: the latest sealed head of each operation.
-
-    A payload that is not a seal's shape names nothing here; its row's own hash is checked with
-    the rest, so an edited seal is caught there.
+    A payload not of a seal's shape names nothing; its row's own hash is checked with the rest, so an
+    edited seal is caught there.
     """
-    heads: dict[str, Sealed] = {}
-    for seq, payload in seals:
-        entries = parse_payload(payload).get("operations")
-        if not isinstance(entries, list):
-            continue
-        for entry in entries:  # pyright: ignore[reportUnknownVariableType]
-            if isinstance(entry, list) and len(entry) == 3:  # pyright: ignore[reportUnknownArgumentType]
-                op, rows, digest = entry  # pyright: ignore[reportUnknownVariableType]
-                if isinstance(op, str) and isinstance(rows, int) and isinstance(digest, str):
-                    heads[op] = Sealed(rows, digest, seq)
-    return heads
+    entries = parse_payload(payload).get("operations")
+    named: list[tuple[str, int, str]] = []
+    if not isinstance(entries, list):
+        return named
+    for entry in entries:  # pyright: ignore[reportUnknownVariableType]
+        if isinstance(entry, list) and len(entry) == 3:  # pyright: ignore[reportUnknownArgumentType]
+            op, rows, digest = entry  # pyright: ignore[reportUnknownVariableType]
+            if isinstance(op, str) and isinstance(rows, int) and isinstance(digest, str):
+                named.append((op, rows, digest))
+    return named
 
 
 @dataclass
@@ -173,7 +175,6 @@ def check_rows(
     anchor: Anchor | None = None,
     rekeyed_at: int | None = None,
     rekey_seq: int | None = None,
-    sealed: Mapping[str, Sealed] | None = None,
     recorded: Mapping[str, tuple[int, str | None]] | None = None,
 ) -> VerifyResult:
     """Check rows given in seq order; where the chain first breaks, if anywhere (pure).
@@ -182,12 +183,14 @@ def check_rows(
     each operation row the next place in its operation's chain, linking to that operation's row
     before it; every stored hash must match the recomputed one. With ``key`` every row must be
     keyed, except the unkeyed rows before the re-key row named by ``rekeyed_at`` (its seq).
-    ``sealed``: the latest sealed head of each operation (`sealed_heads`): its chain must reach it.
+    A seal (`SEAL_KINDS`, a chain row) must find each operation it names with exactly the rows it
+    names before it in seq order, the last one carrying the hash it names (the seal held each named
+    operation's row while it read it, so no row of theirs can fall between): a row cut from an
+    operation's end, inserted, or moved across a seal is caught.
     ``recorded``: each operation's row count and last hash as its own row records them
     (PostgreSQL), which must agree with its chain. With ``anchor`` the anchored row must be a
     chain row still carrying the anchored hash.
     """
-    sealed = sealed or {}
     expected_position = 1
     chain_hash = GENESIS_HASH
     head_seq = 0
@@ -196,6 +199,7 @@ def check_rows(
     seen_keyed = False
     anchored_hash: str | None = None
     chains: dict[str, _Chain] = {}
+    per_operation = False
     mode = "unkeyed" if key is None else ("rekeyed" if rekeyed_at is not None else "keyed")
 
     def result(first_broken: int | None = None, problem: str | None = None) -> VerifyResult:
@@ -210,6 +214,7 @@ def check_rows(
             mode=mode,
             rekey_seq=rekeyed_at if rekeyed_at is not None else rekey_seq,
             operations=len(chains),
+            per_operation=per_operation,
         )
 
     for row in rows:
@@ -240,6 +245,7 @@ def check_rows(
                 return result(seq, f"before row {seq}, {row.operation_id!r}'s {missing} (deleted)")
             linked_to = mine.last_hash
             before = f"{row.operation_id!r}'s row before it"
+            per_operation = True
         else:
             return result(seq, f"row {seq} has an unknown link {row.link!r}")
 
@@ -289,27 +295,32 @@ def check_rows(
             expected_position += 1
             chain_hash = row.hash
             head_seq = seq
-        if mine is None:
-            mine = chains[row.operation_id] = _Chain(0, GENESIS_HASH, 0)
-        mine.rows += 1
-        mine.last_hash = row.hash
-        mine.last_seq = seq
-        seal = sealed.get(row.operation_id)
-        if seal is not None and seal.rows == mine.rows and not hmac.compare_digest(seal.hash, row.hash):
-            return result(seq, f"row {seq} is not the row the seal at seq {seal.seal_seq} named: rewritten")
+        if row.operation_id == REKEY_OPERATION:
+            # A row about the chain itself (a seal, the re-key) belongs to no operation's chain.
+            if row.kind in SEAL_KINDS:
+                for op, count, digest in seal_entries(row.payload):
+                    named = chains.get(op)
+                    have = 0 if named is None else named.rows
+                    if have != count or named is None or not hmac.compare_digest(named.last_hash, digest):
+                        problem = (
+                            f"{_missing(have + 1, count, 'row')} (deleted)"
+                            if have < count
+                            else f"it has {have} rows before it, ending otherwise (rows inserted, moved or rewritten)"
+                        )
+                        return result(
+                            seq, f"the seal at row {seq} names {count} rows of operation {op!r}: {problem}"
+                        )
+        else:
+            if mine is None:
+                mine = chains[row.operation_id] = _Chain(0, GENESIS_HASH, 0)
+            mine.rows += 1
+            mine.last_hash = row.hash
+            mine.last_seq = seq
         if anchor is not None and seq == anchor.seq:
             if row.link != CHAIN:
                 return result(seq, f"the anchor names row {seq}, which is not a row of the one chain")
             anchored_hash = row.hash
 
-    for op, seal in sealed.items():
-        have = chains[op].rows if op in chains else 0
-        if have < seal.rows:
-            return result(
-                seal.seal_seq,
-                f"operation {op!r} has {have} rows, but the seal at seq {seal.seal_seq} named {seal.rows}: "
-                f"{_missing(have + 1, seal.rows, 'row')} (deleted from its end)",
-            )
     for op, (rows_recorded, last_hash) in (recorded or {}).items():
         have = chains.get(op)
         if (
@@ -339,9 +350,6 @@ def check_rows(
 
 
 # Everything a verification reads, in one snapshot (`open_read_only` gives one on PostgreSQL).
-_SEAL_ROWS = "SELECT seq, payload FROM audit WHERE kind IN ({kinds}) ORDER BY seq".format(
-    kinds=", ".join("?" for _ in SEAL_KINDS)
-)
 _REKEY_SEQ = "SELECT seq FROM audit WHERE kind = ? ORDER BY seq LIMIT 1"
 # Each operation's own record of its chain (PostgreSQL's operations table; SQLite keeps none).
 _RECORDED_HEADS = "SELECT operation_id, audit_rows, audit_hash FROM operations WHERE audit_rows > 0"
@@ -367,7 +375,6 @@ def verify_chain(
     where = location_of(db_path)
     with open_read_only(where) as conn:
         found = conn.execute(_REKEY_SEQ, (REKEY_KIND,)).fetchone()
-        seals = sealed_heads((int(seq), str(text)) for seq, text in conn.execute(_SEAL_ROWS, SEAL_KINDS))
         recorded = (
             {str(op): (int(n), None if h is None else str(h)) for op, n, h in conn.execute(_RECORDED_HEADS)}
             if has_operation_chains(conn, where)
@@ -379,7 +386,6 @@ def verify_chain(
             anchor=anchor,
             rekeyed_at=rekeyed_at,
             rekey_seq=None if found is None else int(found[0]),
-            sealed=seals,
             recorded=recorded,
         )
 

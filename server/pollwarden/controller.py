@@ -27,6 +27,7 @@ import anyio
 
 from pollwarden import approvals, resubmission, stop, submission
 from pollwarden.approval_flow import NOT_ASKED, Answer
+from pollwarden.audit import REKEY_OPERATION
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
@@ -95,6 +96,11 @@ def operation_id_problem(value: str) -> str | None:
         return (
             f"must be 1 to {MAX_OPERATION_ID_LENGTH} characters, not blank (got {shown(value)}), "
             "e.g. 'report-2025-04-18-01'"
+        )
+    if value == REKEY_OPERATION:
+        return (
+            f"must not be {shown(value)}: the audit's own rows carry that id; choose an id such as "
+            "'report-2025-04-18-01'"
         )
     if value.startswith("@"):
         return (

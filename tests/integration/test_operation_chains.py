@@ -18,19 +18,22 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psycopg
 import pytest
 
-from harness import database_in, db_rows, db_write, make_harness
-from pollwarden.audit import CHAIN, OPERATION_LINK, SEAL_KIND, read_rows, row_hash
+from harness import database_in, db_rows, db_write, error_text, make_harness
+from pollwarden.audit import CHAIN, OPERATION_LINK, SEAL_KIND, canonical_json, read_rows, row_hash
 from pollwarden.audit_entry import ChainHead, chain_row
 from pollwarden.audit_verify import rekey_chain, verify_chain
-from pollwarden.errors import StoreError
+from pollwarden.errors import AuditKeyError, StoreError
 from pollwarden.server import controller_factory, seal_moved_chains, seal_periodically
 from pollwarden.store import DatabaseLocation, Engine, open_store
 from pollwarden.store.postgres import schema
@@ -202,7 +205,9 @@ async def test_a_seal_names_every_moved_chain_so_a_tail_hidden_with_its_record_i
     assert not broken.ok
     assert broken.first_broken_seq == seals[0].seq
     assert broken.problem is not None
-    assert f"'op-0' has 3 rows, but the seal at seq {seals[0].seq} named 4" in broken.problem
+    assert (
+        f"the seal at row {seals[0].seq} names 4 rows of operation 'op-0': row 4 is missing" in broken.problem
+    )
 
 
 async def test_audit_anchor_on_postgresql_seals_first_so_the_anchor_catches_a_hidden_operation_tail(
@@ -234,7 +239,7 @@ async def test_audit_anchor_on_postgresql_seals_first_so_the_anchor_catches_a_hi
         capture_output=True, text=True, timeout=60, env=env, check=False,
     )  # fmt: skip
     assert checked.returncode == 1
-    assert "'op-1' has 3 rows, but the seal" in checked.stdout
+    assert "names 4 rows of operation 'op-1': row 4 is missing (deleted)" in checked.stdout
 
 
 async def test_answers_to_other_operations_never_wait_for_the_chain_head_but_a_new_operation_does(
@@ -483,3 +488,194 @@ async def test_a_serving_process_seals_the_chains_that_moved_on_its_own(
     else:
         assert (first, seals) == (0, [])  # every SQLite row is in the one chain: nothing to seal
     assert verify_chain(h.db_path, None).ok
+
+
+async def test_a_row_forged_without_the_key_and_slipped_in_before_the_rekey_is_caught_by_its_seal(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    where = database_in(tmp_path)
+    await _three_operations(where, rows_each=2)
+    rekey_seq = rekey_chain(where, KEY, by="ops", at=datetime(2026, 12, 1, tzinfo=UTC))
+    assert verify_chain(where, KEY, rekeyed_at=rekey_seq).ok
+    # Someone with write access but no key: make room before the re-key row (seq is not hashed), put a
+    # plain-SHA-256 "succeeded" there at op-0's next place, and fix op-0's own record to match.
+    last = read_rows(where, "op-0")[-1]
+    payload = canonical_json({"decision": "polled", "status": "succeeded", "note": "forged"})
+    forged_at = "2026-12-01T00:00:09.000Z"
+    digest = row_hash(
+        prev_hash=last.hash,
+        seq=4,
+        operation_id="op-0",
+        at=forged_at,
+        kind="polled",
+        payload=payload,
+        key=None,
+    )
+    db_write(where, "UPDATE audit SET seq = seq - 1000 WHERE seq < ?", rekey_seq)
+    db_write(
+        where,
+        "INSERT INTO audit (seq, position, link, operation_id, at, kind, payload, prev_hash, hash, keyed) "
+        "VALUES (?, 4, 'operation', 'op-0', ?, 'polled', ?, ?, ?, false)",
+        rekey_seq - 1, forged_at, payload, last.hash, digest,
+    )  # fmt: skip
+    db_write(
+        where, "UPDATE operations SET audit_rows = 4, audit_hash = ? WHERE operation_id = 'op-0'", digest
+    )
+    broken = verify_chain(where, KEY, rekeyed_at=rekey_seq)
+    assert not broken.ok
+    assert broken.first_broken_seq == rekey_seq
+    assert broken.problem is not None
+    assert "names 3 rows of operation 'op-0': it has 4 rows before it" in broken.problem
+
+
+async def test_the_chains_own_operation_id_cannot_be_started_so_no_operation_mixes_with_its_seals(
+    tmp_path: Path, fake: FakeProvider, database_engine: Engine
+) -> None:
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        refused = await client.call_tool(
+            "start_operation",
+            {"provider": "acme", "operation_id": "pollwarden-audit", "provider_job_id": "j"},
+        )
+        assert refused.is_error
+        assert "operation_id must not be 'pollwarden-audit'" in error_text(refused)
+    async with open_store(h.database) as store:
+        with pytest.raises(ValueError, match="names the audit chain's own rows"):
+            await store.create_operation(_new_operation("pollwarden-audit"), kind="tracking", at=1.0)
+        assert await store.count_operations() == 0
+
+
+async def test_an_instance_of_the_release_before_still_running_after_the_upgrade_cannot_append_a_row(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    where = database_in(tmp_path)
+    await _three_operations(where, rows_each=1)
+    # What the release before step 13 runs for an unkeyed append: its seq from the head, no place.
+    old_append = (
+        "INSERT INTO audit (seq, operation_id, at, kind, payload, prev_hash, hash, keyed) "
+        "SELECT seq + 1, 'op-0', '2026-12-01T00:00:00.000Z', 'polled', '{}', hash, 'x', false FROM audit_head"
+    )
+    with pytest.raises(psycopg.errors.RaiseException, match="upgraded to pollwarden schema step 13"):
+        db_write(where, old_append)
+    assert verify_chain(where, None).ok
+
+
+def _blocked_behind(where: DatabaseLocation, holder: int) -> int:
+    """How many sessions wait, directly or through another waiter, for a lock `holder` (a pid) holds."""
+    found = db_rows(
+        where,
+        "WITH RECURSIVE w(pid) AS (SELECT pid FROM pg_stat_activity WHERE ? = ANY(pg_blocking_pids(pid)) "
+        "UNION SELECT a.pid FROM pg_stat_activity AS a, w WHERE w.pid = ANY(pg_blocking_pids(a.pid))) "
+        "SELECT count(*) AS n FROM w",
+        holder,
+    )
+    return int(found[0]["n"])
+
+
+def _until_blocked(where: DatabaseLocation, holder: psycopg.Connection[Any], sessions: int) -> None:
+    deadline = time.monotonic() + 20
+    while _blocked_behind(where, holder.info.backend_pid) < sessions:  # bounded: queued behind the holder
+        assert time.monotonic() < deadline, "the session never waited for the lock"
+        time.sleep(0.02)
+
+
+def _in_thread(results: dict[str, object], name: str, work: Callable[[], object]) -> threading.Thread:
+    def run() -> None:
+        try:
+            results[name] = work()
+        except Exception as exc:  # the test reports what went wrong
+            results[name] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _store_call(where: DatabaseLocation, call: Callable[[Any], Awaitable[object]]) -> Callable[[], object]:
+    async def go() -> object:
+        async with open_store(where, busy_timeout_seconds=20) as store:
+            return await call(store)
+
+    return lambda: anyio.run(go)
+
+
+async def test_a_rekey_and_a_start_both_waiting_for_the_head_neither_deadlock_nor_fork_the_chain(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    where = database_in(tmp_path)
+    await _three_operations(where, rows_each=1)
+    results: dict[str, object] = {}
+    with psycopg.connect(where.dsn) as holder:  # a start or a seal holding the head for a moment
+        holder.execute("SELECT 1 FROM audit_head FOR UPDATE")
+        rekeying = _in_thread(
+            results, "rekey", lambda: rekey_chain(where, KEY, by="ops", at=datetime(2026, 12, 1, tzinfo=UTC))
+        )
+        _until_blocked(where, holder, 1)
+        starting = _in_thread(
+            results,
+            "start",
+            _store_call(where, lambda s: s.create_operation(_new_operation("late"), kind="tracking", at=9.0)),
+        )
+        _until_blocked(where, holder, 2)
+    rekeying.join(30)
+    starting.join(30)
+    rekey_seq = results["rekey"]
+    assert isinstance(rekey_seq, int), rekey_seq
+    # The start waited behind the re-key, then saw the chain keyed: refused with the fix, nothing written.
+    assert isinstance(results["start"], AuditKeyError), results["start"]
+    assert verify_chain(where, KEY, rekeyed_at=rekey_seq).ok
+
+
+async def test_a_seal_and_a_flush_of_refusals_over_the_same_operations_never_deadlock(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    where = database_in(tmp_path)
+    async with open_store(where) as store:
+        await store.create_operation(_new_operation("op-b"), kind="tracking", at=1.0)  # stored before op-a
+        await store.create_operation(_new_operation("op-a"), kind="tracking", at=2.0)
+    db_write(
+        where,
+        "UPDATE operations SET refused_count = 1, refused_outcome = 'not_yet', refused_first_at = 5, "
+        "refused_last_at = 5",
+    )
+    results: dict[str, object] = {}
+    with psycopg.connect(where.dsn) as holder:  # an answer to op-b in flight
+        holder.execute("SELECT 1 FROM operations WHERE operation_id = 'op-b' FOR UPDATE")
+        sealing = _in_thread(results, "seal", _store_call(where, lambda s: s.seal(at=9.0)))
+        _until_blocked(where, holder, 1)
+        flushing = _in_thread(results, "flush", _store_call(where, lambda s: s.flush_refusals()))
+        _until_blocked(where, holder, 2)
+    sealing.join(30)
+    flushing.join(30)
+    assert results == {"seal": 2, "flush": 2}
+    assert verify_chain(where, None).ok
+
+
+async def test_an_operation_recorded_without_any_audit_row_gets_its_answer_recorded_as_its_first(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    where = database_in(tmp_path)
+    async with open_store(where) as store:
+        await store.create_operation(_new_operation("op-a"), kind="tracking", at=1.0)
+    values = _new_operation("op-bare")
+    names = ", ".join(values)
+    db_write(
+        where, f"INSERT INTO operations ({names}) VALUES ({', '.join('?' for _ in values)})", *values.values()
+    )
+    async with open_store(where) as store:
+        check = {"wait_until": 10.0, "lease_seconds": 30.0, "fleets": {"acme": None}}
+        started = await store.begin_check("op-bare", now=10.0, owner="me", **check)
+        assert started is not None
+        assert started.record.status_requests_used == 1
+        _, applied = await store.apply_answer(
+            "op-bare", owner="me", changes={"state": "running"}, at=11.0, payload_extra={}
+        )
+        assert applied
+    (first,) = read_rows(where, "op-bare")
+    assert (first.kind, first.link) == ("polled", CHAIN)
+    assert verify_chain(where, None).ok

@@ -253,8 +253,8 @@ class CheckProcedure(PostgresBase):
         Otherwise (or when the key does not match the chain) the guard fails, nothing is committed,
         and the caller takes the locked path.
         """
-        if reserved.refusals.count:
-            return None
+        if reserved.refusals.count or reserved.chain is None or reserved.chain.rows == 0:
+            return None  # a summary row first, or the operation's first row: the locked path writes it
         released = {**changes, "lease_owner": None, "lease_expires_at": None}
 
         def polled(updated: OperationRecord) -> AuditEvent:

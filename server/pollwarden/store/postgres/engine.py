@@ -51,7 +51,7 @@ from pollwarden.store.postgres.check_procedure import CheckProcedure
 from pollwarden.store.postgres.connection import Pool, migrate
 from pollwarden.store.postgres.decisions import Decisions
 from pollwarden.store.postgres.writer import Writer, operation, seal_entries
-from pollwarden.store.sqlite.queries import OPTIONAL_NEW_COLUMNS
+from pollwarden.store.sqlite.queries import new_operation_values
 from pollwarden.store.sqlite.rows import StoredOperation, stored
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import (
@@ -166,13 +166,7 @@ class PostgresStore(CheckProcedure, Decisions):
         first takes its payload's advisory lock and, unless its id exists, is
         answered with the payload's operation still in flight if there is one.
         """
-        values = {**OPTIONAL_NEW_COLUMNS, **values}
-        missing = set(sql.NEW_OPERATION_COLUMNS) - set(values)
-        extra = set(values) - set(sql.NEW_OPERATION_COLUMNS)
-        if missing or extra:
-            raise ValueError(
-                f"a new operation needs exactly its columns (missing {missing}, unknown {extra})"
-            )
+        values = new_operation_values(values)
         operation_id = str(values["operation_id"])
         if self._key is None and values["submit_payload_json"] is None:
             opened = await self._open_in_one_statement(values, kind=kind, at=at)

@@ -63,20 +63,23 @@ def read_only(location: DatabaseLocation) -> Generator[ReadOnlySession]:
 def rekey(location: DatabaseLocation, key: bytes, *, by: str, at: datetime) -> int:
     """`pollwarden.audit_verify.rekey_chain` on PostgreSQL; the re-key row's seq.
 
-    Locks the chain's head, then the audit table against every insert (SHARE: in that order, so
-    an operation's first row, which waits for the head before it inserts, never deadlocks with
-    it), so nothing is appended while the unkeyed chain verifies and until the keyed re-key row
-    commits; appends waiting meanwhile then see the chain keyed. The re-key row seals every
-    operation's chain not sealed yet, so their unkeyed rows are linked to it.
+    Locks the head's table (EXCLUSIVE: plain reads go on, every chain row waits), then the audit
+    table against every insert (SHARE), in the order every writer takes them (an operation's first
+    row locks the head before it touches the audit), and takes no row lock: nothing deadlocks with
+    it. So nothing is appended while the unkeyed chain verifies and until the keyed re-key row
+    commits, and appends waiting meanwhile then see the chain keyed. The re-key row seals every
+    operation's chain not sealed yet (read under those locks), so their unkeyed rows are linked to
+    it; the next seal names them again, which is harmless.
     """
     with _connect(location) as conn, conn.transaction():
-        head = conn.execute(sql.LOCK_AUDIT_HEAD).fetchone()
+        conn.execute("LOCK TABLE audit_head IN EXCLUSIVE MODE")
+        conn.execute("LOCK TABLE audit IN SHARE MODE")
+        head = conn.execute(sql.READ_AUDIT_HEAD).fetchone()
         if head is None:
             raise AuditError(f"no audit head in {location.display}")
-        conn.execute("LOCK TABLE audit IN SHARE MODE")
         result = verify_chain(location, None)
         refuse_unless_rekeyable(result)
-        moved = seal_entries(conn.execute(sql.SEAL_OPERATIONS).fetchall())
+        moved = seal_entries(conn.execute(sql.MOVED_OPERATIONS).fetchall())
         row = chain_row(
             ChainHead(int(head[0]), str(head[1]), bool(head[2])),
             operation_id=REKEY_OPERATION,

@@ -180,6 +180,16 @@ PER_OPERATION_CHAINS = (
        FROM (SELECT operation_id, count(*) AS n, (array_agg(hash ORDER BY seq DESC))[1] AS last
              FROM audit GROUP BY operation_id) AS c
        WHERE c.operation_id = o.operation_id""",
+    # An instance of the release before this step, still running, would append rows with no place
+    # (its seq from the head, colliding with the sequence or landing out of order): refuse them, loudly.
+    """CREATE FUNCTION pollwarden_refuse_unplaced_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+         RAISE EXCEPTION 'this database was upgraded to pollwarden schema step 13 (per-operation audit '
+           'chains) while this instance of an earlier pollwarden was running; stop it and start the new '
+           'pollwarden; nothing was recorded';
+       END $$""",
+    "CREATE TRIGGER audit_rows_have_a_place BEFORE INSERT ON audit FOR EACH ROW WHEN (NEW.link IS NULL) "
+    "EXECUTE FUNCTION pollwarden_refuse_unplaced_audit_row()",
 )
 
 _FIRST_RELEASE: tuple[Migration, ...] = (

@@ -306,9 +306,16 @@ def answer_statement(columns: tuple[str, ...]) -> str:
     )
 
 
-# A seal: every operation whose chain moved since the last seal, named with its head (locks those rows
-# for the seal's one transaction).
+# A seal: every operation whose chain moved since the last seal, named with its head. Their rows are
+# locked for the seal's one transaction (so none of their rows falls between what the seal read and
+# the seal), in id order, as every transaction that locks several operations locks them.
 SEAL_OPERATIONS = (
-    "UPDATE operations SET audit_sealed_rows = audit_rows WHERE audit_rows > audit_sealed_rows "
-    "RETURNING operation_id, audit_rows, audit_hash"
+    "WITH moved AS (SELECT operation_id FROM operations WHERE audit_rows > audit_sealed_rows "
+    "ORDER BY operation_id FOR UPDATE) "
+    "UPDATE operations AS o SET audit_sealed_rows = o.audit_rows FROM moved "
+    "WHERE o.operation_id = moved.operation_id RETURNING o.operation_id, o.audit_rows, o.audit_hash"
+)
+# The same, read under the re-key's table lock (nothing can append meanwhile): no row lock to wait for.
+MOVED_OPERATIONS = (
+    "SELECT operation_id, audit_rows, audit_hash FROM operations WHERE audit_rows > audit_sealed_rows"
 )

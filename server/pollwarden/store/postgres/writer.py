@@ -72,8 +72,8 @@ def answer_statement(
 ) -> tuple[str, dict[str, object], StoredOperation]:
     """The answer to `owner`'s reservation of `reserved` as one statement: (SQL, parameters, the row after).
 
-    The write is guarded as `Writer.write(…, owner=…)` guards it (the row still at the version
-    reserved, leased by `owner`, no refused call counted and no audit row written since); the audit
+    The write is guarded by the row as reserved (still at its version, leased by `owner`, no refused
+    call counted and no audit row written since: `sql.write_operation(…, unlocked=True)`); the audit
     row, `entry_of` the new record, follows the operation's last row. If the guard fails, nothing is
     written (`sql.answer_statement`).
     """
@@ -106,7 +106,6 @@ class _Pending:
     changes: dict[str, Any] = field(default_factory=dict[str, Any])
     new_version: int | None = None
     at: float = 0.0
-    owner: str | None = None  # the one-trip form: the row was not read under this transaction's lock
     reset_refusals: bool = False
     chain_moved: bool = False
 
@@ -141,7 +140,10 @@ class Writer:
 
     async def _read_head(self, *, lock: bool) -> ChainHead | None:
         if lock and self._head_cursor is not None and not self._head_locked:
-            self._head_cursor = None  # read without the lock: lock it now (a chain row no one expected)
+            # Read without the lock: lock it and read it again now (a chain row no one expected; the
+            # head read before may have moved since).
+            self._head_cursor = None
+            self._head_read = False
         await self.head_first(lock=lock)
         assert self._head_cursor is not None
         if not self._head_read:
@@ -159,12 +161,10 @@ class Writer:
             pending = self._pending[op_id] = _Pending(current)
         return pending
 
-    async def append(self, entry: AuditEvent, *, on: StoredOperation, unread: bool = False) -> None:
+    async def append(self, entry: AuditEvent, *, on: StoredOperation) -> None:
         """Append one row about `on`'s operation: its first as a chain row, any later one after its own last.
 
-        `unread` (the one-trip form): append without reading the head; a key that does not match the
-        chain fails the statement's guard instead of raising `AuditKeyError` (the caller retries on the
-        locked path, which says why).
+        The head is read (without a lock) to refuse a key that does not match the chain, with the fix.
         """
         pending = self._entry(on)
         chain = self._chains.get(entry.operation_id) or on.chain
@@ -175,11 +175,10 @@ class Writer:
             assert self._head is not None
             row = self._rows[-1][1]
         else:
-            if not unread:
-                head = await self._read_head(lock=False)
-                problem = None if head is None else key_mismatch(head.seq, head.keyed, self._key)
-                if problem is not None:
-                    raise AuditKeyError(problem)
+            head = await self._read_head(lock=False)
+            problem = None if head is None else key_mismatch(head.seq, head.keyed, self._key)
+            if problem is not None:
+                raise AuditKeyError(problem)
             row = link_in_operation(chain, entry, key=self._key)
             self._rows.append((sql.INSERT_OPERATION_ROW, row))
         # A chain row's position is its place in the one chain; the operation counts its own rows.
@@ -207,14 +206,9 @@ class Writer:
         return True
 
     async def write(
-        self, current: StoredOperation, changes: Mapping[str, Any], *, at: float, owner: str | None = None
+        self, current: StoredOperation, changes: Mapping[str, Any], *, at: float
     ) -> OperationRecord:
-        """Write `changes` to the locked operation (version + 1, queued until `finish`); the new record.
-
-        With `owner`, the row need not be locked: the write holds only if the row is still at the
-        version read, leased by `owner`, with no refused calls counted and no audit row written since
-        (else the transaction fails).
-        """
+        """Write `changes` to the locked operation (version + 1, queued until `finish`); the new record."""
         before = current.record
         pending = self._entry(current)
         if pending.new_version is not None:
@@ -222,7 +216,6 @@ class Writer:
         pending.changes = dict(changes)
         pending.new_version = before.version + 1
         pending.at = at
-        pending.owner = owner
         return dataclasses.replace(before, **changes, version=before.version + 1, updated_at=at)
 
     async def finish(self) -> None:
@@ -255,10 +248,5 @@ class Writer:
             operation_id=op_id, version=before.record.version, new_version=pending.new_version, at=pending.at
         )
         params.update(chain)
-        if pending.owner is not None:
-            params["owner"] = pending.owner
-            params["rows_before"] = 0 if before.chain is None else before.chain.rows
-        update = sql.write_operation(
-            tuple(pending.changes), pending.reset_refusals, bool(chain), unlocked=pending.owner is not None
-        )
+        update = sql.write_operation(tuple(pending.changes), pending.reset_refusals, bool(chain))
         await self.tx.queue(_GUARDED.format(update=update), params)

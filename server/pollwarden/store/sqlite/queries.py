@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from functools import cache
 
+from pollwarden.audit import REKEY_OPERATION
 from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
 from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
 
@@ -95,6 +96,20 @@ NEW_OPERATION_COLUMNS = (
 # New columns a caller may leave out: a new operation is no resubmission unless it says so, and a
 # caller that names no principal acts for the local user (both engines).
 OPTIONAL_NEW_COLUMNS: Mapping[str, object] = {"resubmission_of": None, "owner": "local"}
+
+
+def new_operation_values(values: Mapping[str, object]) -> dict[str, object]:
+    """A new operation's columns, the optional ones filled in; ValueError for a caller's mistake."""
+    complete = {**OPTIONAL_NEW_COLUMNS, **values}
+    missing = set(NEW_OPERATION_COLUMNS) - set(complete)
+    extra = set(complete) - set(NEW_OPERATION_COLUMNS)
+    if missing or extra:
+        raise ValueError(f"a new operation needs exactly its columns (missing {missing}, unknown {extra})")
+    if complete["operation_id"] == REKEY_OPERATION:
+        raise ValueError(f"{REKEY_OPERATION!r} names the audit chain's own rows; no operation may use it")
+    return complete
+
+
 INSERT_OPERATION = (
     f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in NEW_OPERATION_COLUMNS)}) "

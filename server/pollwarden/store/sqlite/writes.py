@@ -39,11 +39,7 @@ def create_operation(
     nothing is created (pollwarden.job_identity). The first audit row names the account
     context's origin and credential variable.
     """
-    values = {**queries.OPTIONAL_NEW_COLUMNS, **values}
-    missing = set(queries.NEW_OPERATION_COLUMNS) - set(values)
-    extra = set(values) - set(queries.NEW_OPERATION_COLUMNS)
-    if missing or extra:
-        raise ValueError(f"a new operation needs exactly its columns (missing {missing}, unknown {extra})")
+    values = queries.new_operation_values(values)
     with session.transaction() as conn:
         # BEGIN IMMEDIATE: the id and the job are looked up and the row inserted under the write lock,
         # so two processes starting one job at once get one operation (the unique index is the backstop).
