@@ -50,6 +50,25 @@ def postgres_server() -> str:
 
 
 @pytest.fixture
+def own_postgres_cluster() -> Iterator[pg_support.Cluster]:
+    """A PostgreSQL server of this test's own, for a test that stops it (never the shared one).
+
+    A throwaway cluster (initdb into a temporary directory, a free port, its own socket
+    directory), removed after the test. Skips (fails under CI=1) when there is no initdb.
+    """
+    try:
+        cluster = pg_support.create_cluster()
+    except pg_support.ClusterUnavailable as reason:
+        if pg_support.in_ci():
+            pytest.fail(f"{reason} (CI=1: PostgreSQL tests must run)")
+        pytest.skip(str(reason))
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture
 def anyio_backend() -> str:
     """Run async tests on asyncio only."""
     return "asyncio"
