@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from harness import Harness, db_rows, error_text, full_delays, make_harness, vie
 from pollwarden.clock import FakeClock
 from pollwarden.schedule import wait_bound
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -320,12 +320,6 @@ def test_the_stdio_server_writes_nothing_but_json_rpc_to_stdout(tmp_path: Path, 
     assert all(m["params"]["progressToken"] == "p-1" for m in progress)
     assert "pollwarden serving" in log.read_text()
     assert len(fake.status_requests("raw")) == 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_until_listening(
