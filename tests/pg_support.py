@@ -6,6 +6,13 @@ selected with `search_path` in the URL, so every engine's tables are the test's
 alone. When the server cannot be reached the PostgreSQL copies of the tests
 skip with the reason (shown once in the summary), except under CI=1, where
 they fail: in CI they must run.
+
+Under pytest-xdist each worker has a database of its own on that server
+(`<database>_<worker>_<run>`, created from template0 when the worker first needs
+it and dropped when it ends), its test schemas inside it. A schema is not enough
+between processes running at once: advisory locks are per database, and the
+engine takes fixed keys (the migration lock, a payload's lock), so a test in one
+schema would wait on, or time out behind, a test of another worker.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from functools import cache
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from tests.support.ports import free_port
 
@@ -33,9 +41,34 @@ START_HINT = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main
 _created: set[str] = set()
 
 
-def server_url() -> str:
-    """The test server's URL."""
+def configured_url() -> str:
+    """The server and database `POLLWARDEN_TEST_PG` names."""
     return os.environ.get(PG_ENV) or DEFAULT_URL
+
+
+def xdist_worker() -> str | None:
+    """This pytest-xdist worker's id (gw0, gw1, ...), or None when the tests run in one process."""
+    return os.environ.get("PYTEST_XDIST_WORKER") or None
+
+
+def worker_database() -> str:
+    """The database of this xdist worker: the configured one's name, the worker and the run."""
+    base = urllib.parse.urlsplit(configured_url()).path.lstrip("/") or "pollwarden"
+    suffix = f"_{xdist_worker()}_{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')[:8]}"
+    return base[: 63 - len(suffix)] + suffix  # PostgreSQL keeps 63 bytes of a name
+
+
+def with_database(url: str, database: str) -> str:
+    """`url` naming `database` instead of its own."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(database)))
+
+
+def server_url() -> str:
+    """The URL the tests' schemas live under: the configured database, or this xdist worker's own."""
+    if xdist_worker() is None:
+        return configured_url()
+    return with_database(configured_url(), worker_database())
 
 
 def in_ci() -> bool:
@@ -43,16 +76,43 @@ def in_ci() -> bool:
     return os.environ.get("CI", "") not in ("", "0", "false")
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 @cache
 def unreachable() -> str | None:
-    """Why the test server cannot be used, or None."""
+    """Why the test server cannot be used, or None; under xdist, creates this worker's database first."""
     try:
-        with psycopg.connect(server_url(), connect_timeout=3, autocommit=True) as conn:
+        with psycopg.connect(configured_url(), connect_timeout=3, autocommit=True) as conn:
             conn.execute("SELECT 1")
+            if xdist_worker() is not None:
+                name = sql.Identifier(worker_database())
+                conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(name))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        return (
+            f"PostgreSQL at {configured_url()} ({PG_ENV}) refused to create the database "
+            f"{worker_database()} for pytest-xdist worker {xdist_worker()}: {_first_line(exc)}. "
+            "Parallel workers need a database each: grant the role CREATEDB, or run serially with -n 0"
+        )
     except psycopg.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"PostgreSQL at {server_url()} ({PG_ENV}) is unreachable: {first}. Start it with: {START_HINT}"
+        return (
+            f"PostgreSQL at {configured_url()} ({PG_ENV}) is unreachable: {_first_line(exc)}. "
+            f"Start it with: {START_HINT}"
+        )
     return None
+
+
+def drop_worker_database() -> None:
+    """Drop this xdist worker's database at the end of its session (after `unreachable` made it)."""
+    if xdist_worker() is None:
+        return
+    name = sql.Identifier(worker_database())
+    with psycopg.connect(configured_url(), connect_timeout=10, autocommit=True) as conn:
+        try:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        except psycopg.errors.SyntaxError:  # before PostgreSQL 13: no FORCE
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
 
 
 def with_schema(url: str, schema: str) -> str:
