@@ -3,11 +3,18 @@
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 import harness
 import pg_support
 from pollwarden.store import Engine
 from tests.support.fake_provider import FakeProvider, running_fake_provider
+
+# Hypothesis's default deadline (200 ms of wall-clock time per example) measures how busy the
+# machine is, not the code: with pytest-xdist every worker shares two cores with the others and
+# their server processes. No test relies on it (the slow ones already set deadline=None).
+settings.register_profile("pollwarden", deadline=None)
+settings.load_profile("pollwarden")
 
 # Every store-touching test runs once per engine (PostgreSQL: a schema of its own, see pg_support).
 DATABASE_ENGINES: tuple[Engine, ...] = (Engine.SQLITE, Engine.POSTGRES)
