@@ -276,9 +276,16 @@ def child_process(args: list[str], log: Path, **popen: Any) -> Iterator[subproce
                     stream.close()
 
 
+# The first check of an operation on this table is allowed 1-2 s after its start (jitter draws half
+# to all of the delay), so the check below, sent right after start_operation answers, waits and
+# reports progress. With FAST's 25-50 ms it is often due already on a loaded machine (pytest-xdist
+# workers beside it), and answers without waiting, so without progress.
+FIRST_CHECK_WAITS: dict[str, Any] = {"schedule": {"base_delay_seconds": 2.0, "max_delay_seconds": 2.0}}
+
+
 def test_the_stdio_server_writes_nothing_but_json_rpc_to_stdout(tmp_path: Path, fake: FakeProvider) -> None:
     fake.script("raw", [pending("running")])
-    h = make_harness(tmp_path, fake, table=FAST)
+    h = make_harness(tmp_path, fake, table=FIRST_CHECK_WAITS)
     args = serve_args(h)
     args.insert(2, "--verbose")  # debug logging: every log line must still go to stderr
     log = tmp_path / "stderr.log"
