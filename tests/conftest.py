@@ -46,20 +46,17 @@ def database_engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
+def postgres_server() -> str:
     """The test PostgreSQL server's URL; skips (fails under CI=1) when it cannot be reached.
 
-    Under pytest-xdist, the URL of this worker's own database there, dropped when the worker ends.
+    Under pytest-xdist, the URL of this worker's own database there (pg_support).
     """
     reason = pg_support.unreachable()
     if reason is not None:
         if pg_support.in_ci():
             pytest.fail(f"{reason} (CI=1: PostgreSQL tests must run)")
         pytest.skip(reason)
-    try:
-        yield pg_support.server_url()
-    finally:
-        pg_support.drop_worker_database()
+    return pg_support.server_url()
 
 
 @pytest.fixture

@@ -7,12 +7,15 @@ alone. When the server cannot be reached the PostgreSQL copies of the tests
 skip with the reason (shown once in the summary), except under CI=1, where
 they fail: in CI they must run.
 
-Under pytest-xdist each worker has a database of its own on that server
-(`<database>_<worker>_<run>`, created from template0 when the worker first needs
-it and dropped when it ends), its test schemas inside it. A schema is not enough
-between processes running at once: advisory locks are per database, and the
-engine takes fixed keys (the migration lock, a payload's lock), so a test in one
-schema would wait on, or time out behind, a test of another worker.
+Under pytest-xdist each worker has a database of its own on that server,
+`<database>_<worker>` (test_gw0, test_gw1, ...), its test schemas inside it. A
+schema is not enough between processes running at once: advisory locks are per
+database, and the engine takes fixed keys (the migration lock, a payload's lock),
+so a test in one schema would wait on, or time out behind, a test of another
+worker. A worker's database is created from template0 the first time it is
+needed and then kept for later runs: dropping one costs PostgreSQL a checkpoint
+(seconds to tens of seconds at the end of a busy run), and what is in it, the
+test schemas, is dropped after each test anyway.
 """
 
 from __future__ import annotations
@@ -52,9 +55,9 @@ def xdist_worker() -> str | None:
 
 
 def worker_database() -> str:
-    """The database of this xdist worker: the configured one's name, the worker and the run."""
-    base = urllib.parse.urlsplit(configured_url()).path.lstrip("/") or "pollwarden"
-    suffix = f"_{xdist_worker()}_{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')[:8]}"
+    """The database of this xdist worker: the configured one's name and the worker's id."""
+    base = urllib.parse.unquote(urllib.parse.urlsplit(configured_url()).path.lstrip("/")) or "pollwarden"
+    suffix = f"_{xdist_worker()}"
     return base[: 63 - len(suffix)] + suffix  # PostgreSQL keeps 63 bytes of a name
 
 
@@ -80,6 +83,15 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def _create_worker_database(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    name = worker_database()
+    if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None:
+        return
+    # Another run's worker of the same id may create it at the same moment: then it exists, as wanted.
+    with contextlib.suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
+
+
 @cache
 def unreachable() -> str | None:
     """Why the test server cannot be used, or None; under xdist, creates this worker's database first."""
@@ -87,8 +99,7 @@ def unreachable() -> str | None:
         with psycopg.connect(configured_url(), connect_timeout=3, autocommit=True) as conn:
             conn.execute("SELECT 1")
             if xdist_worker() is not None:
-                name = sql.Identifier(worker_database())
-                conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(name))
+                _create_worker_database(conn)
     except psycopg.errors.InsufficientPrivilege as exc:
         return (
             f"PostgreSQL at {configured_url()} ({PG_ENV}) refused to create the database "
@@ -101,18 +112,6 @@ def unreachable() -> str | None:
             f"Start it with: {START_HINT}"
         )
     return None
-
-
-def drop_worker_database() -> None:
-    """Drop this xdist worker's database at the end of its session (after `unreachable` made it)."""
-    if xdist_worker() is None:
-        return
-    name = sql.Identifier(worker_database())
-    with psycopg.connect(configured_url(), connect_timeout=10, autocommit=True) as conn:
-        try:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-        except psycopg.errors.SyntaxError:  # before PostgreSQL 13: no FORCE
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
 
 
 def with_schema(url: str, schema: str) -> str:
