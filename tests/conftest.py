@@ -1,6 +1,7 @@
 """Shared pytest configuration."""
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -8,6 +9,7 @@ from hypothesis import settings
 import harness
 import pg_support
 from pollwarden.store import Engine
+from tests.support import parallel
 from tests.support.fake_provider import FakeProvider, running_fake_provider
 
 # Hypothesis's default deadline (200 ms of wall-clock time per example) measures how busy the
@@ -15,6 +17,23 @@ from tests.support.fake_provider import FakeProvider, running_fake_provider
 # their server processes. No test relies on it (the slow ones already set deadline=None).
 settings.register_profile("pollwarden", deadline=None)
 settings.load_profile("pollwarden")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `alone` first: then they wait only for the other workers' first, short tests."""
+    items.sort(key=lambda item: item.get_closest_marker(parallel.ALONE) is None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """On an xdist worker, every test holds the run's test lock: a test marked `alone` exclusively."""
+    basetemp = item.config.option.basetemp  # set by pytest-xdist: <the run's basetemp>/popen-gwN
+    if parallel.xdist_worker() is None or not basetemp:
+        return (yield)
+    alone = item.get_closest_marker(parallel.ALONE) is not None
+    with parallel.sharing_the_machine(Path(basetemp).parent, alone=alone):
+        return (yield)
+
 
 # Every store-touching test runs once per engine (PostgreSQL: a schema of its own, see pg_support).
 DATABASE_ENGINES: tuple[Engine, ...] = (Engine.SQLITE, Engine.POSTGRES)

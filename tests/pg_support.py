@@ -35,6 +35,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from tests.support.parallel import xdist_worker
 from tests.support.ports import free_port
 
 PG_ENV = "POLLWARDEN_TEST_PG"
@@ -47,11 +48,6 @@ _created: set[str] = set()
 def configured_url() -> str:
     """The server and database `POLLWARDEN_TEST_PG` names."""
     return os.environ.get(PG_ENV) or DEFAULT_URL
-
-
-def xdist_worker() -> str | None:
-    """This pytest-xdist worker's id (gw0, gw1, ...), or None when the tests run in one process."""
-    return os.environ.get("PYTEST_XDIST_WORKER") or None
 
 
 def worker_database() -> str:
