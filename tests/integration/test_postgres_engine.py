@@ -163,6 +163,7 @@ APPENDER = textwrap.dedent(
                 delay_source="local_backoff", submit_payload_json=None, created_at=0.0, updated_at=0.0,
             )
             await store.create_operation(values, kind="tracking_started", at=1.0)
+            print("ready", flush=True)  # the store is open and the operation recorded
             deadline = time.monotonic() + 20
             while not os.path.exists(go):
                 if time.monotonic() > deadline:
@@ -192,7 +193,10 @@ def test_four_processes_appending_on_their_own_connections_leave_one_contiguous_
         )
         for n in range(4)
     ]
-    subprocess.run([sys.executable, "-c", "import time; time.sleep(1.0)"], check=True)  # every worker ready
+    # Every worker is at the start line before any may begin: so they append together.
+    for proc in workers:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n", proc.communicate(timeout=90)[1].decode()
     go.touch()
     for proc in workers:
         _, err = proc.communicate(timeout=90)
