@@ -1,5 +1,6 @@
 """Shared pytest configuration."""
 
+import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -17,6 +18,13 @@ from tests.support.fake_provider import FakeProvider, running_fake_provider
 # their server processes. No test relies on it (the slow ones already set deadline=None).
 settings.register_profile("pollwarden", deadline=None)
 settings.load_profile("pollwarden")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """How many workers `-n auto` (pyproject's addopts) starts: none for tests/unit alone (parallel.py)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    return parallel.workers_for(config.args, pure=Path(__file__).parent / "unit")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

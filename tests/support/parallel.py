@@ -1,6 +1,14 @@
-"""Running the suite on pytest-xdist workers: the tests that must run with no other beside them.
+"""Running the suite on pytest-xdist workers: how many, and the tests that must run with no other beside them.
 
-A test marked `alone` measures the server's timing against the wall
+How many: `-n auto` (pyproject's addopts) asks tests/conftest.py, which asks
+`workers_for`. The pure tests alone (tests/unit) run in the pytest process
+itself: they take about a second, less than starting workers. Anything else
+gets `WORKERS_PER_CPU` workers per CPU, at most `MAX_WORKERS`: most of a test's
+time is spent waiting on its server processes, the fake provider and the
+databases, not computing, so two workers share a core well (measured on two
+cores, README "Running the tests").
+
+Alone: a test marked `alone` measures the server's timing against the wall
 clock with little slack (the two-process fleet pacing test allows 0.15 s for
 a request to reach the provider after its slot). Other workers' processes on the
 same cores add that much lag now and then, so it runs with nothing beside it:
@@ -13,16 +21,27 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+WORKERS_PER_CPU = 2
+MAX_WORKERS = 8
 ALONE = "alone"
 
 
 def xdist_worker() -> str | None:
     """This pytest-xdist worker's id (gw0, gw1, ...), or None when the tests run in one process."""
     return os.environ.get("PYTEST_XDIST_WORKER") or None
+
+
+def workers_for(args: Sequence[str], *, pure: Path) -> int:
+    """The workers for a run of `args` (paths or node ids): none when all are under `pure` (tests/unit)."""
+    paths = [Path(arg.split("::")[0]).resolve() for arg in args if not arg.startswith("-")]
+    if paths and all(path.is_relative_to(pure.resolve()) for path in paths):
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(MAX_WORKERS, WORKERS_PER_CPU * cpus)
 
 
 @contextmanager
