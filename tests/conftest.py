@@ -1,13 +1,47 @@
 """Shared pytest configuration."""
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import harness
 import pg_support
 from pollwarden.store import Engine
+from tests.support import parallel
 from tests.support.fake_provider import FakeProvider, running_fake_provider
+
+# Hypothesis's default deadline (200 ms of wall-clock time per example) measures how busy the
+# machine is, not the code: with pytest-xdist every worker shares two cores with the others and
+# their server processes. No test relies on it (the slow ones already set deadline=None).
+settings.register_profile("pollwarden", deadline=None)
+settings.load_profile("pollwarden")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """How many workers `-n auto` (pyproject's addopts) starts: none for tests/unit alone (parallel.py)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    return parallel.workers_for(config.args, pure=Path(__file__).parent / "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `alone` first: then they wait only for the other workers' first, short tests."""
+    items.sort(key=lambda item: item.get_closest_marker(parallel.ALONE) is None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """On an xdist worker, every test holds the run's test lock: a test marked `alone` exclusively."""
+    basetemp = item.config.option.basetemp  # set by pytest-xdist: <the run's basetemp>/popen-gwN
+    if parallel.xdist_worker() is None or not basetemp:
+        return (yield)
+    alone = item.get_closest_marker(parallel.ALONE) is not None
+    with parallel.sharing_the_machine(Path(basetemp).parent, alone=alone):
+        return (yield)
+
 
 # Every store-touching test runs once per engine (PostgreSQL: a schema of its own, see pg_support).
 DATABASE_ENGINES: tuple[Engine, ...] = (Engine.SQLITE, Engine.POSTGRES)
@@ -40,13 +74,35 @@ def database_engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> str:
-    """The test PostgreSQL server's URL; skips (fails under CI=1) when it cannot be reached."""
+    """The test PostgreSQL server's URL; skips (fails under CI=1) when it cannot be reached.
+
+    Under pytest-xdist, the URL of this worker's own database there (pg_support).
+    """
     reason = pg_support.unreachable()
     if reason is not None:
         if pg_support.in_ci():
             pytest.fail(f"{reason} (CI=1: PostgreSQL tests must run)")
         pytest.skip(reason)
     return pg_support.server_url()
+
+
+@pytest.fixture
+def own_postgres_cluster() -> Iterator[pg_support.Cluster]:
+    """A PostgreSQL server of this test's own, for a test that stops it (never the shared one).
+
+    A throwaway cluster (initdb into a temporary directory, a free port, its own socket
+    directory), removed after the test. Skips (fails under CI=1) when there is no initdb.
+    """
+    try:
+        cluster = pg_support.create_cluster()
+    except pg_support.ClusterUnavailable as reason:
+        if pg_support.in_ci():
+            pytest.fail(f"{reason} (CI=1: PostgreSQL tests must run)")
+        pytest.skip(str(reason))
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -679,6 +678,7 @@ WORKER = textwrap.dedent(
     from pollwarden.store.sqlite.rows import append_audit
 
     def main(db: str, worker: str, go: str) -> None:
+        print("ready", flush=True)  # imported and at the start line
         deadline = time.monotonic() + 20
         while not os.path.exists(go):
             if time.monotonic() > deadline:
@@ -720,7 +720,10 @@ def test_four_processes_appending_together_leave_one_contiguous_chain(tmp_path: 
         )
         for n in range(4)
     ]
-    time.sleep(0.3)  # let every interpreter reach the start line
+    # Every interpreter is at the start line before any may begin: so they run together.
+    for proc in workers:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n", proc.communicate(timeout=60)[1].decode()
     go.touch()
     for proc in workers:
         _, err = proc.communicate(timeout=60)

@@ -551,7 +551,11 @@ def _serve_params(db: Any, tables: Path) -> StdioServerParameters:
     )
 
 
+# Alone: under pytest-xdist, other workers' processes on the same cores delayed requests past the
+# allowance now and then (0.12 s of the 0.15 s slack measured with a loaded machine); with nothing
+# beside it the lag stays under 0.05 s (tests/support/parallel.py).
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.anyio
 async def test_two_server_processes_on_one_database_hold_the_configured_rate_by_the_providers_own_clock(
     tmp_path: Path, fake: FakeProvider

@@ -37,9 +37,10 @@ from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.principals import PrincipalLimits
 from pollwarden.server import build_server, controller_factory
 from tests.integration.test_restart_and_transports import FAST
-from tests.support.auth_helpers import Issuer, SigningKey, bearer_client, free_port, serving
+from tests.support.auth_helpers import Issuer, SigningKey, bearer_client, serving
 from tests.support.fake_provider import FakeProvider
 from tests.support.live import pollwarden_cli
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -3,7 +3,8 @@
 Each is a clear error for the agent (a tool error that names the problem and
 the fix) and for the operator (the CLI's message), nothing is changed, and no
 request reaches the provider without a committed reservation. The server
-stopped mid-run is a real stop of the local cluster, started again at once.
+stopped mid-run is a real stop of a throwaway cluster of the test's own (the
+shared test server stays up for the tests running beside it), started again at once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import psycopg
 import pytest
 
 from harness import error_text, make_harness, track, view
-from pg_support import cluster_command, wait_until_reachable, with_options
+from pg_support import Cluster, with_options
 from pollwarden.store import DatabaseLocation
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -37,22 +38,23 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_the_server_stopped_mid_run_is_a_clear_error_nothing_is_sent_and_checks_resume_when_it_returns(
-    tmp_path: Path, fake: FakeProvider
+    tmp_path: Path, fake: FakeProvider, own_postgres_cluster: Cluster
 ) -> None:
+    cluster = own_postgres_cluster
     fake.script("down", [pending("running"), pending("running")])
     h = make_harness(tmp_path, fake)
+    h.database_override = DatabaseLocation.postgres(cluster.url())
     async with h.client() as client:
         await track(client, "down")
         h.clock.advance(10)  # the first check is allowed
-        cluster_command("stop")
+        cluster.stop()
         try:
             refused = await client.call_tool("check_status", {"operation_id": "op-down"})
             operator = _cli("approvals", "list", "--db", h.database.dsn)
         finally:
-            cluster_command("start")
-            wait_until_reachable()
+            cluster.start()  # waits until it accepts connections
         text = error_text(refused)
-        assert "cannot use PostgreSQL at postgresql://postgres@127.0.0.1:5432/" in text
+        assert f"cannot use PostgreSQL at postgresql://postgres@127.0.0.1:{cluster.port}/" in text
         assert "nothing was sent to the provider without a committed reservation" in text
         assert fake.status_requests("down") == []
         assert operator.returncode != 0

@@ -7,7 +7,6 @@ idempotency table shows how many jobs were actually created.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from tests.support.fake_provider import (
     http,
     running_fake_provider,
 )
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -56,12 +56,6 @@ def stored(h: Harness, operation_id: str = "op-sub") -> dict[str, Any]:
 
 def audit_kinds(h: Harness, operation_id: str = "op-sub") -> list[str]:
     return [row.kind for row in read_rows(h.db_path, operation_id)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_the_record_fingerprint_and_idempotency_key_are_on_disk_before_the_submit_request(
