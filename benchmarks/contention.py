@@ -188,7 +188,10 @@ def run_phase(
             if time.monotonic() > deadline:
                 raise TimeoutError("workers did not become ready in time")
             time.sleep(0.02)
-        go.write_text(repr(time.time() + 0.2))
+        # Written whole, then renamed: a worker never reads a half-written start time.
+        pending = phase_dir / "go.pending"
+        pending.write_text(repr(time.time() + 0.2))
+        pending.replace(go)
         for child, _, _ in children:
             child.wait(timeout=seconds + READY_TIMEOUT_SECONDS)
             if child.returncode != 0:
