@@ -27,6 +27,7 @@ from pollwarden.server import controller_factory
 from pollwarden.store import Engine, open_store
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import schema
+from pollwarden.store.postgres.connection import Pool
 from pollwarden.store.postgres.engine import PostgresStore
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -121,6 +122,25 @@ async def test_instances_starting_at_the_same_moment_migrate_the_schema_once(
     assert counts == [0] * 6
     assert db_rows(where, "SELECT version FROM pollwarden_schema") == [{"version": schema.LATEST}]
     assert db_rows(where, "SELECT seq, hash FROM audit_head")[0]["seq"] == 0
+
+
+async def test_every_session_bounds_its_lock_waits_commits_durably_and_never_compiles_a_statement(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    where = database_in(tmp_path)
+    assert isinstance(where, DatabaseLocation)
+    pool = Pool(where, lock_timeout=2.5, max_size=2)
+    await pool.open()
+    try:
+        shown = [
+            await pool.read_one(f"SHOW {name}") for name in ("lock_timeout", "synchronous_commit", "jit")
+        ]
+    finally:
+        await pool.close()
+    # JIT off: a start on a one-row head table the planner had no statistics for was compiled, 15 ms
+    # of each start at 30,000 operations (benchmarks/scale.py).
+    assert shown == [("2500ms",), ("on",), ("off",)]
 
 
 async def test_a_database_a_newer_release_migrated_is_refused_with_the_fix(

@@ -26,7 +26,9 @@ LOCK_OPERATION = SELECT_OPERATION + " FOR UPDATE"
 LOCK_PENDING_REFUSALS = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE refused_count > 0 ORDER BY operation_id FOR UPDATE"
 )
-ANY_PENDING_REFUSALS = "SELECT 1 FROM operations WHERE refused_count > 0 LIMIT 1"
+# Ordered by the partial index's key, so the plan walks that index (a few entries) whatever the
+# statistics say; without the order a stale estimate of many refusals makes it a scan of every row.
+ANY_PENDING_REFUSALS = "SELECT 1 FROM operations WHERE refused_count > 0 ORDER BY operation_id LIMIT 1"
 ANY_PENDING_REFUSALS_OF = (
     "SELECT 1 FROM operations WHERE operation_id = %(operation_id)s AND refused_count > 0"
 )
