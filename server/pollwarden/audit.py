@@ -197,7 +197,7 @@ def location_of(db: Path | str | DatabaseLocation) -> DatabaseLocation:
 # its last row.
 _HEAD = {
     True: "SELECT seq, keyed FROM audit ORDER BY seq DESC LIMIT 1",
-    False: "SELECT seq, keyed FROM audit_head",
+    False: "SELECT seq, keyed FROM audit_head WHERE one",
 }
 
 
