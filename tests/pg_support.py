@@ -10,9 +10,9 @@ they fail: in CI they must run.
 Under pytest-xdist each worker has a database of its own on that server,
 `<database>_<worker>` (test_gw0, test_gw1, ...), its test schemas inside it. A
 schema is not enough between processes running at once: advisory locks are per
-database, and the engine takes fixed keys (the migration lock, a payload's lock),
-so a test in one schema would wait on, or time out behind, a test of another
-worker. A worker's database is created from template0 the first time it is
+database, and a payload's lock is keyed by its fingerprint alone (the migration
+lock is per schema), so a test in one schema could wait on, or time out behind,
+a test of another worker. A worker's database is created from template0 the first time it is
 needed and then kept for later runs: dropping one costs PostgreSQL a checkpoint
 (seconds to tens of seconds at the end of a busy run), and what is in it, the
 test schemas, is dropped after each test anyway.
@@ -263,7 +263,7 @@ class Cluster:
 
 
 def create_cluster() -> Cluster:
-    """initdb into a new temporary directory and start the server on a free port (under a second)."""
+    """initdb into a new temporary directory and start the server on a free port (seconds)."""
     bindir = postgres_bindir()
     if bindir is None:
         raise ClusterUnavailable(

@@ -720,14 +720,20 @@ def test_four_processes_appending_together_leave_one_contiguous_chain(tmp_path: 
         )
         for n in range(4)
     ]
-    # Every interpreter is at the start line before any may begin: so they run together.
-    for proc in workers:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == b"ready\n", proc.communicate(timeout=60)[1].decode()
-    go.touch()
-    for proc in workers:
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err.decode()
+    try:
+        # Every interpreter is at the start line before any may begin: so they run together.
+        for proc in workers:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == b"ready\n", proc.communicate(timeout=60)[1].decode()
+        go.touch()
+        for proc in workers:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err.decode()
+    finally:
+        for proc in workers:  # none outlives a failed test
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
 
     result = verify_chain(db, None)
     assert result.ok, result.problem

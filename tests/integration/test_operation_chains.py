@@ -210,6 +210,32 @@ async def test_a_seal_names_every_moved_chain_so_a_tail_hidden_with_its_record_i
     )
 
 
+async def test_a_seal_names_at_most_a_batch_per_row_and_skips_chains_of_one_row_the_one_chain_holds(
+    tmp_path: Path, database_engine: Engine
+) -> None:
+    _postgres_only(database_engine)
+    where = database_in(tmp_path)
+    async with open_store(where) as store:
+        assert isinstance(store, PostgresStore)
+        for n in range(5):
+            await store.create_operation(_new_operation(f"op-{n}"), kind="tracking", at=1.0 + n)
+            if n != 3:  # op-3 keeps its first row alone
+                await store.audit_event(f"op-{n}", kind="polled", at=10.0, note=None, extra={})
+        assert await store.seal(at=20.0, batch=2) == 4
+        assert await store.seal(at=21.0, batch=2) == 0
+    seals = [r for r in read_rows(where) if r.kind == SEAL_KIND]
+    named = [[e[0] for e in r.payload_obj["operations"]] for r in seals]  # type: ignore[union-attr]
+    assert named == [["op-0", "op-1"], ["op-2", "op-4"]]
+    assert verify_chain(where, None).ok
+    # op-3 needs no seal: its one row cut, with its record, breaks the one chain.
+    cut = _seq_of(where, "op-3", 1)
+    db_write(where, f"DELETE FROM audit WHERE seq = {cut}")
+    db_write(where, "DELETE FROM operations WHERE operation_id = 'op-3'")
+    broken = verify_chain(where, None)
+    assert not broken.ok
+    assert "is missing" in (broken.problem or "")
+
+
 async def test_audit_anchor_on_postgresql_seals_first_so_the_anchor_catches_a_hidden_operation_tail(
     tmp_path: Path, database_engine: Engine
 ) -> None:
@@ -475,9 +501,15 @@ async def test_a_serving_process_seals_the_chains_that_moved_on_its_own(
     h.server()  # writes the provider table the factory loads
     async with controller_factory(h.config(), clock=h.clock, rng=h.rng)() as controller:
         await controller.start_operation(provider="acme", operation_id="op-sealed", provider_job_id="sealed")
+        assert await seal_moved_chains(controller) == 0  # its one row is in the one chain: nothing to seal
+        h.clock.advance(10)
+        await controller.check_status("op-sealed")
         first = await seal_moved_chains(controller)
         assert await seal_moved_chains(controller) == 0  # nothing moved since
         await controller.start_operation(provider="acme", operation_id="op-later", provider_job_id="later")
+        await controller.check_status("op-later")  # a refusal: counted, no row yet
+        h.clock.advance(10)
+        await controller.check_status("op-later")
         with anyio.move_on_after(2):  # a round every 0.01 s of real time, for at most 2 s
             await seal_periodically(controller, 0.01)
     seals = [r for r in read_rows(h.db_path) if r.kind == SEAL_KIND]
@@ -637,6 +669,8 @@ async def test_a_seal_and_a_flush_of_refusals_over_the_same_operations_never_dea
     async with open_store(where) as store:
         await store.create_operation(_new_operation("op-b"), kind="tracking", at=1.0)  # stored before op-a
         await store.create_operation(_new_operation("op-a"), kind="tracking", at=2.0)
+        for op in ("op-b", "op-a"):  # a second row each: a chain of one row needs no seal
+            await store.audit_event(op, kind="polled", at=3.0, note=None, extra={})
     db_write(
         where,
         "UPDATE operations SET refused_count = 1, refused_outcome = 'not_yet', refused_first_at = 5, "

@@ -193,12 +193,6 @@ async def test_a_head_left_with_thousands_of_dead_versions_is_found_through_its_
             scans = _scans_of(found[0][0]["Plan"], "audit_head")
             assert scans, f"{name} does not read the head"
             assert "Seq Scan" not in scans, f"{name} reads the head with {scans}"
-        found = None
-        for _ in range(2):  # the first read after the snapshot closed prunes; the second is what stays
-            plain.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql.READ_AUDIT_HEAD}")
-            found = plain.fetchone()
-        assert found is not None
-        assert found[0][0]["Plan"]["Shared Hit Blocks"] + found[0][0]["Plan"]["Shared Read Blocks"] <= 4
 
 
 async def test_a_database_a_newer_release_migrated_is_refused_with_the_fix(

@@ -6,7 +6,7 @@ itself: they take about a second, less than starting workers. Anything else
 gets `WORKERS_PER_CPU` workers per CPU, at most `MAX_WORKERS`: most of a test's
 time is spent waiting on its server processes, the fake provider and the
 databases, not computing, so two workers share a core well (measured on two
-cores, README "Running the tests").
+cores, README "One command runs the tests").
 
 Alone: a test marked `alone` measures the server's timing against the wall
 clock with little slack (the two-process fleet pacing test allows 0.15 s for

@@ -61,6 +61,8 @@ from pollwarden.vocabulary import (
 
 # Connections per process: concurrent tool calls of one HTTP instance each borrow one.
 POOL_SIZE = 10
+# Operations named by one seal row at most: a seal holds the audit head, which every start waits for.
+SEAL_BATCH = 1000
 
 # What a submission answer that named another operation's job still records about itself.
 _SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
@@ -317,28 +319,35 @@ class PostgresStore(CheckProcedure, Decisions):
             ids = tuple(c.record.operation_id for c in woken)
             return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
 
-    async def seal(self, *, at: float) -> int:
+    async def seal(self, *, at: float, batch: int = SEAL_BATCH) -> int:
         """Seal every operation's audit chain that moved since the last seal; how many were named.
 
-        One chain row (`audit.SEAL_KIND`) names each such operation with its chain's row count and
-        last hash (`pollwarden.audit_verify`): from then on, rows deleted from the end of any of
-        those chains are caught. Nothing is written when no chain moved. The head is locked first,
-        then the moved operations' rows, for this one transaction.
+        Chain rows (`audit.SEAL_KIND`) name each such operation with its chain's row count and last
+        hash (`pollwarden.audit_verify`): from then on, rows deleted from the end of any of those
+        chains are caught. Nothing is written when no chain moved. Each row names at most `batch`
+        operations, in id order, and is its own transaction: the head is locked first, then those
+        operations' rows. One pass over the ids: an operation that moves again meanwhile waits for
+        the next seal.
         """
-        async with self._pool.transaction() as tx:
-            writer = Writer(tx, self._key)
-            await writer.head_first(lock=True)
-            moved = seal_entries(await tx.all(sql.SEAL_OPERATIONS))
-            if not moved:
-                return 0
-            payload = {
-                "decision": SEAL_KIND,
-                "note": f"sealed the audit chains of {len(moved)} operations",
-                "operations": moved,
-            }
-            await writer.append_to_chain(AuditEvent(REKEY_OPERATION, at, SEAL_KIND, payload))
-            await writer.finish()
-            return len(moved)
+        named, after = 0, ""
+        while True:
+            async with self._pool.transaction() as tx:
+                writer = Writer(tx, self._key)
+                await writer.head_first(lock=True)
+                moved = seal_entries(await tx.all(sql.SEAL_OPERATIONS, {"after": after, "batch": batch}))
+                if not moved:
+                    return named
+                payload = {
+                    "decision": SEAL_KIND,
+                    "note": f"sealed the audit chains of {len(moved)} operations",
+                    "operations": moved,
+                }
+                await writer.append_to_chain(AuditEvent(REKEY_OPERATION, at, SEAL_KIND, payload))
+                await writer.finish()
+            named += len(moved)
+            if len(moved) < batch:
+                return named
+            after = str(moved[-1][0])  # seal_entries sorts by id
 
     async def flush_refusals(self, operation_id: str | None = None) -> int:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""

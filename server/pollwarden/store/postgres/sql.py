@@ -312,12 +312,15 @@ def answer_statement(columns: tuple[str, ...]) -> str:
     )
 
 
-# A seal: every operation whose chain moved since the last seal, named with its head. Their rows are
+# A seal: the operations whose chain moved since the last seal, named with its head, up to `batch` of
+# them after the id `after` (a seal holds the head: a bounded batch keeps it short). Their rows are
 # locked for the seal's one transaction (so none of their rows falls between what the seal read and
-# the seal), in id order, as every transaction that locks several operations locks them.
+# the seal), in id order, as every transaction that locks several operations locks them. A chain of
+# one row needs no seal: that row, the operation's first, is itself in the one chain, so 100,000 new
+# operations are not 100,000 names in the next seal.
 SEAL_OPERATIONS = (
     "WITH moved AS (SELECT operation_id FROM operations WHERE audit_rows > audit_sealed_rows "
-    "ORDER BY operation_id FOR UPDATE) "
+    "AND audit_rows > 1 AND operation_id > %(after)s ORDER BY operation_id LIMIT %(batch)s FOR UPDATE) "
     "UPDATE operations AS o SET audit_sealed_rows = o.audit_rows FROM moved "
     "WHERE o.operation_id = moved.operation_id RETURNING o.operation_id, o.audit_rows, o.audit_hash"
 )
