@@ -28,6 +28,7 @@ from mcp.client import Client
 
 from pollwarden.demo import DEMO_TABLE
 from pollwarden.demo_provider import pending, running_demo_provider
+from pollwarden.store import open_store
 from pollwarden.store.location import DatabaseLocation
 
 # A serve process that is not listening after this long did not start.
@@ -118,6 +119,11 @@ async def _drive(urls: Sequence[tuple[str, str]], job: str) -> list[dict[str, An
     return seen
 
 
+async def _open_once(where: DatabaseLocation) -> None:
+    async with open_store(where):
+        pass
+
+
 def run_team_demo(db: str | None = None) -> int:
     """Run the two-instance demo; return an exit code (0: they shared one budget)."""
     with ExitStack() as stack:
@@ -129,6 +135,9 @@ def run_team_demo(db: str | None = None) -> int:
         where = DatabaseLocation.parse(db) if db else DatabaseLocation.sqlite(tmp / "team.db")
         if where.is_sqlite:
             where = DatabaseLocation.sqlite(where.path.resolve())
+        # Opened here first: a missing driver or an unreachable server is one clear error (StoreError),
+        # not two instances' start-up tracebacks; and the schema is migrated before either starts.
+        anyio.run(_open_once, where)
         job = (
             f"exp_team_{secrets.token_hex(3)}"  # a job of its own each run: a kept database has the last one
         )

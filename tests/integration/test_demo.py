@@ -11,6 +11,7 @@ import pytest
 from harness import database_in
 from pollwarden.audit_verify import verify_chain
 from pollwarden.store import Engine
+from tests.support.ports import free_port
 
 
 def test_the_demo_succeeds_one_job_and_escalates_the_other(tmp_path: Path) -> None:
@@ -57,3 +58,20 @@ def test_the_team_demo_runs_two_http_instances_on_one_database_that_share_one_bu
     assert "the provider saw 3 status requests in all" in done.stdout
     assert "one budget, shared by both instances" in done.stdout
     assert verify_chain(where, None).ok
+
+
+def test_the_team_demo_on_a_postgresql_server_it_cannot_reach_says_so_and_starts_no_instance(
+    tmp_path: Path,
+) -> None:
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/pollwarden_team"  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "pollwarden", "demo", "--team", "--db", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "127.0.0.1" in done.stderr
+    assert "instance A" not in done.stdout
