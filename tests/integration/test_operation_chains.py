@@ -685,7 +685,12 @@ async def test_a_seal_and_a_flush_of_refusals_over_the_same_operations_never_dea
         _until_blocked(where, holder, 2)
     sealing.join(30)
     flushing.join(30)
-    assert results == {"seal": 2, "flush": 2}
+    # Neither failed on a deadlock or a lock timeout. The seal's own store writes pending refusals as
+    # it closes, and may get to them first: then the flush finds nothing left. Either way, once each.
+    assert results["seal"] == 2
+    assert results["flush"] in (0, 2), results
+    summaries = [r.operation_id for r in read_rows(where) if r.kind == "not_yet_summary"]
+    assert sorted(summaries) == ["op-a", "op-b"]
     assert verify_chain(where, None).ok
 
 

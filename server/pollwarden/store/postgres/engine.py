@@ -355,11 +355,12 @@ class PostgresStore(CheckProcedure, Decisions):
             if await self._pool.read_one(sql.ANY_PENDING_REFUSALS) is None:
                 return 0
             async with self._locked() as (writer, tx, _):
-                pending = await tx.all(sql.LOCK_PENDING_REFUSALS)
-                for row in pending:
+                written = 0
+                for row in await tx.all(sql.LOCK_PENDING_REFUSALS):
                     self._forget(stored(row).record.operation_id)
-                    await writer.flush(stored(row))
-                return len(pending)
+                    # A row another flush emptied while this one waited for its lock writes nothing.
+                    written += 1 if await writer.flush(stored(row)) else 0
+                return written
         if await self._pool.read_one(sql.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id}) is None:
             return 0
         async with self._locked(operation_id) as (writer, tx, cursor):
