@@ -12,10 +12,10 @@ Under pytest-xdist each worker has a database of its own on that server,
 schema is not enough between processes running at once: advisory locks are per
 database, and a payload's lock is keyed by its fingerprint alone (the migration
 lock is per schema), so a test in one schema could wait on, or time out behind,
-a test of another worker. A worker's database is created from template0 the first time it is
-needed and then kept for later runs: dropping one costs PostgreSQL a checkpoint
-(seconds to tens of seconds at the end of a busy run), and what is in it, the
-test schemas, is dropped after each test anyway.
+a test of another worker. A worker's database is created from template0 the
+first time it is needed and then kept for later runs: dropping one costs
+PostgreSQL a checkpoint (seconds to tens of seconds at the end of a busy run),
+and what is in it, the test schemas, is dropped after each test anyway.
 """
 
 from __future__ import annotations

@@ -14,15 +14,20 @@ from pollwarden.store import Engine
 from tests.support.ports import free_port
 
 
-def test_the_demo_succeeds_one_job_and_escalates_the_other(tmp_path: Path) -> None:
-    db = tmp_path / "demo.db"
-    done = subprocess.run(
-        [sys.executable, "-m", "pollwarden", "demo", "--db", str(db)],
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    """`pollwarden demo` with `args`, as a newcomer runs it (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pollwarden", "demo", *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def test_the_demo_succeeds_one_job_and_escalates_the_other(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    done = _demo("--db", str(db))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "-> succeeded (succeeded)" in out
@@ -41,13 +46,7 @@ def test_the_team_demo_runs_two_http_instances_on_one_database_that_share_one_bu
 ) -> None:
     where = database_in(tmp_path)
     db = where.dsn if not where.is_sqlite else str(where.path)
-    done = subprocess.run(
-        [sys.executable, "-m", "pollwarden", "demo", "--team", "--db", db],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _demo("--team", "--db", db)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     checks = [line for line in lines if "check_status ->" in line]
@@ -64,13 +63,7 @@ def test_the_team_demo_on_a_postgresql_server_it_cannot_reach_says_so_and_starts
     tmp_path: Path,
 ) -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/pollwarden_team"  # nothing listens there
-    done = subprocess.run(
-        [sys.executable, "-m", "pollwarden", "demo", "--team", "--db", url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _demo("--team", "--db", url)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert "127.0.0.1" in done.stderr
