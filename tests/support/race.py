@@ -30,6 +30,7 @@ from tests.support.fake_provider import Step, http, pending, succeeded
 from tests.support.live import (
     Database,
     FakeControl,
+    Rigging,
     audit_verify,
     call,
     fake_provider_process,
@@ -49,6 +50,8 @@ MAX_CALLS_PER_PROCESS = 20_000
 # The odd-numbered processes pass this wait_seconds (the server sleeps to the allowed time, then races).
 WAIT_SECONDS = 1.0
 START_TIMEOUT_SECONDS = 120.0
+# How long a server waits for another process's lock on the database (the default is 5 s).
+BUSY_TIMEOUT_SECONDS = 30.0
 
 
 def scenario(trial: int) -> tuple[str, list[Step]]:
@@ -104,7 +107,12 @@ async def _start_fleet(
 
     async def hold(index: int) -> None:
         nonlocal started
-        async with stdio_server(db, tables, errlog=workdir / f"server-{index}.log") as client:
+        # Eight processes opening one SQLite file at once queue for its write lock; with other tests'
+        # processes on the same cores (xdist), the last one waited past the default 5 s once in CI.
+        # The race is about budgets, not how fast a server starts: a longer wait, not a failure.
+        rigging = Rigging(busy_timeout_seconds=BUSY_TIMEOUT_SECONDS)
+        log = workdir / f"server-{index}.log"
+        async with stdio_server(db, tables, errlog=log, rigging=rigging) as client:
             clients[index] = client
             started += 1
             if started == processes:
