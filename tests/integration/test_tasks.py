@@ -16,9 +16,15 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from harness import Harness, db_rows, make_harness, view
+from harness import Harness, db_rows, make_harness, view, write_table
+from pollwarden.auth import AuthOptions, TokenFileVerifier, auth_settings
+from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.operator_keys import OperatorPolicy
+from pollwarden.server import build_server, controller_factory
+from tests.integration.test_http_auth import AGENT, add_token
+from tests.support.auth_helpers import bearer_client, serving
 from tests.support.fake_provider import FakeProvider, pending, succeeded
+from tests.support.ports import free_port
 from tests.support.tasks_client import TasksClientExtension, cancel_task, get_task, start_as_task, update_task
 
 pytestmark = pytest.mark.anyio
@@ -262,3 +268,37 @@ async def test_a_server_without_tasks_advertises_none_and_answers_a_plain_start(
         started = view(await client.call_tool("start_operation", start_args("j12")))
         assert "io.modelcontextprotocol/tasks" not in (client.server_capabilities.extensions or {})
     assert started["status"] == "waiting"
+
+
+async def test_over_authenticated_http_another_principals_task_is_unknown_and_an_agent_cannot_answer(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("j13", [pending("running")])
+    h = tasks_harness(tmp_path, fake)
+    tokens = tmp_path / "tokens"
+    alice, bob = add_token(tokens, "alice", AGENT), add_token(tokens, "bob", AGENT)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    write_table(h.tables_dir, h.table)
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)
+    server = build_server(
+        factory,
+        auth=auth_settings(AuthOptions(), resource_url=url),
+        token_verifier=TokenFileVerifier(tokens),
+        tasks=True,
+    )
+    app = server.streamable_http_app(transport_security=transport_security(HttpOptions(port=port)))
+    async with serving(app, port):
+        async with bearer_client(url, alice, extensions=[TasksClientExtension()]) as as_alice:
+            task = await start_as_task(as_alice, {**start_args("j13"), "max_status_requests": 1})
+            h.clock.advance(task["pollIntervalMs"] / 1000)
+            waiting = await get_task(as_alice, "op-j13")
+            with pytest.raises(MCPError) as refused:
+                await update_task(as_alice, "op-j13", {"ap-0000000000": {"action": "accept", "content": {}}})
+        async with bearer_client(url, bob, extensions=[TasksClientExtension()]) as as_bob:
+            with pytest.raises(MCPError) as unknown:
+                await get_task(as_bob, "op-j13")
+    assert task["taskId"] == "op-j13"  # alice's own id, never the stored @alice/ form
+    assert waiting["status"] == "completed"  # escalated: no question in the chat, an operator decides
+    assert "operators decide" in refused.value.error.message
+    assert "unknown task" in unknown.value.error.message
