@@ -72,14 +72,15 @@ class AnyResult(Result):
 
 
 @cache
-def _schema() -> dict[str, Any]:
-    return json.loads(SCHEMA.read_text())
+def _validator(definition: str) -> jsonschema.Draft202012Validator:
+    schema = {**json.loads(SCHEMA.read_text()), "$ref": f"#/$defs/{definition}"}
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
 
 
 def conforms(definition: str, message: dict[str, Any]) -> dict[str, Any]:
     """`message`, after checking it against the extension's published definition (raises if not)."""
-    schema = {**_schema(), "$ref": f"#/$defs/{definition}"}
-    jsonschema.validate(message, schema, cls=jsonschema.Draft202012Validator)
+    _validator(definition).validate(message)
     return message
 
 
