@@ -16,9 +16,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from mcp.client import Client
 
-from harness import error_text, make_harness, track, view
+from harness import error_text, make_harness, track, view, write_table
 from pg_support import Cluster, with_options
+from pollwarden.server import build_server, controller_factory
 from pollwarden.store import DatabaseLocation
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -65,6 +67,51 @@ async def test_the_server_stopped_mid_run_is_a_clear_error_nothing_is_sent_and_c
         assert after["outcome"] == "polled"
         assert after["status_requests_used"] == 1
     assert len(fake.status_requests("down")) == 1
+
+
+async def test_an_answer_that_arrives_while_the_server_is_down_is_recorded_when_it_returns_never_sent_twice(
+    tmp_path: Path, fake: FakeProvider, own_postgres_cluster: Cluster
+) -> None:
+    cluster = own_postgres_cluster
+    fake.script("blip", [pending("running"), pending("running")])
+    h = make_harness(tmp_path, fake)
+    h.database_override = DatabaseLocation.postgres(cluster.url())
+    write_table(h.tables_dir, h.table)
+    armed = [False]
+
+    def stop_after_the_answer(step: str) -> None:
+        if step == "after_response" and armed[0]:
+            armed[0] = False
+            cluster.stop()  # the request was sent and answered; the database goes away before it is recorded
+
+    factory = controller_factory(
+        h.config(), clock=h.clock, rng=h.rng, environ=h.environ, on_step=stop_after_the_answer
+    )
+    async with Client(build_server(factory)) as client:
+        await track(client, "blip")
+        h.clock.advance(10)
+        armed[0] = True
+        try:
+            told = await client.call_tool("check_status", {"operation_id": "op-blip"})
+        finally:
+            cluster.start()
+        text = error_text(told)
+        assert "the status request for 'op-blip' was sent and the provider answered" in text
+        assert "records it when the database returns" in text
+        assert "nothing was sent" not in text
+        assert len(fake.status_requests("blip")) == 1
+        # Back: the held answer is recorded (here by the next check, or already by the retry), not sent again.
+        after = view(await client.call_tool("check_status", {"operation_id": "op-blip"}))
+        assert after["outcome"] == "not_yet"
+        assert after["state"] == "running"
+        assert after["status_requests_used"] == 1
+        assert after["retry_after_seconds"] > 0
+        assert len(fake.status_requests("blip")) == 1
+        # The lease was released with the answer: the next allowed check sends at once, no 30 s wait.
+        h.clock.advance(after["retry_after_seconds"])
+        again = view(await client.call_tool("check_status", {"operation_id": "op-blip"}))
+        assert (again["outcome"], again["status_requests_used"]) == ("polled", 2)
+    assert len(fake.status_requests("blip")) == 2
 
 
 async def test_a_row_locked_past_lock_timeout_is_a_clear_error_and_changes_nothing(
