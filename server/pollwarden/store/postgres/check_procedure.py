@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
 
 from pollwarden.audit_entry import (
     NO_REFUSALS,
@@ -99,7 +100,14 @@ class CheckProcedure(PostgresBase):
         # Anything else (a pace, a stop, a recovered lease, a summary row due, or a peer moved first):
         # decide again on the locked row, where nothing can change.
         fleet = fleets.get(current.record.provider)
-        async with self._locked(operation_id) as (writer, tx, cursor):
+        async with (
+            self._pace_turn_if(fleet, current.record.provider),
+            self._locked(operation_id) as (
+                writer,
+                tx,
+                cursor,
+            ),
+        ):
             pace_cursor = None
             if fleet is not None:
                 await tx.queue(sql.ENSURE_FLEET_ROW, {"provider": current.record.provider})
@@ -116,6 +124,10 @@ class CheckProcedure(PostgresBase):
             return await _carry_out(
                 writer, current, decision, now, owner, lease_seconds, fleet, bucket, fleet_slots
             )
+
+    def _pace_turn_if(self, fleet: FleetSpec | None, provider: str) -> AbstractAsyncContextManager[None]:
+        """`_pace_turn` for a provider with a [fleet] pace; nothing to wait for without one."""
+        return self._pace_turn(provider) if fleet is not None else nullcontext()
 
     async def _decide(
         self,
