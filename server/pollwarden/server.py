@@ -157,15 +157,19 @@ def controller_factory(
             ) as store:
                 if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
-                yield Controller(
-                    store=store,
-                    tables=loaded,
-                    http=http,
-                    clock=real_clock,
-                    rng=rng or system_random(),
-                    config=config,
-                    on_step=on_step,
-                )
+                # Held answers are retried here while the process lives (`pollwarden.held_answers`).
+                async with anyio.create_task_group() as background:
+                    yield Controller(
+                        store=store,
+                        tables=loaded,
+                        http=http,
+                        clock=real_clock,
+                        rng=rng or system_random(),
+                        config=config,
+                        on_step=on_step,
+                        background=background,
+                    )
+                    background.cancel_scope.cancel()
         finally:
             await http.aclose()
 
