@@ -310,6 +310,21 @@ def operation_record(**changes: Any) -> OperationRecord:
     return replace(base, **changes)
 
 
+def polling_record(now: float = 1500.0, **changes: Any) -> OperationRecord:
+    """A waiting `operation_record` as `decide_after_response` sees it: reloaded under the lease, this
+    request counted (3 used, 2 polls completed), the lease held until `now` + 60."""
+    base: dict[str, Any] = {
+        "status": Status.WAITING,
+        "stop_reason": None,
+        "stopped_at": None,
+        "status_requests_used": 3,
+        "polls_completed": 2,
+        "lease_owner": "me",
+        "lease_expires_at": now + 60,
+    }
+    return operation_record(**{**base, **changes})
+
+
 def _connect(db: Path | DatabaseLocation) -> Any:
     """A plain connection to the test's database, SQLite or PostgreSQL (autocommit)."""
     if isinstance(db, DatabaseLocation) and not db.is_sqlite:

@@ -37,12 +37,21 @@ async def plan_extension(
     extra_seconds: float,
     extra_status_requests: int,
     reason: str,
+    new_business_deadline_at: str | None = None,
 ) -> ExtensionPlan:
     """Clip and explain a request for more time or requests (no side effects)."""
+    from pollwarden.controller import business_deadline  # the controller imports this module
+
     record = await controller.load(operation_id)
     table = controller.table_for(record.provider)
     if not math.isfinite(extra_seconds) or extra_seconds < 0 or extra_status_requests < 0:
         raise InvalidRequest("extra_seconds and extra_status_requests must be zero or more")
+    now = controller.clock.now()
+    new_business = (
+        business_deadline(new_business_deadline_at, now=now, name="new_business_deadline_at")
+        if new_business_deadline_at is not None
+        else None
+    )
     return extensions.plan_extension(
         record,
         table,
@@ -50,6 +59,8 @@ async def plan_extension(
         extra_seconds=extra_seconds,
         extra_status_requests=extra_status_requests,
         reason=reason,
+        new_business_deadline_at=new_business,
+        now=now,
     )
 
 
@@ -91,6 +102,9 @@ async def apply_extension(
         payload_extra={
             "extra_seconds": plan.extra_seconds,
             "extra_status_requests": plan.extra_status_requests,
+            # What the person was shown they grant (the question's "Would change" lines), kept beside it.
+            "grants": extensions.allowance_changes(record, table, plan),
+            "new_business_deadline_at": plan.new_business_deadline_at,
             "approved_by": by,
             "authenticated_by": method,
             "delay_source": "manual_extension",
@@ -109,7 +123,12 @@ async def apply_extension(
         updated,
         "approved",
         f"Approved by {quoted(by)} ({method}): deadline now {iso(updated.deadline_at)}, "
-        f"budget {updated.max_status_requests} "
+        + (
+            f"business deadline now {iso(updated.business_deadline_at)}, "
+            if plan.new_business_deadline_at is not None
+            else ""
+        )
+        + f"budget {updated.max_status_requests} "
         f"status requests ({updated.status_requests_used} used). Call check_status; the next check's "
         "delay source is manual_extension.",
         approval_id=approval_id,

@@ -17,8 +17,10 @@ from pollwarden.store.location import DatabaseLocation
 from pollwarden_providers.loader import TableError, load_tables
 from pollwarden_providers.table import ProviderTable
 
-# Clients time out long tool calls; 50 s keeps a waiting check_status under a minute.
-MAX_WAIT_SECONDS = 50.0
+# The longest wait_seconds a check_status call honours, and the tool schema's maximum: what the call budget
+# leaves with the default 20 s request cap (55 s − 20 s − the 5 s margin, `schedule.wait_bound`). A server
+# with a longer request cap waits less (the call budget wins); tests/unit/test_call_budget.py holds them equal.
+MAX_WAIT_SECONDS = 30.0
 # How long a write waits for another process's lock before giving up with a clear error.
 BUSY_TIMEOUT_SECONDS = 5.0
 BUSY_TIMEOUT_ENV = "POLLWARDEN_BUSY_TIMEOUT_SECONDS"

@@ -172,19 +172,11 @@ def _keep_waiting(
     """Schedule the next check, or stop when the budget or the deadline leaves no room.
 
     `base.rejected_hints` already holds every rejected hint. A valid poll hint
-    that lands at or after the deadline is a suggestion that cannot be honoured:
-    it is recorded as ignored and the local backoff is used instead.
+    that lands at or after the deadline is honoured up to it (DESIGN §1.7): the
+    next check is planned at the deadline, where waiting stops unless a webhook
+    wakes the operation first; the provider is never polled sooner than it asked.
     """
     rejected = base.rejected_hints
-    if poll_hint.seconds is not None and stop.reaches_deadline(record, now + poll_hint.seconds):
-        rejected += (
-            RejectedHint(
-                poll_hint.source or "poll_after",
-                f"{poll_hint.seconds:g} s",
-                f"ends after the {record.deadline_name}; local backoff used instead",
-            ),
-        )
-        poll_hint = HintCheck()
     if (used := stop.budget_used(record, unfinished=True)) is not None:
         # Retry-After kept so that an approved extension still waits for it (a minimum; README
         # "How a check decides").
@@ -198,8 +190,10 @@ def _keep_waiting(
         retry_after=retry_after.seconds,
         poll_hint=poll_hint.seconds,
         rate_limited_without_guidance=rate_limited_without_guidance,
+        deadline=record.effective_deadline,
     )
-    if (late := stop.no_check_fits(record, now, plan.at, mandatory=plan.mandatory)) is not None:
+    late = None if plan.until_deadline else stop.no_check_fits(record, now, plan.at, mandatory=plan.mandatory)
+    if late is not None:
         return _halt(base, late, retry_after_seconds=retry_after.seconds, rejected_hints=rejected)
     return replace(
         base,
@@ -328,7 +322,8 @@ def decide_after_response(
 
     if isinstance(answer, NoAnswer):
         base = Transition(status=Status.WAITING, transport_failure=True, note=answer.detail)
-        if (used_up := stop.transport_failures_used_up(record, f"no answer ({answer.detail})")) is not None:
+        failure = stop.StatusReadFailure.NO_ANSWER if answer.sent else stop.StatusReadFailure.UNREACHABLE
+        if (used_up := stop.transport_failures_used_up(record, answer.detail, failure)) is not None:
             return _halt(base, used_up)
         return _keep_waiting(
             record,
@@ -367,7 +362,8 @@ def decide_after_response(
     sorted_as = sort_status(code, rate_limit_403=limit_signal is not None)
     if sorted_as == StatusClass.SERVER_ERROR:
         base = replace(answered, transport_failure=True)
-        if (used_up := stop.transport_failures_used_up(record, f"HTTP {code}")) is not None:
+        used_up = stop.transport_failures_used_up(record, f"HTTP {code}", stop.StatusReadFailure.SERVER_ERROR)
+        if used_up is not None:
             return _halt(base, used_up, retry_after_seconds=retry_after.seconds)
         return _keep_waiting(
             record,

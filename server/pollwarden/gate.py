@@ -32,7 +32,7 @@ class Step(StrEnum):
     APPLY_APPROVALS = "apply_approvals"  # an operator's decision waits to be applied first
     STOPPED = "stopped"  # already finished or escalated: refused (counted), nothing sent
     STOP = "stop"  # the deadline passed or the budget is used: stop now, nothing sent
-    WAIT = "wait"  # too early, but the caller waits until `allowed_at`: nothing written
+    WAIT = "wait"  # too early, but the caller still has wait left: it sleeps and looks again, nothing written
     NOT_YET = "not_yet"  # too early: refused (counted), nothing sent
     RESERVE = "reserve"  # count the request and take the lease
     # A request may go out now (or within the caller's wait), but the provider table requires a person
@@ -114,9 +114,12 @@ def decide_check(
         # look again shortly rather than at the lease's (long) expiry.
         allowed_at = max(allowed_at, min(record.lease_expires_at or now, now + IN_FLIGHT_RECHECK_SECONDS))
     if now < allowed_at:
-        step = Step.WAIT if allowed_at <= wait_until else Step.NOT_YET
-        if step == Step.WAIT and not may_send:
-            step = Step.NEEDS_PERSON
+        if not may_send:
+            step = Step.NEEDS_PERSON if allowed_at <= wait_until else Step.NOT_YET
+        else:
+            # A caller with wait left holds on (re-reading the record each round) even when the allowed
+            # time is past its wait: a webhook may bring the check forward. not_yet only at its end.
+            step = Step.WAIT if now < wait_until else Step.NOT_YET
         return GateDecision(step, allowed_at=allowed_at, lease_busy=busy)
     if not may_send:
         return GateDecision(Step.NEEDS_PERSON, allowed_at=allowed_at)

@@ -217,7 +217,12 @@ async def _within_limits(controller: Controller, principal: Principal, operation
 
 
 async def _plan(
-    operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Ctx
+    operation_id: str,
+    extra_seconds: float,
+    extra_status_requests: int,
+    reason: str,
+    ctx: Ctx,
+    new_business_deadline_at: str | None = None,
 ) -> ExtensionPlan:
     stored = await _resolve(ctx, operation_id)
     return await run_tool(
@@ -227,6 +232,7 @@ async def _plan(
             extra_seconds=extra_seconds,
             extra_status_requests=extra_status_requests,
             reason=reason,
+            new_business_deadline_at=new_business_deadline_at,
         )
     )
 
@@ -514,7 +520,14 @@ def build_server(
             dict[str, Any] | None, Field(description="A JSON object pollwarden submits as a new job.")
         ] = None,
         deadline_seconds: Annotated[
-            float | None, Field(gt=0, description="Polling deadline from now.")
+            float | None,
+            Field(
+                gt=0,
+                description="Polling deadline from now, in seconds. It must be longer than the provider's first-check "
+                "delay (its table's base_delay_seconds, e.g. 30 s for openai-batch): a shorter one could pass before "
+                "any status request may go out, so it is refused with the minimum named. The same holds for "
+                "business_deadline_at.",
+            ),
         ] = None,
         business_deadline_at: Annotated[
             str | None,
@@ -560,12 +573,12 @@ def build_server(
         description="One bounded status check. Sends at most one status request, and only when the "
         "controller allows it. outcome: polled (one request sent), not_yet (too early, nothing sent: wait "
         "retry_after_seconds), stopped (finished or escalated: do not call again). wait_seconds (at most "
-        f"{MAX_WAIT_SECONDS:g}) lets the server wait for the allowed time instead of answering not_yet, "
-        f"only as long as the whole call still ends within {CALL_BUDGET_SECONDS:g} s (under a client's "
-        f"{CLIENT_REQUEST_TIMEOUT_SECONDS:g} s default timeout): the wait, a provider request of up to "
-        f"{_DEFAULT_REQUEST_TIMEOUT:g} s and a {CALL_MARGIN_SECONDS:g} s margin: at most "
-        f"{wait_bound(MAX_WAIT_SECONDS, max_wait=MAX_WAIT_SECONDS, request_timeout=_DEFAULT_REQUEST_TIMEOUT):g} s "
-        "of waiting; a later allowed time is answered not_yet at once.",
+        f"{MAX_WAIT_SECONDS:g}, the server's real maximum) holds the call up to that long, holding no lease: "
+        "it sends the one request as soon as a check is allowed (by time, or earlier when a provider webhook "
+        "wakes the operation) and answers not_yet only when the wait ends first. The whole call ends within "
+        f"{CALL_BUDGET_SECONDS:g} s (under a client's {CLIENT_REQUEST_TIMEOUT_SECONDS:g} s default timeout): "
+        f"the wait, a provider request of up to {_DEFAULT_REQUEST_TIMEOUT:g} s and a "
+        f"{CALL_MARGIN_SECONDS:g} s margin. Progress notifications report the wait.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
         ),
@@ -588,9 +601,13 @@ def build_server(
     @mcp.tool(
         description="Ask a person for more time and/or status requests after waiting stopped "
         "(deadline_exceeded, request_budget_exhausted, rate_limited, delivery_ambiguous; a bounded pause for "
-        "unknown_state). The request is clipped to operator caps; the person approves or denies. Counters "
-        "are never reset. Refused while the operation is still waiting and after authorization_denied or "
-        "integration_failure.",
+        "unknown_state). The request is clipped to operator caps; the person approves or denies, and is shown "
+        "the true resulting deadline and every limit the approval changes (transport failures after "
+        "delivery_ambiguous, rate-limited answers after rate_limited). Counters are never reset. After the "
+        "business deadline passed, more waiting alone cannot meet it: give new_business_deadline_at and a "
+        "person decides whether the result is still worth having. Refused while the operation is still "
+        "waiting and after authorization_denied or integration_failure; only offered in escalation.options "
+        "when it would be accepted.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
         ),
@@ -605,6 +622,14 @@ def build_server(
         plan: Annotated[ExtensionPlan, Resolve(_plan)],
         decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(_ask_extension)],
         ctx: Ctx,
+        new_business_deadline_at: Annotated[
+            str | None,
+            Field(
+                max_length=64,
+                description="Only after the business deadline passed (or to move it): a new business deadline, "
+                "RFC 3339 with an offset, after now; the person approving sees it and the audit keeps it.",
+            ),
+        ] = None,
     ) -> ExtensionResult:
         return _shown(await settle_tool(ctx, approvals.EXTENSION, plan, decision))
 

@@ -48,7 +48,7 @@ async def _exhaust(h: Harness, client: Any, job: str, budget: int = 2) -> dict[s
     )
     last: dict[str, Any] = {}
     for _ in range(budget):
-        last = view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50}))
+        last = view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30}))
     assert last["stop_reason"] == "request_budget_exhausted"
     return last
 
@@ -103,7 +103,7 @@ async def test_an_approved_extension_adds_time_and_requests_and_keeps_the_counte
             assert fact in question
         early = view(await client.call_tool("check_status", {"operation_id": "op-ext1"}))
         assert early["outcome"] == "not_yet"  # the table's base delay after the last request first
-        after = view(await client.call_tool("check_status", {"operation_id": "op-ext1", "wait_seconds": 50}))
+        after = view(await client.call_tool("check_status", {"operation_id": "op-ext1", "wait_seconds": 30}))
         assert after["outcome"] == "polled"
         assert after["status_requests_used"] == 3
     assert len(fake.status_requests("ext1")) == 3
@@ -199,7 +199,7 @@ async def test_the_number_of_extensions_per_operation_is_capped(tmp_path: Path, 
                 == "approved"
             )
             again = view(
-                await client.call_tool("check_status", {"operation_id": "op-cap2", "wait_seconds": 50})
+                await client.call_tool("check_status", {"operation_id": "op-cap2", "wait_seconds": 30})
             )
             assert again["stop_reason"] == "request_budget_exhausted"
         fourth = view(await client.call_tool("request_extension", _extend("cap2", requests=1)))
@@ -220,7 +220,7 @@ async def test_extension_refused_without_asking_after_authorization_denied(
             "start_operation", {"provider": "acme", "operation_id": "op-auth1", "provider_job_id": "auth1"}
         )
         stopped = view(
-            await client.call_tool("check_status", {"operation_id": "op-auth1", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-auth1", "wait_seconds": 30})
         )
         assert stopped["stop_reason"] == "authorization_denied"
         assert stopped["allowed_actions"] == []
@@ -253,7 +253,7 @@ async def test_a_client_without_elicitation_gets_an_operator_approval_applied_on
         assert "approved" in decided.stdout
 
         applied = view(
-            await client.call_tool("check_status", {"operation_id": "op-cli1", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-cli1", "wait_seconds": 30})
         )
         assert applied["outcome"] == "polled"
         assert applied["max_status_requests"] == 6
@@ -322,7 +322,7 @@ async def test_an_approval_is_void_when_the_operation_changed_after_the_question
             view(await other.call_tool("request_extension", _extend("void1", requests=1)))["decision"]
             == "approved"
         )
-        view(await other.call_tool("check_status", {"operation_id": "op-void1", "wait_seconds": 50}))
+        view(await other.call_tool("check_status", {"operation_id": "op-void1", "wait_seconds": 30}))
     decided = _cli(h, "approve", stale_id)
     assert decided.returncode == 1
     assert "void" in decided.stderr
@@ -356,8 +356,8 @@ async def test_fetch_result_is_refused_before_success_and_recorded_after(
         early = view(await client.call_tool("fetch_result", {"operation_id": "op-fr1"}))
         assert early["decision"] == "refused"
         assert early["allowed_actions"] == ["check_status"]
-        view(await client.call_tool("check_status", {"operation_id": "op-fr1", "wait_seconds": 50}))
-        view(await client.call_tool("check_status", {"operation_id": "op-fr1", "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": "op-fr1", "wait_seconds": 30}))
+        view(await client.call_tool("check_status", {"operation_id": "op-fr1", "wait_seconds": 30}))
         done = view(await client.call_tool("fetch_result", {"operation_id": "op-fr1"}))
         assert done["decision"] == "done"
         assert done["result"] == {"result_url": "https://files.example/fr1.csv"}
@@ -442,7 +442,7 @@ async def test_the_person_sees_when_the_new_deadline_would_fall_after_the_busine
             },
         )
         stopped = view(
-            await client.call_tool("check_status", {"operation_id": "op-biz1", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-biz1", "wait_seconds": 30})
         )
         assert stopped["stop_reason"] == "request_budget_exhausted"
         assert stopped["business_deadline_at"] == business

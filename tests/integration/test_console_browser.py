@@ -94,7 +94,7 @@ async def run_to_stop(h: Harness, job: str) -> dict[str, Any]:
     async with h.client() as client:
         for _ in range(20):
             now = view(
-                await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50})
+                await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30})
             )
             if now["status"] != "waiting":
                 return now
@@ -130,7 +130,7 @@ async def ask(h: Harness, job: str, *, reason: str, extra_seconds: float) -> str
 
 async def next_check(h: Harness, job: str) -> dict[str, Any]:
     async with h.client() as client:
-        return view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50}))
+        return view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30}))
 
 
 def audit_kinds(h: Harness, job: str) -> list[str]:

@@ -87,7 +87,7 @@ async def stop_after_one(h: Harness, job: str) -> None:
             )
         )
         stopped = view(
-            await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30})
         )
     assert stopped["stop_reason"] == "request_budget_exhausted"
 

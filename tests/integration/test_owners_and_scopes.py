@@ -183,7 +183,7 @@ async def test_an_agent_never_approves_its_own_extension_and_another_operator_de
         async with t.as_("carol", mode="legacy", elicitation_callback=auto_approve()) as carol:
             view(await carol.call_tool("start_operation", start_args("long", "stuck", max_status_requests=1)))
             stopped = view(
-                await carol.call_tool("check_status", {"operation_id": "long", "wait_seconds": 50})
+                await carol.call_tool("check_status", {"operation_id": "long", "wait_seconds": 30})
             )
             assert stopped["stop_reason"] == "request_budget_exhausted"
             asked = view(
@@ -324,7 +324,7 @@ async def test_an_operator_token_cannot_decide_where_the_operator_requires_a_sig
     async with team(tmp_path, fake, operator=OperatorPolicy(require_key=True)) as t:
         async with t.as_("alice") as alice:
             view(await alice.call_tool("start_operation", start_args("k", "keyed", max_status_requests=1)))
-            view(await alice.call_tool("check_status", {"operation_id": "k", "wait_seconds": 50}))
+            view(await alice.call_tool("check_status", {"operation_id": "k", "wait_seconds": 30}))
             extension = {"operation_id": "k", "extra_seconds": 60, "extra_status_requests": 1, "reason": "x"}
             approval_id = view(await alice.call_tool("request_extension", extension))["approval_id"]
         async with t.as_("ops") as ops:

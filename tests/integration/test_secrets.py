@@ -82,14 +82,14 @@ async def test_a_canary_credential_reaches_the_provider_and_appears_nowhere_else
             await call("start_operation", {"provider": "acme", "operation_id": "op-c", "submit": {"n": 1}})
         )
         assert started["provider_job_id"] == "job_0001"
-        first = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 50}))
+        first = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 30}))
         assert first["provider_request_id"] == "req-[redacted]"
-        ended = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 50}))
+        ended = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 30}))
         assert ended["error"] == "invalid token Bearer [redacted]"
         await call(
             "start_operation", {"provider": "acme", "operation_id": "op-l", "provider_job_id": "leaky"}
         )
-        redirected = view(await call("check_status", {"operation_id": "op-l", "wait_seconds": 50}))
+        redirected = view(await call("check_status", {"operation_id": "op-l", "wait_seconds": 30}))
         assert redirected["stop_reason"] == "integration_failure"
         conflict = await call(
             "start_operation", {"provider": "acme", "operation_id": "op-c", "submit": {"n": 2}}
@@ -212,14 +212,14 @@ async def test_an_echoed_credential_is_redacted_in_every_spelling_everywhere(
         for _ in range(2):
             outputs.append(
                 text_of(
-                    await client.call_tool("check_status", {"operation_id": "op-echo1", "wait_seconds": 50})
+                    await client.call_tool("check_status", {"operation_id": "op-echo1", "wait_seconds": 30})
                 )
             )
         ended = view(await client.call_tool("get_operation", {"operation_id": "op-echo1"}))
         assert ended["stop_reason"] == "provider_failure"
         assert "[redacted]" in str(ended["error"])
         outputs.append(
-            text_of(await client.call_tool("check_status", {"operation_id": "op-echo2", "wait_seconds": 50}))
+            text_of(await client.call_tool("check_status", {"operation_id": "op-echo2", "wait_seconds": 30}))
         )
         fetched = await client.call_tool("fetch_result", {"operation_id": "op-echo2"})
         assert view(fetched)["decision"] == "done"
@@ -274,7 +274,7 @@ async def test_a_non_ascii_credential_is_a_configuration_error_that_shows_none_o
         started = await client.call_tool(
             "start_operation", {"provider": "acme", "operation_id": "op-na2", "provider_job_id": "na2"}
         )
-        checked = await client.call_tool("check_status", {"operation_id": "op-na1", "wait_seconds": 50})
+        checked = await client.call_tool("check_status", {"operation_id": "op-na1", "wait_seconds": 30})
         after = view(await client.call_tool("get_operation", {"operation_id": "op-na1"}))
         listed = view(await client.call_tool("list_operations", {}))
     for result in (started, checked):
