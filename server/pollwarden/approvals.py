@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 from pollwarden import extensions
 from pollwarden.approval_flow import LATE_ANSWER_BY, Approver, No
+from pollwarden.approval_policy import channel_of
 from pollwarden.errors import InvalidRequest
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult, extension_changes
 from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
+from pollwarden.policy_gate import stored_policy
 from pollwarden.records import OperationRecord
 from pollwarden.store import ApprovalRecord
 from pollwarden.timefmt import iso
@@ -293,12 +295,17 @@ def decision_facts(approval: ApprovalRecord) -> DecisionFacts:
 
 async def check_operator_decision(controller: Controller, approval: ApprovalRecord) -> Verdict:
     """Authenticate a decision recorded outside the client before it is used; void and audit a refused one."""
+    config, stored = await stored_policy(controller.store, controller.config)  # as the database says now
     verdict = authenticate(
         decision_facts(approval),
         approval.decided_method,
         approval.decision_signature,
-        controller.config.operator,
+        config.operator,
     )
+    if verdict.ok and (channel := channel_of(approval.decided_method or "")) not in stored.channels:
+        verdict = Verdict(
+            False, verdict.method, f"the database's approval policy does not count the {channel} channel"
+        )
     if not verdict.ok:
         now = controller.clock.now()
         await controller.store.close_approval(

@@ -19,6 +19,7 @@ from pollwarden.controller import Controller
 from pollwarden.errors import InvalidRequest
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_HTTP_OPERATOR, REQUIRE_ENV
+from pollwarden.policy_gate import stored_policy
 from pollwarden.principals import SCOPE_OPERATOR, Principal
 from pollwarden.records import ApprovalRecord
 from pollwarden.timefmt import iso
@@ -107,7 +108,7 @@ async def decide_approval(
             f"approval {shown(approval_id)} is about your own operation: another operator must decide it "
             "(nobody approves their own extension or cancel)"
         )
-    if controller.config.operator.require_key:
+    if (await stored_policy(controller.store, controller.config))[0].operator.require_key:
         raise InvalidRequest(
             f"this server requires every decision to be signed with an operator key ({REQUIRE_ENV}), which a "
             f"bearer token is not; decide with `pollwarden approve {approval_id} --operator-key FILE`. "

@@ -68,6 +68,7 @@ from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import AuditKeyError, InvalidRequest, OperationNotFound, PollwardenError, StoreError
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
+from pollwarden.policy_gate import serving_config
 from pollwarden.principals import Principal, current_principal
 from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
@@ -155,13 +156,14 @@ def controller_factory(
             ) as store:
                 if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
+                policed = await serving_config(store, config, at=real_clock.now())  # the database's policy
                 yield Controller(
                     store=store,
                     tables=loaded,
                     http=http,
                     clock=real_clock,
                     rng=rng or system_random(),
-                    config=config,
+                    config=policed,
                     on_step=on_step,
                 )
         finally:
