@@ -45,7 +45,7 @@ from mcp.server.auth.settings import AuthSettings
 
 from pollwarden.cli_options import with_examples
 from pollwarden.errors import ConfigError
-from pollwarden.files import write_private_file
+from pollwarden.files import trust_file_problem, write_private_file
 from pollwarden.principals import (
     KNOWN_SCOPES,
     SCOPE_AGENT,
@@ -143,7 +143,9 @@ def parse_token_file(path: Path, text: str) -> list[TokenEntry]:
 
 
 def read_token_file(path: Path) -> list[TokenEntry]:
-    """The entries of the token file at `path` (an absent file has none)."""
+    """The entries of the token file at `path` (an absent file has none; an unsafe one is refused)."""
+    if (problem := trust_file_problem(path, "the token file", "could add a token of any scope")) is not None:
+        raise ConfigError(f"refusing {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
