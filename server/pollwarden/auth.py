@@ -50,6 +50,7 @@ from pollwarden.principals import (
     KNOWN_SCOPES,
     SCOPE_AGENT,
     SCOPE_OPERATOR,
+    jwt_principal,
     principal_name_problem,
 )
 
@@ -308,8 +309,9 @@ class JwtVerifier(TokenVerifier):
         if nbf is not None and (not isinstance(nbf, int | float) or now + self.leeway_seconds < nbf):
             log.debug("bearer token refused: not valid yet")
             return None
-        name = claims.get(self.principal_claim)
-        if not isinstance(name, str) or principal_name_problem(name) is not None:
+        claim = claims.get(self.principal_claim)
+        name = jwt_principal(claim) if isinstance(claim, str) else None  # "jwt:<claim>": never a token file's
+        if name is None:
             log.debug("bearer token refused: claim %r does not name a usable principal", self.principal_claim)
             return None
         raw_scope = claims.get("scope", claims.get("scp", ""))
