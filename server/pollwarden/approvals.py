@@ -21,6 +21,7 @@ from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionRes
 from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
 from pollwarden.policy_gate import stored_policy
+from pollwarden.principals import current_principal
 from pollwarden.records import OperationRecord
 from pollwarden.store import ApprovalRecord
 from pollwarden.timefmt import iso
@@ -257,9 +258,14 @@ async def open_question(
 
 
 def operator_must_decide(approval_id: str, expires_at: float) -> str:
-    """What the agent is told when a person must decide outside the chat: who and where, never a command."""
+    """What the agent is told when a person must decide outside the chat: who, where and why, never a command."""
+    why = (
+        "on this server an operator decides every approval (an agent's own client never answers one)"
+        if current_principal().authenticated
+        else "this client cannot show them the question"
+    )
     return (
-        f"A person must decide, and this client cannot show them the question. It waits as approval "
+        f"A person must decide, and {why}. It waits as approval "
         f"{approval_id} for an operator, who reads it and decides at the operator's own terminal or console "
         f"(not in this chat, and not by an agent) before {iso(expires_at)}."
     )

@@ -82,6 +82,7 @@ from pollwarden.schedule import (
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import open_store
 from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
+from pollwarden.tool_visibility import operator_tools_middleware
 from pollwarden.views import OperationView
 from pollwarden.watch import WATCH_INTERVAL_SECONDS, Reader, Subscriptions, run_watcher
 from pollwarden_providers.table import ProviderTable
@@ -448,6 +449,7 @@ def build_server(
         token_verifier=token_verifier,
     )
     mcp.middleware.append(surface_middleware)
+    mcp.middleware.append(operator_tools_middleware)  # list_approvals/decide_approval: operators only
 
     def uri_for(uri: str) -> str:
         return ownership.watched_uri(current_principal(), uri)
