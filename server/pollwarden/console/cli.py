@@ -116,6 +116,8 @@ def cmd_console(args: argparse.Namespace) -> int:
         port=args.port,
         allow_non_loopback=bool(args.allow_non_loopback),
         allowed_hosts=tuple(args.allowed_host or ()),
+        # As for `serve`: beyond loopback only with a verifier (operators' bearer tokens; see SECURITY.md).
+        verifier_configured=bool(args.auth_tokens),
     )
     security = transport_security(options)  # the same host rule as `serve`
     config = load_config(
