@@ -400,6 +400,7 @@ def build_server(
     state_keys: Sequence[bytes] = (),
     auth: AuthSettings | None = None,
     token_verifier: TokenVerifier | None = None,
+    subscriptions: Subscriptions | None = None,
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
 
@@ -413,7 +414,7 @@ def build_server(
     and RFC 9728 metadata route); stdio is unaffected.
     """
     bus = InMemorySubscriptionBus()
-    subscriptions = Subscriptions()
+    subscriptions = subscriptions if subscriptions is not None else Subscriptions()  # tests pass small caps
 
     async def publish(uri: str) -> None:
         await bus.publish(ResourceUpdated(uri=uri))
