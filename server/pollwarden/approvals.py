@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 
 from pollwarden import extensions
 from pollwarden.approval_flow import LATE_ANSWER_BY, Approver, No
+from pollwarden.approval_policy import channel_of
 from pollwarden.errors import InvalidRequest
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult, extension_changes
 from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
+from pollwarden.policy_gate import stored_policy
+from pollwarden.principals import current_principal
 from pollwarden.records import OperationRecord
 from pollwarden.store import ApprovalRecord
 from pollwarden.timefmt import iso
@@ -274,9 +277,14 @@ async def open_question(
 
 
 def operator_must_decide(approval_id: str, expires_at: float) -> str:
-    """What the agent is told when a person must decide outside the chat: who and where, never a command."""
+    """What the agent is told when a person must decide outside the chat: who, where and why, never a command."""
+    why = (
+        "on this server an operator decides every approval (an agent's own client never answers one)"
+        if current_principal().authenticated
+        else "this client cannot show them the question"
+    )
     return (
-        f"A person must decide, and this client cannot show them the question. It waits as approval "
+        f"A person must decide, and {why}. It waits as approval "
         f"{approval_id} for an operator, who reads it and decides at the operator's own terminal or console "
         f"(not in this chat, and not by an agent) before {iso(expires_at)}."
     )
@@ -312,12 +320,17 @@ def decision_facts(approval: ApprovalRecord) -> DecisionFacts:
 
 async def check_operator_decision(controller: Controller, approval: ApprovalRecord) -> Verdict:
     """Authenticate a decision recorded outside the client before it is used; void and audit a refused one."""
+    config, stored = await stored_policy(controller.store, controller.config)  # as the database says now
     verdict = authenticate(
         decision_facts(approval),
         approval.decided_method,
         approval.decision_signature,
-        controller.config.operator,
+        config.operator,
     )
+    if verdict.ok and (channel := channel_of(approval.decided_method or "")) not in stored.channels:
+        verdict = Verdict(
+            False, verdict.method, f"the database's approval policy does not count the {channel} channel"
+        )
     if not verdict.ok:
         now = controller.clock.now()
         await controller.store.close_approval(

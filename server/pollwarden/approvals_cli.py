@@ -32,6 +32,7 @@ from pollwarden.errors import ConfigError
 from pollwarden.operator_decision import decide, header, not_found, refusal
 from pollwarden.operator_keys import METHOD_TTY, PUBKEYS_ENV, generate_key_file, load_operator_key
 from pollwarden.person_gate import SERVER_VERIFIES, Deciding, operator_key_for, require_person
+from pollwarden.policy_cli import deciding_config
 from pollwarden.store import ApprovalRecord, open_store
 from pollwarden.untrusted import one_line, quoted
 
@@ -90,6 +91,7 @@ async def _decide(
     config: ServerConfig, approval_id: str, approve: bool, by: str, key_path: str | None
 ) -> int:
     verb = "approve" if approve else "deny"
+    config = await deciding_config(config)  # the stricter of this command's policy and the database's
     key = operator_key_for(config, key_path, _deciding(verb)) if key_path else None
     writable_existing_database(config.database)
     async with open_store(

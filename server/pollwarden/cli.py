@@ -38,6 +38,7 @@ from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from pollwarden.policy_cli import add_policy_commands, check_serving_policy
 from pollwarden.principals import PrincipalLimits, PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
@@ -96,6 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = auth_settings(auth, resource_url=resource)
             verifier = build_verifier(auth, resource_url=resource)
     config = serve_config(args)
+    check_serving_policy(config)  # a weaker policy than the database's is refused before serving
     config = replace(config, limits=_principal_limits(args))
     tables = load_provider_tables(config)  # refuses a wrong provider table before serving
     factory = controller_factory(config, tables=tables)
@@ -337,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_console_command(sub)
     add_provider_commands(sub)
     add_token_commands(sub)
+    add_policy_commands(sub)
     add_webhook_commands(sub)
     return parser
 

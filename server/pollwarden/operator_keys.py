@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from pollwarden.canonical import canonical_json
 from pollwarden.errors import ConfigError
-from pollwarden.files import create_private_file
+from pollwarden.files import create_private_file, trust_file_problem
 
 __all__ = [
     "METHOD_CONSOLE",
@@ -255,6 +255,9 @@ def parse_public_keys(text: str, source: str) -> tuple[PublicKey, ...]:
 
 def load_public_keys(path: Path) -> tuple[PublicKey, ...]:
     """The operator public keys in `path` (a `ConfigError` naming the file when it cannot be used)."""
+    grants = "could add a key whose signed decisions are applied"
+    if (problem := trust_file_problem(path, "the operator public keys file", grants)) is not None:
+        raise ConfigError(f"refusing {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -69,6 +69,7 @@ from pollwarden.errors import AuditKeyError, InvalidRequest, OperationNotFound, 
 from pollwarden.event_store import SessionEventStores, scope_events_by_session
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
+from pollwarden.policy_gate import serving_config
 from pollwarden.principals import Principal, current_principal
 from pollwarden.protocol import listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
@@ -83,6 +84,7 @@ from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import open_store
 from pollwarden.tasks_extension import OperationTasks
 from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
+from pollwarden.tool_visibility import operator_tools_middleware
 from pollwarden.views import OperationView
 from pollwarden.watch import WATCH_INTERVAL_SECONDS, Reader, Subscriptions, run_watcher
 from pollwarden_providers.table import ProviderTable
@@ -157,6 +159,7 @@ def controller_factory(
             ) as store:
                 if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
+                policed = await serving_config(store, config, at=real_clock.now())  # the database's policy
                 # Held answers are retried here while the process lives (`pollwarden.held_answers`).
                 async with anyio.create_task_group() as background:
                     yield Controller(
@@ -165,7 +168,7 @@ def controller_factory(
                         http=http,
                         clock=real_clock,
                         rng=rng or system_random(),
-                        config=config,
+                        config=policed,
                         on_step=on_step,
                         background=background,
                     )
@@ -423,6 +426,7 @@ def build_server(
     auth: AuthSettings | None = None,
     token_verifier: TokenVerifier | None = None,
     tasks: bool = False,
+    subscriptions: Subscriptions | None = None,
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
 
@@ -436,7 +440,7 @@ def build_server(
     and RFC 9728 metadata route); stdio is unaffected. `tasks` serves MCP Tasks (`tasks_extension`).
     """
     bus = InMemorySubscriptionBus()
-    subscriptions = Subscriptions()
+    subscriptions = subscriptions if subscriptions is not None else Subscriptions()  # tests pass small caps
 
     async def publish(uri: str) -> None:
         await bus.publish(ResourceUpdated(uri=uri))
@@ -473,6 +477,7 @@ def build_server(
         extensions=[OperationTasks()] if tasks else None,
     )
     mcp.middleware.append(surface_middleware)
+    mcp.middleware.append(operator_tools_middleware)  # list_approvals/decide_approval: operators only
 
     def uri_for(uri: str) -> str:
         return ownership.watched_uri(current_principal(), uri)

@@ -210,7 +210,7 @@ async def test_an_agent_never_approves_its_own_extension_and_another_operator_de
                 "decide_approval", {"approval_id": approval_id, "decision": "approve"}
             )
             assert agent.is_error
-            assert "needs a bearer token with the pollwarden:operator scope" in answer_text(agent)
+            assert "is for operators (a bearer token with the pollwarden:operator scope" in answer_text(agent)
         async with t.as_("ops") as ops:
             pending_list = view(await ops.call_tool("list_approvals", {}))
             assert [(a["approval_id"], a["owner"]) for a in pending_list["approvals"]] == [
@@ -249,7 +249,7 @@ async def test_over_stdio_the_caller_is_the_local_user_who_owns_and_sees_everyth
         view(await client.call_tool("start_operation", start_args("op-l", "local-job")))
         refused = await client.call_tool("decide_approval", {"approval_id": "ap-x", "decision": "approve"})
         assert refused.is_error
-        assert "an agent cannot decide approvals" in answer_text(refused)
+        assert "an agent does not decide approvals" in answer_text(refused)
         chosen = await client.call_tool("start_operation", start_args("@alice/x", "local-job"))
         assert chosen.is_error
         assert "must not start with '@'" in answer_text(chosen)

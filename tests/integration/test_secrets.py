@@ -5,6 +5,7 @@ the logs or an error message — even when the provider echoes it back.
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import logging
@@ -288,3 +289,43 @@ async def test_a_non_ascii_credential_is_a_configuration_error_that_shows_none_o
     assert fake.log() == []
     for fragment in ("ö", "€", "4f9c2a71"):
         assert fragment not in caplog.text
+
+
+def _entities(text: str, style: str) -> str:
+    """`text` as HTML entities: decimal (`&#115;`), hex (`&#X73`, no semicolon) or named where one exists."""
+    if style == "decimal":
+        return "".join(f"&#{ord(c)};" for c in text)
+    if style == "hex":
+        return "".join(f"&#X{ord(c):x}" for c in text)
+    return text.replace("/", "&sol;").replace("+", "&plus;").replace("-", "&#45;")
+
+
+async def test_an_echoed_credential_as_html_entities_or_in_another_case_is_redacted(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    secret = f"sk/{uuid.uuid4()}+Zz9"
+    echoes = {
+        "decimal": _entities(secret, "decimal"),
+        "hex": _entities(secret, "hex"),
+        "named": _entities(secret, "named"),
+        "upper": secret.upper(),
+        "mixed": "".join(c.upper() if i % 2 else c for i, c in enumerate(secret)),
+    }
+    fake.script(
+        "html",
+        [Step(raw_body_text=json.dumps({"state": "failed", "error": " | ".join(echoes.values())}))],
+    )
+    h = make_harness(tmp_path, fake, table=WITH_AUTH, environ={"ACME_TOKEN": secret})
+    async with h.client() as client:
+        await client.call_tool(
+            "start_operation", {"provider": "acme", "operation_id": "op-html", "provider_job_id": "html"}
+        )
+        shown = text_of(
+            await client.call_tool("check_status", {"operation_id": "op-html", "wait_seconds": 50})
+        )
+        ended = view(await client.call_tool("get_operation", {"operation_id": "op-html"}))
+    assert str(ended["error"]).count("[redacted]") == len(echoes)
+    core = secret.split("/")[1].split("+")[0].lower()
+    for where, text in {"tool output": shown, "database": db_bytes(h).decode("utf-8", "replace")}.items():
+        readable = html.unescape(html.unescape(text)).lower()
+        assert core not in readable, f"the credential reached the {where}"

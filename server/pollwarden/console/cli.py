@@ -28,6 +28,7 @@ from pollwarden.errors import ConfigError
 from pollwarden.http_serve import GuardedH11Protocol, HttpOptions, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV
 from pollwarden.person_gate import Deciding, operator_key_for, require_person
+from pollwarden.policy_cli import deciding_config
 from pollwarden.principals import SCOPE_OPERATOR
 
 __all__ = ["DEFAULT_PORT", "add_console_command", "bind", "running_console", "uvicorn_config"]
@@ -115,6 +116,8 @@ def cmd_console(args: argparse.Namespace) -> int:
         port=args.port,
         allow_non_loopback=bool(args.allow_non_loopback),
         allowed_hosts=tuple(args.allowed_host or ()),
+        # As for `serve`: beyond loopback only with a verifier (operators' bearer tokens; see SECURITY.md).
+        verifier_configured=bool(args.auth_tokens),
     )
     security = transport_security(options)  # the same host rule as `serve`
     config = load_config(
@@ -123,10 +126,11 @@ def cmd_console(args: argparse.Namespace) -> int:
         operator_pubkeys=args.operator_pubkeys,
         busy_timeout=args.busy_timeout,
     )
+    writable_existing_database(config.database)
+    config = anyio.run(deciding_config, config)  # the stricter of this console's policy and the database's
     key = operator_key_for(config, args.operator_key, DECIDING) if args.operator_key else None
     if key is None:
         require_person(config, DECIDING)
-    writable_existing_database(config.database)
     verifier = None
     if args.auth_tokens:
         from pollwarden.auth import TokenFileVerifier

@@ -296,6 +296,22 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # PostgreSQL's own step 13 (SQLite has none: one writer at a time, its one chain costs nothing).
     Migration(13, "per-operation audit chains under the one chain", PER_OPERATION_CHAINS),
+    # SQLite step 15: the approval policy of the database (`pollwarden.approval_policy`).
+    Migration(
+        15,
+        "approval policy",
+        (
+            """CREATE TABLE approval_policy (
+                id integer PRIMARY KEY CHECK (id = 1),
+                require_operator_key boolean NOT NULL DEFAULT false,
+                channels text NOT NULL DEFAULT 'elicitation,tool-confirmation,app,operator',
+                operator_keys text NOT NULL DEFAULT '',
+                updated_at double precision,
+                updated_by text
+            )""",
+            "INSERT INTO approval_policy (id) VALUES (1)",
+        ),
+    ),
     # SQLite step 16 (issue 29): the pace row's second clock, of the requests that really left.
     Migration(
         16,

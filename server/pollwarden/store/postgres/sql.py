@@ -330,3 +330,11 @@ SEAL_OPERATIONS = (
 MOVED_OPERATIONS = (
     "SELECT operation_id, audit_rows, audit_hash FROM operations WHERE audit_rows > audit_sealed_rows"
 )
+
+# The approval policy (`pollwarden.approval_policy`): one row, raised without a read in between.
+APPROVAL_POLICY = "SELECT require_operator_key, channels, operator_keys FROM approval_policy WHERE id = 1"
+WRITE_APPROVAL_POLICY = (
+    "UPDATE approval_policy SET require_operator_key = %(require)s, channels = %(channels)s, "
+    "operator_keys = %(keys)s, updated_at = %(at)s, updated_by = %(by)s "
+    "WHERE id = 1 AND (NOT require_operator_key OR NOT %(only_raising)s) RETURNING id"
+)

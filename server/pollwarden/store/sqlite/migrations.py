@@ -415,6 +415,23 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE operations ADD COLUMN submit_sent_at REAL;
     """,
     ),
+    # Issue 31: the approval policy of the database, one row every process reads
+    # (`pollwarden.approval_policy`); the default requires nothing and counts every channel.
+    Migration(
+        15,
+        "approval policy",
+        """
+    CREATE TABLE approval_policy (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        require_operator_key INTEGER NOT NULL DEFAULT 0,
+        channels TEXT NOT NULL DEFAULT 'elicitation,tool-confirmation,app,operator',
+        operator_keys TEXT NOT NULL DEFAULT '',
+        updated_at REAL,
+        updated_by TEXT
+    );
+    INSERT INTO approval_policy (id) VALUES (1);
+    """,
+    ),
     # Issue 29: the pace row keeps a second clock, of the requests that really left
     # (`pollwarden.fleet_pace`); NULL until the first request after this step.
     Migration(

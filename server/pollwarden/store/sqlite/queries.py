@@ -348,3 +348,10 @@ WAKE = (
     f"AND {deadline_open_sql(':now')} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
+
+# The approval policy (`pollwarden.approval_policy`): one row, raised without a read in between.
+APPROVAL_POLICY = "SELECT require_operator_key, channels, operator_keys FROM approval_policy WHERE id = 1"
+WRITE_APPROVAL_POLICY = (
+    "UPDATE approval_policy SET require_operator_key = ?, channels = ?, operator_keys = ?, updated_at = ?, "
+    "updated_by = ? WHERE id = 1 AND (require_operator_key = 0 OR NOT ?)"
+)
