@@ -31,6 +31,7 @@ from pollwarden.operator_keys import (
     METHOD_CONSOLE,
     METHOD_ELICITATION,
     METHOD_HTTP_OPERATOR,
+    METHOD_TASK_INPUT,
     METHOD_TOOL_CONFIRMATION,
     METHOD_TTY,
     REQUIRE_ENV,
@@ -123,8 +124,8 @@ def describe(policy: ApprovalPolicy) -> str:
 
 
 def channel_of(method: str) -> str:
-    """The channel a decision's `authenticated_by` belongs to."""
-    if method.startswith(METHOD_ELICITATION):
+    """The channel a decision's `authenticated_by` belongs to (a task's input request is an elicitation)."""
+    if method.startswith(METHOD_ELICITATION) or method == METHOD_TASK_INPUT:
         return CHANNEL_ELICITATION
     if method == METHOD_TOOL_CONFIRMATION:
         return CHANNEL_TOOL_CONFIRMATION
