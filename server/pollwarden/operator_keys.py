@@ -46,6 +46,7 @@ from pollwarden.errors import ConfigError
 from pollwarden.files import create_private_file
 
 __all__ = [
+    "METHOD_APP",
     "METHOD_CONSOLE",
     "METHOD_ELICITATION",
     "METHOD_HTTP_OPERATOR",
@@ -76,6 +77,7 @@ METHOD_TOOL_CONFIRMATION = "tool-confirmation"
 METHOD_TTY = "tty"
 METHOD_CONSOLE = "console"
 METHOD_HTTP_OPERATOR = "http-operator"  # an authenticated pollwarden:operator over HTTP (issue 19)
+METHOD_APP = "app"  # Approve/Deny on the MCP App card in the agent's chat (issue 32; app_card)
 _KEY_METHOD = "operator-key:"
 _PUBLIC_KEY_TYPE = "pollwarden-ed25519"
 _SIGNED_FORMAT = "pollwarden-decision/1"
@@ -189,7 +191,7 @@ def authenticate(
       configured it cannot be checked and is refused: the keys file a CLI caller
       named proves nothing, since the caller may be the agent.
     * With `policy.require_key`, anything without a verified signature is refused.
-    * Otherwise a ``tty`` or ``console`` decision (or one recorded before methods were recorded)
+    * Otherwise a ``tty``, ``console``, ``http-operator`` or ``app`` decision (or one recorded before methods were recorded)
       is applied as what it claims to be.
     """
     claimed = method or "unrecorded"
@@ -221,7 +223,7 @@ def authenticate(
     if claimed == METHOD_ELICITATION:
         # A person's answer that reached this server after the client stopped waiting.
         return Verdict(True, f"{METHOD_ELICITATION} (answered after the client stopped waiting)")
-    known = (METHOD_TTY, METHOD_CONSOLE, METHOD_HTTP_OPERATOR)
+    known = (METHOD_TTY, METHOD_CONSOLE, METHOD_HTTP_OPERATOR, METHOD_APP)
     return Verdict(True, claimed if claimed in known else f"cli ({claimed})")
 
 

@@ -1,0 +1,68 @@
+// The test host for pollwarden's MCP App: the ext-apps app-bridge (the host side of the protocol)
+// rendering one `ui://` page in a sandboxed iframe, as Claude, ChatGPT or VS Code do. Tool calls the
+// page makes are handed to `window.hostCallTool`, which the Python test binds to a real MCP client
+// connected to `pollwarden serve`. Bundled into one file by build-host.sh; never shipped.
+import { AppBridge, PostMessageTransport } from "@modelcontextprotocol/ext-apps/app-bridge";
+
+// The CSP a host builds from a resource's `_meta.ui.csp` (no domains declared: nothing external).
+function cspFor(csp) {
+  const connect = (csp && csp.connectDomains) || [];
+  const resources = (csp && csp.resourceDomains) || [];
+  return [
+    "default-src 'none'",
+    `script-src 'unsafe-inline' ${resources.join(" ")}`.trim(),
+    `style-src 'unsafe-inline' ${resources.join(" ")}`.trim(),
+    `img-src data: ${resources.join(" ")}`.trim(),
+    `connect-src ${connect.join(" ") || "'none'"}`,
+    "frame-src 'none'",
+    "base-uri 'none'",
+    "form-action 'none'",
+  ].join("; ");
+}
+
+window.pollwardenHost = {
+  calls: [],
+  async mount({ html, csp, toolInput, toolResult, theme, width }) {
+    const frame = document.createElement("iframe");
+    frame.setAttribute("sandbox", "allow-scripts");
+    frame.setAttribute("title", "pollwarden card");
+    frame.style.width = `${width}px`;
+    frame.style.height = "600px";
+    frame.style.border = "0";
+    const policy = `<meta http-equiv="Content-Security-Policy" content="${cspFor(csp)}">`;
+    frame.srcdoc = html.replace(/<head>/i, `<head>${policy}`);
+    document.body.style.background = theme === "dark" ? "#111" : "#fff";
+    document.body.appendChild(frame);
+    await new Promise((resolve) => frame.addEventListener("load", resolve, { once: true }));
+    const bridge = new AppBridge(
+      null,
+      { name: "pollwarden-test-host", version: "1.0.0" },
+      { serverTools: {}, sandbox: { csp: csp || {} } },
+      { hostContext: { theme, displayMode: "inline", containerDimensions: { width, maxHeight: 600 } } },
+    );
+    bridge.oncalltool = async (params) => {
+      this.calls.push(params.name);
+      return await window.hostCallTool(params.name, params.arguments || {});
+    };
+    bridge.onsizechange = ({ height }) => {
+      if (height) frame.style.height = `${Math.ceil(height)}px`;
+    };
+    const ready = new Promise((resolve) => {
+      bridge.oninitialized = resolve;
+    });
+    await bridge.connect(new PostMessageTransport(frame.contentWindow, frame.contentWindow));
+    await ready;
+    await bridge.sendToolInput({ arguments: toolInput || {} });
+    await bridge.sendToolResult(toolResult);
+    this.bridge = bridge;
+    this.frame = frame;
+    return true;
+  },
+  async setTheme(theme) {
+    document.body.style.background = theme === "dark" ? "#111" : "#fff";
+    this.bridge.setHostContext({ theme, displayMode: "inline" });
+  },
+  async sendToolResult(result) {
+    await this.bridge.sendToolResult(result);
+  },
+};
