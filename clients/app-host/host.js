@@ -2,7 +2,11 @@
 // rendering one `ui://` page in a sandboxed iframe, as Claude, ChatGPT or VS Code do. Tool calls the
 // page makes are handed to `window.hostCallTool`, which the Python test binds to a real MCP client
 // connected to `pollwarden serve`. Bundled into one file by build-host.sh; never shipped.
-import { AppBridge, PostMessageTransport } from "@modelcontextprotocol/ext-apps/app-bridge";
+import {
+  AppBridge,
+  PostMessageTransport,
+  isToolVisibilityAppOnly,
+} from "@modelcontextprotocol/ext-apps/app-bridge";
 
 // The CSP a host builds from a resource's `_meta.ui.csp` (no domains declared: nothing external).
 function cspFor(csp) {
@@ -22,6 +26,10 @@ function cspFor(csp) {
 
 window.pollwardenHost = {
   calls: [],
+  // The tools a host lists to the model: every one not marked for the app alone.
+  modelVisible(tools) {
+    return tools.filter((tool) => !isToolVisibilityAppOnly(tool)).map((tool) => tool.name);
+  },
   async mount({ html, csp, toolInput, toolResult, theme, width }) {
     const frame = document.createElement("iframe");
     frame.setAttribute("sandbox", "allow-scripts");
@@ -29,11 +37,8 @@ window.pollwardenHost = {
     frame.style.width = `${width}px`;
     frame.style.height = "600px";
     frame.style.border = "0";
-    const policy = `<meta http-equiv="Content-Security-Policy" content="${cspFor(csp)}">`;
-    frame.srcdoc = html.replace(/<head>/i, `<head>${policy}`);
     document.body.style.background = theme === "dark" ? "#111" : "#fff";
     document.body.appendChild(frame);
-    await new Promise((resolve) => frame.addEventListener("load", resolve, { once: true }));
     const bridge = new AppBridge(
       null,
       { name: "pollwarden-test-host", version: "1.0.0" },
@@ -50,7 +55,10 @@ window.pollwardenHost = {
     const ready = new Promise((resolve) => {
       bridge.oninitialized = resolve;
     });
+    // Listen before the page loads: its first message (ui/initialize) goes out as its script runs.
     await bridge.connect(new PostMessageTransport(frame.contentWindow, frame.contentWindow));
+    const policy = `<meta http-equiv="Content-Security-Policy" content="${cspFor(csp)}">`;
+    frame.srcdoc = html.replace(/<head>/i, `<head>${policy}`);
     await ready;
     await bridge.sendToolInput({ arguments: toolInput || {} });
     await bridge.sendToolResult(toolResult);
