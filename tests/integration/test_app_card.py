@@ -18,7 +18,10 @@ from mcp.client.extension import advertise
 from harness import Harness, make_harness, view
 from pollwarden.app_card import APP_ONLY_TOOLS, CARD_URI
 from pollwarden.audit import read_rows
+from pollwarden.auth import TokenFileVerifier
 from pollwarden.operator_keys import OperatorPolicy
+from tests.integration.test_http_auth import AGENT, add_token, served
+from tests.support.auth_helpers import bearer_client
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
@@ -213,3 +216,45 @@ async def test_a_card_decision_recorded_before_the_operator_required_a_key_is_re
     assert after["max_status_requests"] == 1
     [refusal] = audit_of(h, "j1", "approval_refused")
     assert refusal["authenticated_by"] == "app"
+
+
+async def test_on_an_authenticated_http_server_an_agent_principal_is_never_offered_the_cards_decision(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    tokens = tmp_path / "tokens"
+    alice = add_token(tokens, "alice", AGENT)
+    h = make_harness(tmp_path, fake)
+    h.app_channel = True
+    fake.script("team-1", [pending("running")])
+    async with (
+        served(h, lambda _: TokenFileVerifier(tokens)) as s,
+        bearer_client(s.url, alice, extensions=[APPS]) as agent,
+    ):
+        start = {
+            "provider": "acme",
+            "operation_id": "op-team-1",
+            "provider_job_id": "team-1",
+            "max_status_requests": 1,
+        }
+        view(await agent.call_tool("start_operation", start))
+        view(await agent.call_tool("check_status", {"operation_id": "op-team-1", "wait_seconds": 50}))
+        asked = view(
+            await agent.call_tool(
+                "request_extension",
+                {
+                    "operation_id": "op-team-1",
+                    "extra_seconds": 60,
+                    "extra_status_requests": 2,
+                    "reason": "more",
+                },
+            )
+        )
+        card = view(await agent.call_tool("app_card_state", {"operation_id": "op-team-1"}))
+        refused = await agent.call_tool(
+            "app_decide_approval", {"approval_id": asked["approval_id"], "decision": "approve"}
+        )
+    assert [a["approval_id"] for a in card["approvals"]] == [asked["approval_id"]]
+    assert card["app_channel"] is False
+    assert "an operator decides" in card["app_channel_note"]
+    assert refused.is_error
+    assert [row.kind for row in read_rows(h.db_path) if row.kind == "approval_granted"] == []

@@ -146,7 +146,7 @@ async def test_approve_in_the_card_is_audited_as_app_and_the_agents_next_check_s
     fake.script("esc-1", [pending(HOSTILE_STATE)])
     async with host_on(h, tmp_path) as host:
         arguments, asked = await agent_escalates(host.client, "esc-1")
-        page, card = await host.show("request_extension", arguments, asked)
+        _, card = await host.show("request_extension", arguments, asked)
         question = await card.wait_for_selector("section.approval pre")
         assert question is not None
         assert "Approve more waiting for op-esc-1?" in await question.inner_text()
@@ -154,7 +154,6 @@ async def test_approve_in_the_card_is_audited_as_app_and_the_agents_next_check_s
         assert HOSTILE_STATE in await card.inner_text("main dl")
         await assert_inert(card)
         assert await fits(card)
-        await host.snapshot(page, "escalated")
         assert await axe_violations(card) == []
         await card.focus("button.approve")  # keyboard: the person tabs to Approve and presses Enter
         await card.page.keyboard.press("Enter")
@@ -177,8 +176,9 @@ async def test_deny_in_the_card_changes_nothing_and_the_agent_sees_it(
     fake.script("esc-2", [pending("running")])
     async with host_on(h, tmp_path) as host:
         arguments, asked = await agent_escalates(host.client, "esc-2", reason="more please")
-        _, card = await host.show("request_extension", arguments, asked)
+        page, card = await host.show("request_extension", arguments, asked)
         await card.wait_for_selector("section.approval button.deny")
+        await host.snapshot(page, "escalated")
         await card.press("button.deny", "Enter")
         status = await card.wait_for_selector("[role=status]")
         assert status is not None

@@ -102,6 +102,10 @@ class CardHost:
         """Save the card as `app-card-NAME.png` in $POLLWARDEN_APP_SCREENSHOTS, when set (the README's)."""
         where = os.environ.get(SCREENSHOTS_ENV)
         if where:
+            height = await page.evaluate(
+                "() => Math.ceil(document.querySelector('iframe').getBoundingClientRect().bottom)"
+            )
+            await page.set_viewport_size({"width": CARD_WIDTH + 40, "height": int(height) + 20})
             await page.locator("iframe").screenshot(path=str(Path(where) / f"app-card-{name}.png"))
 
     async def model_visible(self) -> list[str]:
