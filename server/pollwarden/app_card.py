@@ -42,7 +42,7 @@ from pollwarden.asking import Ctx, controller_of, run_tool
 from pollwarden.audit import read_rows
 from pollwarden.config import ServerConfig
 from pollwarden.console.charts import timeline
-from pollwarden.controller import Controller
+from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import InvalidRequest
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_APP, REQUIRE_ENV
@@ -249,7 +249,7 @@ def card_extension() -> Apps:
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def app_card_state(
-        operation_id: Annotated[str, Field(min_length=1, max_length=200)], ctx: Ctx
+        operation_id: Annotated[str, Field(min_length=1, max_length=MAX_OPERATION_ID_LENGTH)], ctx: Ctx
     ) -> CardState:
         controller = controller_of(ctx)
         principal = current_principal()
