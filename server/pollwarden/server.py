@@ -89,6 +89,7 @@ from pollwarden.schedule import (
 )
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import open_store
+from pollwarden.tasks_extension import OperationTasks
 from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
 from pollwarden.views import OperationView
 from pollwarden.watch import WATCH_INTERVAL_SECONDS, Reader, Subscriptions, run_watcher
@@ -164,15 +165,19 @@ def controller_factory(
             ) as store:
                 if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
-                yield Controller(
-                    store=store,
-                    tables=loaded,
-                    http=http,
-                    clock=real_clock,
-                    rng=rng or system_random(),
-                    config=config,
-                    on_step=on_step,
-                )
+                # Held answers are retried here while the process lives (`pollwarden.held_answers`).
+                async with anyio.create_task_group() as background:
+                    yield Controller(
+                        store=store,
+                        tables=loaded,
+                        http=http,
+                        clock=real_clock,
+                        rng=rng or system_random(),
+                        config=config,
+                        on_step=on_step,
+                        background=background,
+                    )
+                    background.cancel_scope.cancel()
         finally:
             await http.aclose()
 
@@ -419,6 +424,7 @@ def build_server(
     state_keys: Sequence[bytes] = (),
     auth: AuthSettings | None = None,
     token_verifier: TokenVerifier | None = None,
+    tasks: bool = False,
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
 
@@ -429,7 +435,7 @@ def build_server(
     a key of this process only.
 
     With `auth` and `token_verifier`, streamable HTTP needs a bearer token (the SDK's middleware
-    and RFC 9728 metadata route); stdio is unaffected.
+    and RFC 9728 metadata route); stdio is unaffected. `tasks` serves MCP Tasks (`tasks_extension`).
     """
     bus = InMemorySubscriptionBus()
     subscriptions = Subscriptions()
@@ -466,7 +472,8 @@ def build_server(
         request_state_security=security,
         auth=auth,
         token_verifier=token_verifier,
-        extensions=[app_card.card_extension()],  # the wait and approval card (MCP Apps, issue 32)
+        # The wait and approval card (MCP Apps, issue 32); MCP Tasks when served with --tasks.
+        extensions=[app_card.card_extension(), *([OperationTasks()] if tasks else [])],
     )
     mcp.middleware.append(surface_middleware)
     mcp.middleware.append(app_card.apps_middleware)
