@@ -194,8 +194,8 @@ def authenticate(
       configured it cannot be checked and is refused: the keys file a CLI caller
       named proves nothing, since the caller may be the agent.
     * With `policy.require_key`, anything without a verified signature is refused.
-    * Otherwise a ``tty``, ``console``, ``http-operator`` or ``app`` decision (or one recorded before methods were recorded)
-      is applied as what it claims to be.
+    * Otherwise a ``tty``, ``console``, ``http-operator``, ``task-input`` or ``app`` decision (or one
+      recorded before methods were recorded) is applied as what it claims to be.
     """
     claimed = method or "unrecorded"
     if claimed.startswith(_KEY_METHOD) and not policy.keys:
