@@ -27,6 +27,7 @@ from pollwarden.auth import (
 )
 from pollwarden.cli_options import add_database_options, database_from, with_examples
 from pollwarden.config import (
+    APPROVAL_CHOICES,
     STATE_KEY_ENV,
     ServerConfig,
     load_config,
@@ -291,8 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--approval",
-        choices=["elicitation", "tool-confirmation"],
-        help="how extensions are approved (env POLLWARDEN_APPROVAL); see README before using tool-confirmation",
+        choices=APPROVAL_CHOICES,
+        help="how extensions are approved (env POLLWARDEN_APPROVAL); 'app' adds Approve/Deny on the MCP App "
+        "card to elicitation; see README before using tool-confirmation",
     )
     serve.add_argument(
         "--tasks",

@@ -46,7 +46,15 @@ from mcp_types import (
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
-from pollwarden import approvals, followups, operator_tools, ownership, resubmission, status_approval
+from pollwarden import (
+    app_card,
+    approvals,
+    followups,
+    operator_tools,
+    ownership,
+    resubmission,
+    status_approval,
+)
 from pollwarden.approval_flow import NOT_ASKED
 from pollwarden.asking import (
     MISMATCHED_ANSWER,
@@ -474,10 +482,12 @@ def build_server(
         request_state_security=security,
         auth=auth,
         token_verifier=token_verifier,
-        extensions=[OperationTasks()] if tasks else None,
+        # The wait and approval card (MCP Apps, issue 32); MCP Tasks when served with --tasks.
+        extensions=[app_card.card_extension(), *([OperationTasks()] if tasks else [])],
     )
     mcp.middleware.append(surface_middleware)
     mcp.middleware.append(operator_tools_middleware)  # list_approvals/decide_approval: operators only
+    mcp.middleware.append(app_card.apps_middleware)
 
     def uri_for(uri: str) -> str:
         return ownership.watched_uri(current_principal(), uri)
@@ -488,6 +498,7 @@ def build_server(
     mcp.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="Record a bounded wait on an external job (exactly one of provider_job_id or submit) "
         "before any status request. Budgets default to the provider table and may only be lowered. "
         "Calling it again with the same operation_id returns the same record and never submits twice. "
@@ -575,6 +586,7 @@ def build_server(
         return _shown(view)
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="One bounded status check. Sends at most one status request, and only when the "
         "controller allows it. outcome: polled (one request sent), not_yet (too early, nothing sent: wait "
         "retry_after_seconds), stopped (finished or escalated: do not call again). wait_seconds (at most "
@@ -604,6 +616,7 @@ def build_server(
         return _shown(await run_tool(work))
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="Ask a person for more time and/or status requests after waiting stopped "
         "(deadline_exceeded, request_budget_exhausted, rate_limited, delivery_ambiguous; a bounded pause for "
         "unknown_state). The request is clipped to operator caps; the person approves or denies, and is shown "
@@ -650,6 +663,7 @@ def build_server(
         return _shown(await run_tool(followups.fetch_result(controller_of(ctx), stored)))
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="Cancel the job at the provider with its documented cancel call, after a person approves. "
         "Only where the provider table has [cancel] and only after deadline_exceeded, "
         "request_budget_exhausted or rate_limited. Sent once, never retried, never resubmitted.",
@@ -666,6 +680,7 @@ def build_server(
         return _shown(await settle_tool(ctx, followups.CANCEL, plan, decision))
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
