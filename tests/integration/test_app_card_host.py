@@ -200,7 +200,7 @@ async def test_where_the_policy_requires_an_operator_key_the_card_offers_no_butt
         _, card = await host.show("request_extension", arguments, asked)
         await card.wait_for_selector("section.approval")
         assert await card.locator("button").count() == 0
-        assert "POLLWARDEN_REQUIRE_OPERATOR_KEY" in await card.inner_text("section.approval")
+        assert "operator key" in await card.inner_text("section.approval")
         approval_id = str(view(asked)["approval_id"])
         answer = await page_call(
             card, "app_decide_approval", {"approval_id": approval_id, "decision": "approve"}
