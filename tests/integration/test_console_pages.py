@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import select
 import subprocess
 import sys
 import time
@@ -349,3 +350,51 @@ async def test_search_finds_an_operation_by_part_of_its_id_or_its_jobs_and_count
         narrowed = await client.get(base + "/", params={"q": "beta", "status": "escalated"})
         assert dict(re.findall(r'data-status="(\w+)"[^>]*>\w+ (\d+)<', narrowed.text)) == {"waiting": "1"}
         assert listed(narrowed.text) == []
+
+
+def test_a_console_without_a_terminal_writes_its_login_url_to_an_owner_only_file_not_to_its_output(
+    tmp_path: Path,
+) -> None:
+    operator = make_operator(tmp_path / "keys")
+    db = tmp_path / "p.db"
+    db.touch(mode=0o600)
+    url_file = tmp_path / "private" / "login.url"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pollwarden",
+            "console",
+            "--db",
+            str(db),
+            "--port",
+            "0",
+            "--operator-key",
+            str(operator.key_file),
+            "--login-url-file",
+            str(url_file),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=clean_env({PUBKEYS_ENV: str(operator.pubkeys_file)}),
+    )
+    assert proc.stdout is not None
+    shown = ""
+    try:
+        deadline = time.monotonic() + 30
+        while "readable by you only" not in shown and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 4096).decode()
+                if not chunk:
+                    break
+                shown += chunk
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+    assert f"it is in {url_file} (readable by you only)" in shown, shown
+    assert "token=" not in shown  # a log of this output logs nobody in
+    assert url_file.stat().st_mode & 0o777 == 0o600
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/c/[\w-]+/login\?token=[\w-]+\n", url_file.read_text())
