@@ -49,7 +49,8 @@ async def _shoot(db: Path, tables: Path) -> None:
         page = await browser.new_page()
         await page.goto(f"{base}/login?token={token}")
         await page.screenshot(path=str(RESULTS / "console-login.png"), full_page=True)
-        await page.click("#log-in")
+        async with page.expect_navigation(url=f"{base}/"):
+            await page.click("#log-in")
         await _pages(page, base, "", 1440)
         await page.set_viewport_size({"width": 390, "height": 844})
         await _pages(page, base, "-phone", 390)

@@ -76,7 +76,8 @@ async def logged_in(
 async def log_in(page: Page, base: str, token: str) -> None:
     """Open the printed one-time URL and press its Log in button, as a person does."""
     await page.goto(f"{base}/login?token={token}")
-    await page.click("#log-in")
+    async with page.expect_navigation(url=f"{base}/"):
+        await page.click("#log-in")
     assert await page.title() == "Operations · pollwarden console"
 
 

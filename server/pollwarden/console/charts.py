@@ -221,7 +221,8 @@ def timeline(record: OperationRecord, rows: Sequence[AuditRow], *, now: float) -
             notes.append(f"business deadline {iso(business)} is beyond the right edge of the chart")
     # Polls often span seconds while the deadline is minutes away: then the axis is broken, the
     # activity gets most of the width and the far part (up to the deadline) the last sixth.
-    activity_end = max([start, *times, *([record.next_check_at, now] if record.is_waiting else [])])
+    planned: list[float] = [record.next_check_at, now] if record.is_waiting else []
+    activity_end = max([start, *times, *planned])
     activity = max(activity_end - start, 1.0)
     inner = WIDTH - _LEFT - _RIGHT
     broken = end - activity_end > 2 * activity
