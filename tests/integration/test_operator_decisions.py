@@ -9,11 +9,10 @@ again before it applies it.
 
 from __future__ import annotations
 
-import re
-
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
