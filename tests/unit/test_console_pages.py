@@ -119,10 +119,3 @@ def test_a_run_of_one_answer_is_one_marker_and_no_two_labels_share_a_place() -> 
     shapes = {source: d for source, _, d in legend_shapes()}
     assert set(shapes) == set(DELAY_SOURCE_WORDS)
     assert len(set(shapes.values())) == len(shapes)
-
-
-def test_a_spent_budget_fills_the_whole_bar() -> None:
-    spent = timeline(operation_record(status_requests_used=12, max_status_requests=12), [], now=1000)
-    assert spent.budget_width == 300
-    half = timeline(operation_record(status_requests_used=6, max_status_requests=12), [], now=1000)
-    assert half.budget_width == 150
