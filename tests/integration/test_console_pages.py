@@ -398,3 +398,41 @@ def test_a_console_without_a_terminal_writes_its_login_url_to_an_owner_only_file
     assert "token=" not in shown  # a log of this output logs nobody in
     assert url_file.stat().st_mode & 0o777 == 0o600
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/c/[\w-]+/login\?token=[\w-]+\n", url_file.read_text())
+
+
+async def test_the_operation_page_takes_the_id_an_agent_chose_and_names_the_owners_when_several_chose_it(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    from functools import partial
+
+    from pollwarden.ownership import stored_id
+    from pollwarden.principals import Principal
+    from pollwarden.server import controller_factory
+
+    h = harness(tmp_path, fake)
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)
+    async with factory() as controller:
+        for who, name, job in (("alice", "mine", "ja"), ("bob", "mine", "jb"), ("alice", "solo", "jc")):
+            fake.script(job, [pending("running")])
+            principal = Principal(who, authenticated=True)
+            await controller.start_operation(
+                provider="acme",
+                operation_id=name,
+                provider_job_id=job,
+                owner=who,
+                stored_id=partial(stored_id, principal),
+            )
+    async with session(h) as (client, base):
+        solo = await client.get(base + "/operation", params={"id": "solo"})
+        assert solo.status_code == 200
+        assert "@alice/solo" in solo.text
+        owned = await client.get(base + "/operation", params={"id": "@bob/mine"})
+        assert owned.status_code == 200
+        both = await client.get(base + "/operation", params={"id": "mine"})
+        assert both.status_code == 404
+        assert "2 principals have an operation" in both.text
+        assert "@alice/mine" in both.text
+        assert "@bob/mine" in both.text
+        none = await client.get(base + "/operation", params={"id": "nothing"})
+        assert none.status_code == 404
+        assert "No operation" in none.text
