@@ -34,9 +34,10 @@ from pollwarden.operator_keys import METHOD_TTY, PUBKEYS_ENV, generate_key_file,
 from pollwarden.person_gate import SERVER_VERIFIES, Deciding, operator_key_for, require_person
 from pollwarden.policy_cli import deciding_config
 from pollwarden.store import ApprovalRecord, open_store
+from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
 
-__all__ = ["add_approval_commands", "question_lines"]
+__all__ = ["add_approval_commands", "decided_line", "question_lines"]
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
@@ -66,9 +67,20 @@ async def _list(config: ServerConfig, show_all: bool) -> int:
         return 0
     for approval in approvals:
         print(header(approval))
+        if approval.decided_by is not None:
+            print(f"    {decided_line(approval)}")
         for line in question_lines(approval):
             print(line)
     return 0
+
+
+def decided_line(approval: ApprovalRecord) -> str:
+    """Who decided an approval, how it was authenticated, and when."""
+    method = approval.decided_method or "not recorded"
+    return (
+        f"{approval.status} by {quoted(approval.decided_by)} at {iso(approval.decided_at)}, "
+        f"authenticated by {quoted(method)}"
+    )
 
 
 def _deciding(verb: str) -> Deciding:

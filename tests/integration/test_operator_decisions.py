@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -204,6 +205,16 @@ async def test_a_person_at_a_terminal_reads_the_question_and_approves_by_typing_
     assert granted["authenticated_by"] == "tty"
     [applied] = audit_of(h, "tty", "extension_approved")
     assert (applied["authenticated_by"], applied["approved_by"]) == ("tty", "alice")
+    # Who decided, and how, is told by the CLI too.
+    listed = cli(h, "approvals", "list", "--all").stdout
+    assert re.search(
+        rf"{approval_id}  applied .*\n    applied by alice at \S+, authenticated by tty\n", listed
+    ), listed
+    story = cli(h, "audit", "show", "op-tty").stdout
+    assert f"approval_granted: {approval_id} by alice, authenticated by tty" in story
+    assert re.search(r"extension approved: \+60 s, \+2 checks, .* by alice, authenticated by tty", story), (
+        story
+    )
 
 
 async def test_typing_anything_else_at_the_terminal_decides_nothing(
