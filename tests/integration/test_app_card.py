@@ -51,7 +51,7 @@ async def escalated_with_question(h: Harness, job: str = "j1", reason: str = HOS
             )
         )
         stopped = view(
-            await agent.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50})
+            await agent.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30})
         )
         assert stopped["stop_reason"] == "request_budget_exhausted"
         asked = view(
@@ -237,7 +237,7 @@ async def test_on_an_authenticated_http_server_an_agent_principal_is_never_offer
             "max_status_requests": 1,
         }
         view(await agent.call_tool("start_operation", start))
-        view(await agent.call_tool("check_status", {"operation_id": "op-team-1", "wait_seconds": 50}))
+        view(await agent.call_tool("check_status", {"operation_id": "op-team-1", "wait_seconds": 30}))
         asked = view(
             await agent.call_tool(
                 "request_extension",

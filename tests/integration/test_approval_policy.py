@@ -91,7 +91,7 @@ async def test_a_policy_raised_while_a_server_runs_binds_it_when_it_applies_a_de
                 "max_status_requests": 1,
             },
         )
-        view(await client.call_tool("check_status", {"operation_id": "op-late", "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": "op-late", "wait_seconds": 30}))
         asked = view(
             await client.call_tool(
                 "request_extension",
@@ -103,7 +103,7 @@ async def test_a_policy_raised_while_a_server_runs_binds_it_when_it_applies_a_de
         assert code == 0, shown
         # Meanwhile another server starts requiring a key: this one must not apply the terminal decision.
         await serve_once(harness(tmp_path, fake, operator, require_key=True))
-        after = view(await client.call_tool("check_status", {"operation_id": "op-late", "wait_seconds": 50}))
+        after = view(await client.call_tool("check_status", {"operation_id": "op-late", "wait_seconds": 30}))
     assert (after["outcome"], after["max_status_requests"]) == ("stopped", 1)
 
 
@@ -117,7 +117,7 @@ async def test_tool_confirmation_does_not_approve_once_the_database_stops_counti
             "start_operation",
             {"provider": "acme", "operation_id": "op-tc", "provider_job_id": "tc", "max_status_requests": 1},
         )
-        view(await client.call_tool("check_status", {"operation_id": "op-tc", "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": "op-tc", "wait_seconds": 30}))
         operator = make_operator(tmp_path / "keys")
         await serve_once(harness(tmp_path, fake, operator, require_key=True))  # raises the stored policy
         asked = view(

@@ -58,7 +58,7 @@ async def test_a_bearer_agent_is_told_an_operator_decides_not_that_its_client_ca
     fake.script("why", [pending("running")])
     async with team(tmp_path, fake) as t, t.as_("alice") as alice:
         view(await alice.call_tool("start_operation", start_args("w", "why", max_status_requests=1)))
-        view(await alice.call_tool("check_status", {"operation_id": "w", "wait_seconds": 50}))
+        view(await alice.call_tool("check_status", {"operation_id": "w", "wait_seconds": 30}))
         asked = view(
             await alice.call_tool(
                 "request_extension",

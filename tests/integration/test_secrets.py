@@ -321,7 +321,7 @@ async def test_an_echoed_credential_as_html_entities_or_in_another_case_is_redac
             "start_operation", {"provider": "acme", "operation_id": "op-html", "provider_job_id": "html"}
         )
         shown = text_of(
-            await client.call_tool("check_status", {"operation_id": "op-html", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-html", "wait_seconds": 30})
         )
         ended = view(await client.call_tool("get_operation", {"operation_id": "op-html"}))
     assert str(ended["error"]).count("[redacted]") == len(echoes)
