@@ -579,7 +579,7 @@ class Controller:
             sent_at = self.clock.now()
             answer = await self.http.get_status(table, record.provider_job_id)
             self.on_step("after_response")
-            transition = decide_after_response(record, table, answer, rng=self.rng)
+            transition = decide_after_response(record, table, answer, rng=self.rng, sent_at=sent_at)
             self.on_step("before_persist")
             changes = transition_changes(record, transition, answer, sent_at=sent_at)
             extra: dict[str, object] = {
@@ -638,6 +638,7 @@ def transition_changes(
         "last_http_at": answer.received_at,
         "provider_request_id": t.provider_request_id,
         "retry_after_seconds": t.retry_after_seconds,
+        "not_before_at": t.not_before_at,
     }
     if sent_at is not None:
         changes["request_sent_at"] = sent_at

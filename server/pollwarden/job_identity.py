@@ -51,6 +51,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pollwarden.canonical import canonical_json
+from pollwarden.schedule import not_before
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import quoted
 from pollwarden.vocabulary import Category, Status, StopReason
@@ -219,11 +220,8 @@ def account_changed_detail(recorded: str, current: str) -> str:
 
 
 def reopen_next_check_at(record: OperationRecord, now: float) -> float:
-    """When a reopened operation may send again: now, never before a `Retry-After` still in force."""
-    earliest = now
-    if record.last_http_at is not None and record.retry_after_seconds is not None:
-        earliest = max(earliest, record.last_http_at + record.retry_after_seconds)
-    return earliest
+    """When a reopened operation may send again: now, never before its earliest allowed request (`not_before_at`)."""
+    return not_before(now, record.not_before_at)
 
 
 def reopen_refusal(record: OperationRecord) -> str | None:

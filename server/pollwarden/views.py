@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from pollwarden.job_identity import REOPENABLE, account_parts
 from pollwarden.records import OperationRecord
+from pollwarden.schedule import not_before
 from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso, to_datetime
 from pollwarden.untrusted import one_line, quoted
@@ -446,7 +447,8 @@ def operation_view(
 ) -> OperationView:
     """Build the view the tools return; `retry_at` overrides when the next call may send a request."""
     waiting = record.status == "waiting"
-    next_at = record.next_check_at if retry_at is None else max(record.next_check_at, retry_at)
+    next_at = not_before(record.next_check_at, record.not_before_at)
+    next_at = next_at if retry_at is None else max(next_at, retry_at)
     wait = max(0.0, next_at - now) if waiting else None
     escalation: Escalation | None = None
     if record.stop_reason is not None and (

@@ -296,6 +296,16 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # PostgreSQL's own step 13 (SQLite has none: one writer at a time, its one chain costs nothing).
     Migration(13, "per-operation audit chains under the one chain", PER_OPERATION_CHAINS),
+    # SQLite step 14 (issue 30): the earliest a status request may go out, a fact of its own.
+    Migration(
+        14,
+        "the earliest allowed request",
+        (
+            "ALTER TABLE operations ADD COLUMN not_before_at double precision",
+            "UPDATE operations SET not_before_at = last_http_at + retry_after_seconds "
+            "WHERE last_http_at IS NOT NULL AND retry_after_seconds IS NOT NULL",
+        ),
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)

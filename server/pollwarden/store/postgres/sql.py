@@ -124,7 +124,7 @@ RESERVE = (
     "lease_owner = %(owner)s, lease_expires_at = %(lease_expires_at)s, version = version + 1, "
     "updated_at = %(now)s "
     "WHERE operation_id = %(operation_id)s AND version = %(version)s AND status = 'waiting' "
-    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND {BUDGET_LEFT_SQL} "
+    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND %(now)s >= coalesce(not_before_at, %(now)s) AND {BUDGET_LEFT_SQL} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
@@ -262,11 +262,11 @@ REMEMBER_WEBHOOK_EVENT = (
     "INSERT INTO webhook_events (provider, event_id, received_at) VALUES (%(provider)s, %(event_id)s, %(now)s) "
     "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
 )
+_WOKEN_AT = "greatest(%(now)s, not_before_at)"  # greatest() skips a NULL
 WAKE = (
-    "UPDATE operations SET next_check_at = %(now)s, woken_at = %(now)s, version = version + 1, "
+    f"UPDATE operations SET next_check_at = {_WOKEN_AT}, woken_at = {_WOKEN_AT}, version = version + 1, "
     "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
-    "AND status = 'waiting' AND %(now)s < next_check_at "
-    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
+    f"AND status = 'waiting' AND {_WOKEN_AT} < next_check_at AND delay_source <> 'fleet_pacing' "
     f"AND {deadline_open_sql('%(now)s')} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )

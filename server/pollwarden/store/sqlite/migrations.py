@@ -415,6 +415,17 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE operations ADD COLUMN submit_sent_at REAL;
     """,
     ),
+    # Issue 30: the earliest a status request may go out, a fact of its own (a webhook, an approval or a
+    # reopen never schedules one before it), filled from the last answer's Retry-After where one was kept.
+    Migration(
+        14,
+        "the earliest allowed request",
+        """
+    ALTER TABLE operations ADD COLUMN not_before_at REAL;
+    UPDATE operations SET not_before_at = last_http_at + retry_after_seconds
+        WHERE last_http_at IS NOT NULL AND retry_after_seconds IS NOT NULL;
+    """,
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)
