@@ -51,6 +51,9 @@ class ExtensionPlan(BaseModel):
     bound_version: int = 0
     question: str = ""
     reason: str = ""
+    # A question about this operation already waits for an operator (pollwarden.questions): answered with it.
+    open_approval_id: str | None = None
+    open_approval_expires_at: float | None = None
 
 
 def _hhmm(at: float) -> str:

@@ -46,7 +46,15 @@ from mcp_types import (
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
-from pollwarden import approvals, followups, operator_tools, ownership, resubmission, status_approval
+from pollwarden import (
+    approvals,
+    followups,
+    operator_tools,
+    ownership,
+    questions,
+    resubmission,
+    status_approval,
+)
 from pollwarden.approval_flow import NOT_ASKED
 from pollwarden.asking import (
     MISMATCHED_ANSWER,
@@ -569,7 +577,10 @@ def build_server(
         "(deadline_exceeded, request_budget_exhausted, rate_limited, delivery_ambiguous; a bounded pause for "
         "unknown_state). The request is clipped to operator caps; the person approves or denies. Counters "
         "are never reset. Refused while the operation is still waiting and after authorization_denied or "
-        "integration_failure.",
+        "integration_failure. A denial is an answer: one question per operation waits at a time (asking again "
+        "returns it), after a denial ask again only with a new provider answer or "
+        f"{questions.ASK_AGAIN_AFTER_SECONDS / 60:g} minutes later, and at most "
+        f"{questions.MAX_QUESTIONS_PER_OPERATION} questions per operation; the refusal says when.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
         ),
