@@ -39,6 +39,7 @@ from pollwarden.job_identity import (
     expected_terminal_state_of,
     fingerprint,
     payload_in_flight_message,
+    tracked_by_another_principal,
 )
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
@@ -239,8 +240,13 @@ class Controller:
         return shown
 
     async def _job_holder_view(self, record: OperationRecord, requested: str) -> OperationView:
-        """The view of the operation holding the job `record` (a duplicate) names, as start_operation answers."""
+        """The view of the operation holding the job `record` (a duplicate) names, as start_operation answers.
+
+        Another principal's holder is never shown: `record` itself is, its stop saying the job is tracked.
+        """
         holder = await self.store.get(record.duplicate_of) if record.duplicate_of else None
+        if holder is not None and holder.owner != record.owner:
+            return self.view(record)
         return self.view(holder or record, requested_operation_id=requested)
 
     @property
@@ -297,6 +303,9 @@ class Controller:
                 f"provider_job_id cannot be used: {problem}; pass the provider's job id exactly as "
                 f"{job_id_form(table)}, 1 to {MAX_JOB_ID_LENGTH} characters"
             )
+        if provider_job_id is not None:
+            # Kept and compared in the table's canonical form ([job_id]): Octo-Org/Hello/042 is octo-org/hello/42.
+            provider_job_id = table.canonical_job_id(provider_job_id)
         if submit is not None and table.submit is None:
             raise InvalidRequest(
                 f"provider {provider!r} has no [submit] section, so pollwarden cannot submit to it; "
@@ -400,6 +409,9 @@ class Controller:
         record, created = await self.store.create_operation(
             values, kind="tracking" if submit is None else "submission_recorded", at=now
         )
+        if not created and record.operation_id != operation_id and record.owner != owner:
+            # One job, one budget across principals (issue 30): told that it is tracked, never by which operation.
+            raise OperationConflict(tracked_by_another_principal(name))
         if not created and record.operation_id != operation_id:
             # One job, one budget: the job (or the payload, in flight) is another operation's; nothing was created.
             log.info("start_operation %s: answered with %s", operation_id, record.operation_id)

@@ -224,6 +224,7 @@ def decide_after_submit(
     if isinstance(found, Stop):
         return stopped(found)
     job_id, where = found
+    job_id = table.canonical_job_id(job_id)  # one job however the provider wrote it ([job_id])
     first = first_check_at(now, table.schedule.base_delay_seconds, table.schedule.max_delay_seconds, rng)
     next_at, source = first, DelaySource.LOCAL_BACKOFF
     if retry_after.seconds is not None and now + retry_after.seconds > first:

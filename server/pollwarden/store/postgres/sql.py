@@ -83,13 +83,14 @@ OPEN_OPERATION = (
     "SELECT * FROM opened"
 )
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
-# (issue 19: principals never see each other's operations); the partial UNIQUE index
-# operations_one_per_job serves it and makes a second holder impossible.
+# The operation that holds a job (one job, one budget: pollwarden.job_identity), whichever principal
+# started it (issue 30: the provider sees one caller and one job; another principal is told only that
+# the job is tracked); the partial UNIQUE index operations_one_per_job serves it and makes a second
+# holder impossible.
 SELECT_JOB_OWNER = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE provider = %(provider)s "
     "AND account_context = %(account_context)s AND provider_job_id = %(provider_job_id)s "
-    "AND duplicate_of IS NULL AND owner = %(owner)s"
+    "AND duplicate_of IS NULL"
 )
 
 # Fair shares (issue 19): the future fleet slots one principal holds for a provider (read with the

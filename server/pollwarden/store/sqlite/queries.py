@@ -116,12 +116,12 @@ INSERT_OPERATION = (
     f"ON CONFLICT (operation_id) DO NOTHING RETURNING {OPERATION_ROW}"
 )
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
-# (issue 19: principals never see each other's operations). Served by the partial UNIQUE index
-# operations_one_per_job, whose condition this WHERE repeats.
+# The operation that holds a job (one job, one budget: pollwarden.job_identity), whichever principal
+# started it (issue 30: another principal is told only that the job is tracked). Served by the partial
+# UNIQUE index operations_one_per_job, whose condition this WHERE repeats.
 SELECT_JOB_OWNER = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE provider = :provider AND account_context = :account_context "
-    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL AND owner = :owner"
+    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL"
 )
 
 # The latest operation of a payload still in flight (pollwarden.job_identity: one payload in flight is one
