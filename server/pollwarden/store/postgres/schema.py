@@ -320,6 +320,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             "WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL",
         ),
     ),
+    # SQLite step 16 (issue 29): the pace row's second clock, of the requests that really left.
+    Migration(
+        16,
+        "fleet pace: the sends' clock",
+        ("ALTER TABLE fleet_buckets ADD COLUMN sent_tat double precision",),
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)
