@@ -16,8 +16,8 @@ __all__ = ["LATE_STEPS", "pending"]
 
 # Steps released after a step with a higher number (12 shipped before them): absent from every
 # database migrated before the engines recorded the steps they ran. 10 and 11 are reserved numbers
-# not yet released; listed so that they run on such a database when they are. 14 shipped after 16.
-LATE_STEPS: frozenset[int] = frozenset({8, 10, 11, 14})
+# not yet released; listed so that they run on such a database when they are.
+LATE_STEPS: frozenset[int] = frozenset({8, 10, 11})
 
 
 def pending(numbers: Iterable[int], *, version: int, recorded: Set[int] | None) -> list[int]:
