@@ -42,6 +42,7 @@ from pollwarden.job_identity import (
     expected_terminal_state_of,
     fingerprint,
     payload_in_flight_message,
+    tracked_by_another_principal,
 )
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
@@ -252,8 +253,13 @@ class Controller:
         return shown
 
     async def _job_holder_view(self, record: OperationRecord, requested: str) -> OperationView:
-        """The view of the operation holding the job `record` (a duplicate) names, as start_operation answers."""
+        """The view of the operation holding the job `record` (a duplicate) names, as start_operation answers.
+
+        Another principal's holder is never shown: `record` itself is, its stop saying the job is tracked.
+        """
         holder = await self.store.get(record.duplicate_of) if record.duplicate_of else None
+        if holder is not None and holder.owner != record.owner:
+            return self.view(record)
         return self.view(holder or record, requested_operation_id=requested)
 
     @property
@@ -310,6 +316,9 @@ class Controller:
                 f"provider_job_id cannot be used: {problem}; pass the provider's job id exactly as "
                 f"{job_id_form(table)}, 1 to {MAX_JOB_ID_LENGTH} characters"
             )
+        if provider_job_id is not None:
+            # Kept and compared in the table's canonical form ([job_id]): Octo-Org/Hello/042 is octo-org/hello/42.
+            provider_job_id = table.canonical_job_id(provider_job_id)
         if submit is not None and table.submit is None:
             raise InvalidRequest(
                 f"provider {provider!r} has no [submit] section, so pollwarden cannot submit to it; "
@@ -429,6 +438,9 @@ class Controller:
         record, created = await self.store.create_operation(
             values, kind="tracking" if submit is None else "submission_recorded", at=now
         )
+        if not created and record.operation_id != operation_id and record.owner != owner:
+            # One job, one budget across principals (issue 30): told that it is tracked, never by which operation.
+            raise OperationConflict(tracked_by_another_principal(name))
         if not created and record.operation_id != operation_id:
             # One job, one budget: the job (or the payload, in flight) is another operation's; nothing was created.
             log.info("start_operation %s: answered with %s", operation_id, record.operation_id)
@@ -613,7 +625,7 @@ class Controller:
             sent_at = self.clock.now()
             answer = await self.http.get_status(table, record.provider_job_id)
             self.on_step("after_response")
-            transition = decide_after_response(record, table, answer, rng=self.rng)
+            transition = decide_after_response(record, table, answer, rng=self.rng, sent_at=sent_at)
             self.on_step("before_persist")
             changes = transition_changes(record, transition, answer, sent_at=sent_at)
             extra: dict[str, object] = {
@@ -687,6 +699,7 @@ def transition_changes(
         "last_http_at": answer.received_at,
         "provider_request_id": t.provider_request_id,
         "retry_after_seconds": t.retry_after_seconds,
+        "not_before_at": t.not_before_at,
     }
     if sent_at is not None:
         changes["request_sent_at"] = sent_at

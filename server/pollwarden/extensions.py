@@ -61,6 +61,9 @@ class ExtensionPlan(BaseModel):
     # A new business deadline (epoch seconds) a person sets with the approval: the way forward once the
     # old one passed (README "Stop reasons"); None keeps the recorded one.
     new_business_deadline_at: float | None = None
+    # A question about this operation already waits for an operator (pollwarden.questions): answered with it.
+    open_approval_id: str | None = None
+    open_approval_expires_at: float | None = None
 
 
 def _hhmm(at: float) -> str:
@@ -304,19 +307,16 @@ def extension_question(record: OperationRecord, table: ProviderTable, plan: Exte
 def earliest_next_request(record: OperationRecord, table: ProviderTable, *, now: float) -> tuple[float, bool]:
     """The earliest a status request may follow an approval, and whether a Retry-After decides it.
 
-    Never before `now`, never before a `Retry-After` still in force (counted from
-    the answer that carried it), and never sooner than the table's base delay
-    after the last request: an approval grants more requests, not a faster pace.
+    Never before `now`, never before the operation's earliest allowed request
+    (`not_before_at`: a `Retry-After` still in force, a timed-out request), and
+    never sooner than the table's base delay after the last request: an
+    approval grants more requests, not a faster pace.
     """
     earliest = now
     last = record.last_http_at
     if last is not None:
         earliest = max(earliest, last + table.schedule.base_delay_seconds)
-    provider_says = (
-        last + record.retry_after_seconds
-        if last is not None and record.retry_after_seconds is not None
-        else None
-    )
+    provider_says = record.not_before_at
     if provider_says is not None and provider_says >= earliest:
         return provider_says, True
     return earliest, False

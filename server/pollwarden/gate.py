@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from pollwarden import stop
+from pollwarden.schedule import not_before
 from pollwarden.vocabulary import Outcome, Status, StopReason
 
 if TYPE_CHECKING:
@@ -108,7 +109,8 @@ def decide_check(
         ):
             if stopped is not None:
                 return GateDecision(Step.STOP, stop_reason=stopped.reason, stop_detail=stopped.detail)
-    allowed_at = record.next_check_at
+    # Whatever moved next_check_at (a webhook, an approval, a reopen), never before the earliest allowed time.
+    allowed_at = not_before(record.next_check_at, record.not_before_at)
     if busy:
         # Another request is in flight: its answer will move next_check_at, so
         # look again shortly rather than at the lease's (long) expiry.
@@ -131,7 +133,7 @@ def may_reserve(record: OperationRecord, now: float) -> bool:
     return (
         record.status == Status.WAITING
         and not stop.reaches_deadline(record, now)
-        and now >= record.next_check_at
+        and now >= not_before(record.next_check_at, record.not_before_at)
         and stop.budget_used(record) is None
         and not lease_busy(record, now)
     )

@@ -359,13 +359,20 @@ class ProviderHTTP:
                 f"no complete answer within {self.limits.total_timeout_seconds:g} s",
                 self.now(),
                 sent=True,
+                waited_seconds=self.limits.total_timeout_seconds,
             )
         except httpx2.ConnectTimeout:
             return NoAnswer("timeout", "connect timeout", self.now(), sent=False)
         except httpx2.ConnectError:
             return NoAnswer("connection_error", "connection refused or failed", self.now(), sent=False)
         except httpx2.TimeoutException:
-            return NoAnswer("timeout", "timed out waiting for the provider", self.now(), sent=True)
+            return NoAnswer(
+                "timeout",
+                "timed out waiting for the provider",
+                self.now(),
+                sent=True,
+                waited_seconds=self.limits.read_timeout_seconds,
+            )
         except httpx2.TransportError as exc:
             return NoAnswer(
                 "connection_error", f"connection lost ({type(exc).__name__})", self.now(), sent=True

@@ -59,6 +59,7 @@ def plan_next_check(
     poll_hint: float | None = None,
     rate_limited_without_guidance: bool = False,
     deadline: float | None = None,
+    timed_out_after: float | None = None,
 ) -> PlannedCheck:
     """Choose the next check time from the local backoff and the provider's hints.
 
@@ -66,10 +67,11 @@ def plan_next_check(
     suggestion that replaces the local backoff (with a floor), honoured up to
     `deadline` (DESIGN §1.7): a hint ending after it plans the next check at the
     deadline, never an earlier local backoff. A 429 without guidance backs off
-    markedly further.
+    markedly further. After a request that timed out after `timed_out_after`
+    seconds, the local backoff starts only that long again after it (`after_timeout`).
     """
     extra = RATE_LIMIT_EXTRA_DOUBLINGS if rate_limited_without_guidance else 0
-    local = local_backoff(attempt + extra, base, maximum * (2**extra), rng)
+    local = local_backoff(attempt + extra, base, maximum * (2**extra), rng) + after_timeout(timed_out_after)
     if poll_hint is not None:
         suggested, source = max(poll_hint, HINT_FLOOR_FRACTION * base), DelaySource.PROVIDER_POLL_HINT
     else:
@@ -79,6 +81,42 @@ def plan_next_check(
     if poll_hint is not None and deadline is not None and now + suggested >= deadline:
         return PlannedCheck(max(now, deadline), source, mandatory=False, until_deadline=True)
     return PlannedCheck(now + suggested, source, mandatory=False)
+
+
+def after_timeout(timed_out_after: float | None) -> float:
+    """How long to hold the next request back after one that timed out, on top of the local backoff.
+
+    A request abandoned after `timed_out_after` seconds may still be in work at
+    the provider: one request in flight means waiting at least as long again.
+    """
+    return max(0.0, timed_out_after or 0.0)
+
+
+def earliest_allowed(
+    previous: float | None,
+    *,
+    received_at: float,
+    retry_after: float | None = None,
+    timed_out_after: float | None = None,
+) -> float | None:
+    """The operation's earliest allowed request time after one answer (its `not_before_at`).
+
+    The latest of the time already kept, the provider's minimum (`Retry-After`
+    or a documented minimum, counted from the answer) and a timed-out
+    request's length again after it. It only ever moves later, so no path that
+    schedules a request (webhook, approval, reopen, pacing) can go before it.
+    """
+    candidates = [t for t in (previous,) if t is not None]
+    if retry_after is not None:
+        candidates.append(received_at + retry_after)
+    if timed_out_after:
+        candidates.append(received_at + timed_out_after)
+    return max(candidates) if candidates else None
+
+
+def not_before(next_check_at: float, not_before_at: float | None) -> float:
+    """When a request planned for `next_check_at` may really go out: never before `not_before_at`."""
+    return next_check_at if not_before_at is None else max(next_check_at, not_before_at)
 
 
 def first_check_at(start: float, base: float, maximum: float, rng: RandomSource) -> float:

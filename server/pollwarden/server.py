@@ -52,6 +52,7 @@ from pollwarden import (
     followups,
     operator_tools,
     ownership,
+    questions,
     resubmission,
     status_approval,
 )
@@ -625,7 +626,10 @@ def build_server(
         "business deadline passed, more waiting alone cannot meet it: give new_business_deadline_at and a "
         "person decides whether the result is still worth having. Refused while the operation is still "
         "waiting and after authorization_denied or integration_failure; only offered in escalation.options "
-        "when it would be accepted.",
+        "when it would be accepted. A denial is an answer: one question per operation waits at a time (asking "
+        "again returns it), after a denial ask again only with a new provider answer or "
+        f"{questions.ASK_AGAIN_AFTER_SECONDS / 60:g} minutes later, and at most "
+        f"{questions.MAX_QUESTIONS_PER_OPERATION} questions per operation; the refusal says when.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
         ),

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from pollwarden.job_identity import REOPENABLE, account_parts
 from pollwarden.records import OperationRecord
+from pollwarden.schedule import not_before
 from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso, to_datetime
 from pollwarden.untrusted import one_line, quoted
@@ -508,7 +509,8 @@ def operation_view(
     would be accepted: no action is listed that the tool then refuses.
     """
     waiting = record.status == "waiting"
-    next_at = record.next_check_at if retry_at is None else max(record.next_check_at, retry_at)
+    next_at = not_before(record.next_check_at, record.not_before_at)
+    next_at = next_at if retry_at is None else max(next_at, retry_at)
     wait = max(0.0, next_at - now) if waiting else None
     actions = allowed_actions(record, table)
     if (

@@ -226,7 +226,7 @@ class WebhookReceiver:
             raise Refused(503, "the database is not open")
         result = await self.store.wake(
             provider=provider,
-            job_id=event.job_id,
+            job_id=self.tables[provider].canonical_job_id(event.job_id),  # as operations keep it
             event_id=verified.event_id,
             event_type=event.event_type,
             now=now,

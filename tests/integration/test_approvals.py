@@ -15,6 +15,7 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, make_harness, make_operator, view
 from pollwarden.clock import FakeClock
+from pollwarden.store import open_store
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
@@ -316,13 +317,25 @@ async def test_an_approval_is_void_when_the_operation_changed_after_the_question
         stale_id = view(await plain.call_tool("request_extension", _extend("void1", requests=1)))[
             "approval_id"
         ]
-    # Meanwhile another client's person approves an extension and the job is polled again.
-    async with h.client(elicitation_callback=Person("accept", {"decision": "approve"})) as other:
-        assert (
-            view(await other.call_tool("request_extension", _extend("void1", requests=1)))["decision"]
-            == "approved"
+    # Another client asking meanwhile gets the one open question (issue 30): its person is not asked.
+    person = Person("accept", {"decision": "approve"})
+    async with h.client(elicitation_callback=person) as other:
+        again = view(await other.call_tool("request_extension", _extend("void1", requests=1)))
+        assert (again["decision"], again["approval_id"]) == ("pending_approval", stale_id)
+    assert person.questions == []
+    # Then the operation changes by another way (more requests granted as another question was).
+    async with open_store(h.database) as store:
+        record = await store.get("op-void1")
+        assert record is not None
+        changed = await store.apply_extension(
+            "op-void1",
+            bound_version=record.version,
+            changes={"max_status_requests": record.max_status_requests + 1},
+            at=h.clock.now(),
+            approval_id=None,
+            payload_extra={},
         )
-        view(await other.call_tool("check_status", {"operation_id": "op-void1", "wait_seconds": 30}))
+        assert changed is not None
     decided = _cli(h, "approve", stale_id)
     assert decided.returncode == 1
     assert "void" in decided.stderr

@@ -396,3 +396,22 @@ async def test_a_job_waiting_for_a_person_is_answered_with_where_to_act_and_no_n
     assert again["allowed_actions"] == ["request_extension"]
     assert "Do not poll again" in again["message"]
     assert len(fake.status_requests("rev")) == 1
+
+
+async def test_job_ids_are_compared_in_the_tables_canonical_form_so_one_job_written_three_ways_has_one_budget(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # Issue 30: the table declares its job id an integer and its letters case-insensitive.
+    fake.script("run-42", [pending("running")])
+    h = make_harness(tmp_path, fake, table={"job_id": {"case_insensitive": ["job_id"]}})
+    async with h.client() as client:
+        first = await start_as(client, "one", "run-42", max_status_requests=2)
+        assert first["provider_job_id"] == "run-42"
+        for name, written in (("two", "Run-42"), ("three", "RUN-42")):
+            again = await start_as(client, name, written, max_status_requests=10)
+            assert (again["operation_id"], again["requested_operation_id"]) == ("one", name)
+            assert again["max_status_requests"] == 2
+        polled = view(await client.call_tool("check_status", {"operation_id": "one", "wait_seconds": 50}))
+        assert polled["outcome"] == "polled"
+    assert len(fake.status_requests("run-42")) == 1
+    assert [r["operation_id"] for r in db_rows(h.db_path, "SELECT operation_id FROM operations")] == ["one"]

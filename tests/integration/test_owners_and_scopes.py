@@ -257,7 +257,7 @@ async def test_over_stdio_the_caller_is_the_local_user_who_owns_and_sees_everyth
     assert rows == [{"operation_id": "op-l", "owner": "local"}]
 
 
-async def test_one_job_one_budget_holds_per_principal_without_revealing_another_principals_operation(
+async def test_one_job_has_one_budget_across_principals_and_another_principal_learns_only_that_it_is_tracked(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("shared-job", [pending("running")])
@@ -266,14 +266,21 @@ async def test_one_job_one_budget_holds_per_principal_without_revealing_another_
             first = view(await alice.call_tool("start_operation", start_args("a-1", "shared-job")))
             again = view(await alice.call_tool("start_operation", start_args("a-2", "shared-job")))
         async with t.as_("bob") as bob:
-            theirs = view(await bob.call_tool("start_operation", start_args("b-1", "shared-job")))
+            refused = await bob.call_tool("start_operation", start_args("b-1", "shared-job"))
+            listed = view(await bob.call_tool("list_operations", {}))
         assert first["operation_id"] == "a-1"
         # alice's second id is answered with her first operation: no second budget for her.
         assert (again["operation_id"], again["requested_operation_id"]) == ("a-1", "a-2")
-        # bob is not told about alice's operation: his own record, his own budget.
-        assert theirs["operation_id"] == "b-1"
-        assert theirs.get("requested_operation_id") is None
-        assert "a-1" not in json.dumps(theirs)
+        # bob gets no second budget or lease either (issue 30): told the job is tracked and that an
+        # operator may share it, and nothing about alice's operation.
+        text = answer_text(refused)
+        assert refused.is_error
+        assert "already tracked on this server under another principal" in text
+        assert "An operator may share" in text
+        assert "a-1" not in text
+        assert "running" not in text
+        assert listed["operations"] == []
+    assert fake.status_requests("shared-job") == []
 
 
 async def test_audit_rows_and_log_lines_carry_the_principal_and_never_a_token_or_its_hash(

@@ -315,9 +315,10 @@ class Store(Protocol):
 
         Unknown job: nothing is stored. A seen `event_id` (within `remember_seconds`):
         a replay, nothing changes. Otherwise the id is remembered and every operation
-        on the job that is waiting, not yet due, not under a Retry-After or a booked
-        fleet slot, not in flight and before its deadline gets `next_check_at = now`
-        (audited as `woken_by_webhook`). Nothing else ever changes.
+        on the job that is waiting, not on a booked fleet slot, not in flight and before
+        its deadline gets `next_check_at` = now, or its `not_before_at` if later
+        (`pollwarden.schedule.not_before`), when that is earlier than planned (audited
+        as `woken_by_webhook`). Nothing else ever changes.
         """
         ...
 

@@ -273,7 +273,11 @@ class PostgresStore(CheckProcedure, Decisions):
                 holder = None if found is None else stored(found).record
                 if holder is not None and holder.operation_id != operation_id:
                     kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
-                    released = {**kept, **duplicate_changes(holder.operation_id, str(job_id), at=at)}
+                    other = holder.owner != record.owner
+                    released = {
+                        **kept,
+                        **duplicate_changes(holder.operation_id, str(job_id), at=at, another_principal=other),
+                    }
                     released["provider_job_id"] = job_id
                     kind, note = "stopped", str(released["stop_detail"])
             finished = await writer.write(current, released, at=at)

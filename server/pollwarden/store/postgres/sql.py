@@ -83,13 +83,14 @@ OPEN_OPERATION = (
     "SELECT * FROM opened"
 )
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
-# (issue 19: principals never see each other's operations); the partial UNIQUE index
-# operations_one_per_job serves it and makes a second holder impossible.
+# The operation that holds a job (one job, one budget: pollwarden.job_identity), whichever principal
+# started it (issue 30: the provider sees one caller and one job; another principal is told only that
+# the job is tracked); the partial UNIQUE index operations_one_per_job serves it and makes a second
+# holder impossible.
 SELECT_JOB_OWNER = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE provider = %(provider)s "
     "AND account_context = %(account_context)s AND provider_job_id = %(provider_job_id)s "
-    "AND duplicate_of IS NULL AND owner = %(owner)s"
+    "AND duplicate_of IS NULL"
 )
 
 # Fair shares (issue 19): the future fleet slots one principal holds for a provider (read with the
@@ -124,7 +125,7 @@ RESERVE = (
     "lease_owner = %(owner)s, lease_expires_at = %(lease_expires_at)s, version = version + 1, "
     "updated_at = %(now)s "
     "WHERE operation_id = %(operation_id)s AND version = %(version)s AND status = 'waiting' "
-    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND {BUDGET_LEFT_SQL} "
+    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND %(now)s >= coalesce(not_before_at, %(now)s) AND {BUDGET_LEFT_SQL} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
@@ -264,11 +265,11 @@ REMEMBER_WEBHOOK_EVENT = (
     "INSERT INTO webhook_events (provider, event_id, received_at) VALUES (%(provider)s, %(event_id)s, %(now)s) "
     "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
 )
+_WOKEN_AT = "greatest(%(now)s, not_before_at)"  # greatest() skips a NULL
 WAKE = (
-    "UPDATE operations SET next_check_at = %(now)s, woken_at = %(now)s, version = version + 1, "
+    f"UPDATE operations SET next_check_at = {_WOKEN_AT}, woken_at = {_WOKEN_AT}, version = version + 1, "
     "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
-    "AND status = 'waiting' AND %(now)s < next_check_at "
-    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
+    f"AND status = 'waiting' AND {_WOKEN_AT} < next_check_at AND delay_source <> 'fleet_pacing' "
     f"AND {deadline_open_sql('%(now)s')} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )

@@ -415,6 +415,30 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE operations ADD COLUMN submit_sent_at REAL;
     """,
     ),
+    # Issue 30: the earliest a status request may go out, a fact of its own (a webhook, an approval or a
+    # reopen never schedules one before it), filled from the last answer's Retry-After where one was kept;
+    # and one job, one budget across principals: where several principals' operations held one job, the
+    # earliest keeps it and the others become its duplicates (they stop at their next check, sending nothing).
+    Migration(
+        14,
+        "the earliest allowed request",
+        """
+    ALTER TABLE operations ADD COLUMN not_before_at REAL;
+    UPDATE operations SET not_before_at = last_http_at + retry_after_seconds
+        WHERE last_http_at IS NOT NULL AND retry_after_seconds IS NOT NULL;
+    UPDATE operations SET duplicate_of = (
+        SELECT o.operation_id FROM operations o WHERE o.provider = operations.provider
+        AND o.account_context = operations.account_context AND o.provider_job_id = operations.provider_job_id
+        AND o.duplicate_of IS NULL ORDER BY o.created_at, o.operation_id LIMIT 1)
+    WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL AND operation_id <> (
+        SELECT o.operation_id FROM operations o WHERE o.provider = operations.provider
+        AND o.account_context = operations.account_context AND o.provider_job_id = operations.provider_job_id
+        AND o.duplicate_of IS NULL ORDER BY o.created_at, o.operation_id LIMIT 1);
+    DROP INDEX operations_one_per_job;
+    CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id)
+        WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL;
+    """,
+    ),
     # Issue 31: the approval policy of the database, one row every process reads
     # (`pollwarden.approval_policy`); the default requires nothing and counts every channel.
     Migration(
