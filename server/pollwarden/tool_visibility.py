@@ -32,7 +32,7 @@ def _without_operator_tools(result: HandlerResult) -> HandlerResult:
     if isinstance(result, Mapping):
         listed = cast(Mapping[str, Any], result)
         tools = cast(list[Any], listed.get("tools") or [])
-        kept = [
+        kept: list[Any] = [
             t
             for t in tools
             if not (isinstance(t, Mapping) and cast(Mapping[str, Any], t).get("name") in OPERATOR_TOOLS)
