@@ -28,8 +28,9 @@ from mcp.client.streamable_http import streamable_http_client
 if not __package__:  # run as `python benchmarks/session_memory.py`: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.measure import RESULTS_DIR, dump_json, machine
 from tests.support.live import REPO_ROOT, fake_provider_process, write_provider_table
+
+from benchmarks.measure import RESULTS_DIR, dump_json, machine
 
 
 def rss_mib(pid: int) -> float:
@@ -68,6 +69,12 @@ async def wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
             return
 
 
+def start_serve(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """`python -m pollwarden serve …`, its stderr to `log_path` (stopped by the caller)."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen([sys.executable, *args], stderr=log, cwd=str(REPO_ROOT))
+
+
 async def measure(operations: int, sessions: int, workdir: Path, base_url: str) -> dict[str, object]:
     tables = workdir / "tables"
     tables.mkdir()
@@ -76,8 +83,7 @@ async def measure(operations: int, sessions: int, workdir: Path, base_url: str) 
     args = ["-m", "pollwarden", "serve", "--transport", "http", "--port", str(port)]
     args += ["--db", str(workdir / "p.db"), "--providers", str(tables)]
     url = f"http://127.0.0.1:{port}/mcp"
-    with (workdir / "serve.log").open("wb") as log:
-        proc = subprocess.Popen([sys.executable, *args], stderr=log, cwd=str(REPO_ROOT))
+    proc = start_serve(args, workdir / "serve.log")
     try:
         await wait_listening(port, proc)
         async with (
@@ -86,7 +92,8 @@ async def measure(operations: int, sessions: int, workdir: Path, base_url: str) 
         ):
             for n in range(operations):
                 await client.call_tool(
-                    "start_operation", {"provider": "acme", "operation_id": f"op-{n}", "provider_job_id": f"j{n}"}
+                    "start_operation",
+                    {"provider": "acme", "operation_id": f"op-{n}", "provider_job_id": f"j{n}"},
                 )
         listing = {"limit": operations}
         await one_session(url, "list_operations", listing)  # warm: imports, caches, the first page
@@ -115,7 +122,9 @@ async def measure(operations: int, sessions: int, workdir: Path, base_url: str) 
 
 def main() -> None:
     """Run once and print the numbers."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--operations", type=int, default=500)
     parser.add_argument("--sessions", type=int, default=60)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "session_memory.json")
