@@ -312,6 +312,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             "INSERT INTO approval_policy (id) VALUES (1)",
         ),
     ),
+    # SQLite step 16 (issue 29): the pace row's second clock, of the requests that really left.
+    Migration(
+        16,
+        "fleet pace: the sends' clock",
+        ("ALTER TABLE fleet_buckets ADD COLUMN sent_tat double precision",),
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)

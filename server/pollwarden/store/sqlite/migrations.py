@@ -432,6 +432,15 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     INSERT INTO approval_policy (id) VALUES (1);
     """,
     ),
+    # Issue 29: the pace row keeps a second clock, of the requests that really left
+    # (`pollwarden.fleet_pace`); NULL until the first request after this step.
+    Migration(
+        16,
+        "fleet pace: the sends' clock",
+        """
+    ALTER TABLE fleet_buckets ADD COLUMN sent_tat REAL;
+    """,
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)
