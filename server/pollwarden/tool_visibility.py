@@ -26,17 +26,20 @@ def shows_operator_tools(principal: Principal) -> bool:
     return principal.authenticated and principal.operator
 
 
+def _name(tool: object) -> object:
+    """A listed tool's name, as a model or a plain mapping."""
+    if isinstance(tool, Mapping):
+        return cast(Mapping[str, object], tool).get("name")
+    return getattr(tool, "name", None)
+
+
 def _without_operator_tools(result: HandlerResult) -> HandlerResult:
     if isinstance(result, ListToolsResult):
         return result.model_copy(update={"tools": [t for t in result.tools if t.name not in OPERATOR_TOOLS]})
     if isinstance(result, Mapping):
         listed = cast(Mapping[str, Any], result)
-        tools = cast(list[Any], listed.get("tools") or [])
-        kept = [
-            t
-            for t in tools
-            if not (isinstance(t, Mapping) and cast(Mapping[str, Any], t).get("name") in OPERATOR_TOOLS)
-        ]
+        tools = cast(list[object], listed.get("tools") or [])
+        kept = [t for t in tools if _name(t) not in OPERATOR_TOOLS]
         return {**listed, "tools": kept}
     return result
 
