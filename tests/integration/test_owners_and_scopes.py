@@ -339,7 +339,7 @@ async def test_an_operator_token_cannot_decide_where_the_operator_requires_a_sig
                 "decide_approval", {"approval_id": approval_id, "decision": "approve"}
             )
         assert refused.is_error
-        assert "--operator-key FILE" in answer_text(refused)
+        assert "signed with an operator key" in answer_text(refused)
         (row,) = db_rows(t.s.h.database, "SELECT status FROM approvals WHERE approval_id = ?", approval_id)
         assert row["status"] == "pending"
 
