@@ -74,7 +74,7 @@ async def test_a_new_answer_from_the_provider_is_something_new_to_ask_about(
         assert granted["decision"] == "approved"
         fake.script("moved", [pending("running")])
         polled = view(
-            await client.call_tool("check_status", {"operation_id": "op-moved", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-moved", "wait_seconds": 30})
         )
         assert polled["stop_reason"] == "request_budget_exhausted"
         # The job moved since the last answer: asking right away is allowed.
@@ -102,7 +102,7 @@ async def test_without_elicitation_eight_asks_leave_one_open_question_and_its_ap
         decided = _cli(h, "approve", ids.pop(), "--by", "ops-alice")
         assert decided.returncode == 0, decided.stderr
         applied = view(
-            await client.call_tool("check_status", {"operation_id": "op-open8", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-open8", "wait_seconds": 30})
         )
     assert applied["outcome"] == "polled"
     assert applied["max_status_requests"] == 6

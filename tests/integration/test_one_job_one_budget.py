@@ -411,7 +411,7 @@ async def test_job_ids_are_compared_in_the_tables_canonical_form_so_one_job_writ
             again = await start_as(client, name, written, max_status_requests=10)
             assert (again["operation_id"], again["requested_operation_id"]) == ("one", name)
             assert again["max_status_requests"] == 2
-        polled = view(await client.call_tool("check_status", {"operation_id": "one", "wait_seconds": 50}))
+        polled = view(await client.call_tool("check_status", {"operation_id": "one", "wait_seconds": 30}))
         assert polled["outcome"] == "polled"
     assert len(fake.status_requests("run-42")) == 1
     assert [r["operation_id"] for r in db_rows(h.db_path, "SELECT operation_id FROM operations")] == ["one"]
