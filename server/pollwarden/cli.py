@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
+from pollwarden import decision_log
 from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
 from pollwarden.auth import (
@@ -34,9 +35,13 @@ from pollwarden.config import (
     state_keys_from_env,
 )
 from pollwarden.console.cli import add_console_command
+from pollwarden.decision_log import JsonLinesFormatter
+from pollwarden.doctor import add_doctor_command
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
+from pollwarden.metrics import add_metrics_arguments, metrics_options_from
+from pollwarden.metrics_cli import add_metrics_command
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
 from pollwarden.principals import PrincipalLimits, PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
@@ -52,6 +57,7 @@ log = logging.getLogger("pollwarden")
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141
+LOG_FORMAT_ENV = "POLLWARDEN_LOG_FORMAT"
 
 
 def serve_config(args: argparse.Namespace) -> ServerConfig:
@@ -110,7 +116,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = build_server(factory, state_keys=state_keys, auth=settings, token_verifier=verifier)
     log.info("pollwarden serving (%s), database %s", args.transport, config.database)
     if http is not None:
-        run_http(server, http, wrap=serve_wrapper(config, tables))  # with POST /webhooks/{provider}
+        run_http(
+            server, http, wrap=serve_wrapper(config, tables, metrics_options_from(args))
+        )  # with POST /webhooks/{provider}
     else:
         server.run()
     return 0
@@ -220,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pollwarden", description="Bounded waiting on external jobs, as an MCP server."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (to stderr)")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get(LOG_FORMAT_ENV, "text"),
+        help=f"text lines for people, or JSON lines with one event per decision for a log collector "
+        f"(env {LOG_FORMAT_ENV}; default text)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
@@ -233,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     add_http_arguments(serve, default_port=8000)
+    add_metrics_arguments(serve)
     serve.add_argument(
         "--auth-tokens",
         metavar="FILE",
@@ -330,14 +346,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_provider_commands(sub)
     add_token_commands(sub)
     add_webhook_commands(sub)
+    add_metrics_command(sub)
+    add_doctor_command(sub)
     return parser
 
 
-def setup_logging(*, verbose: bool, stream: TextIO | None = None) -> None:
-    """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines."""
+def setup_logging(*, verbose: bool, stream: TextIO | None = None, json_lines: bool = False) -> None:
+    """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines.
+
+    `json_lines`: one JSON object per line, and one event per decision (`pollwarden.decision_log`).
+    """
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.addFilter(PrincipalLogFilter())  # every line names whom it was for (never a token)
-    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s [%(principal)s]: %(message)s"))
+    if json_lines:
+        handler.setFormatter(JsonLinesFormatter())
+    else:
+        handler.setFormatter(
+            OneLineFormatter("%(asctime)s %(levelname)s %(name)s [%(principal)s]: %(message)s")
+        )
+    decision_log.use_json(json_lines)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
 
 
@@ -345,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pollwarden` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(verbose=bool(args.verbose))
+    setup_logging(verbose=bool(args.verbose), json_lines=args.log_format == "json")
     # One line per provider request is noise at INFO; pollwarden logs its own decisions.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:

@@ -17,7 +17,9 @@ from pollwarden.cli_options import add_database_options, database_from, with_exa
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config, load_provider_tables
 from pollwarden.files import ensure_private_dir
+from pollwarden.health import ops_routes
 from pollwarden.http_serve import serve_app, transport_security
+from pollwarden.metrics import DEFAULT_METRICS, MetricsOptions, add_metrics_arguments, metrics_options_from
 from pollwarden.store import Store, open_store
 from pollwarden.webhooks import StoreOpener, WebhookReceiver, combined_app, receiver_app
 from pollwarden_providers.table import ProviderTable
@@ -47,14 +49,17 @@ def _with_webhooks(tables: Mapping[str, ProviderTable]) -> list[str]:
 
 
 def serve_wrapper(
-    config: ServerConfig, tables: Mapping[str, ProviderTable]
+    config: ServerConfig,
+    tables: Mapping[str, ProviderTable],
+    metrics_options: MetricsOptions = DEFAULT_METRICS,
 ) -> Callable[[Starlette, TransportSecuritySettings], ASGIApp]:
-    """For `serve --transport http`: put `POST /webhooks/{provider}` beside `/mcp`."""
+    """For `serve --transport http`: put `POST /webhooks/{provider}`, /healthz, /readyz and /metrics beside `/mcp`."""
 
     def wrap(mcp_app: Starlette, security: TransportSecuritySettings) -> ASGIApp:
         receiver = WebhookReceiver(tables=tables, clock=SystemClock())
         log.info("webhooks: POST /webhooks/{provider} for %s", ", ".join(_with_webhooks(tables)) or "(none)")
-        return combined_app(mcp_app, receiver, security, store_opener(config))
+        ops = ops_routes(lambda: receiver.store, tables, security, options=metrics_options)
+        return combined_app(mcp_app, receiver, security, store_opener(config), ops)
 
     return wrap
 
@@ -71,7 +76,8 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
         ensure_private_dir(config.db_path.parent)  # as `serve` does: the receiver may be the first to open it
     tables = load_provider_tables(config)
     receiver = WebhookReceiver(tables=tables, clock=SystemClock())
-    app = receiver_app(receiver, security, store_opener(config))
+    ops = ops_routes(lambda: receiver.store, tables, security, options=metrics_options_from(args))
+    app = receiver_app(receiver, security, store_opener(config), ops)
     log.info(
         "pollwarden webhooks on %s:%d for %s, database %s",
         options.host,
@@ -101,6 +107,7 @@ def add_webhook_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="a directory of provider *.toml tables, added to the shipped ones; repeatable",
     )
     add_http_arguments(parser, default_port=DEFAULT_WEBHOOK_PORT)
+    add_metrics_arguments(parser)
     with_examples(
         parser,
         "OPENAI_WEBHOOK_SECRET=whsec_... pollwarden webhooks --port 8001 --db ~/pollwarden/pollwarden.db",

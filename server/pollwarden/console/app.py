@@ -51,6 +51,7 @@ from pollwarden.audit_verify import VerifyResult, describe_mode, verify_chain
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console import bearer, charts
+from pollwarden.health import ops_routes
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_CONSOLE, METHOD_HTTP_OPERATOR, OperatorKey
 from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
@@ -506,8 +507,10 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         Route("/audit/export", authed(export)),
         Route("/console.css", stylesheet),
     ]
-    # Nothing outside the prefix: a page that guesses paths on this port finds no console.
-    app = Starlette(routes=[Mount(base, routes=pages)], lifespan=lifespan)
+    # Nothing of the console outside the prefix: a page that guesses paths on this port finds none.
+    # Probes and scrapers find /healthz, /readyz and /metrics at their usual paths (Host still checked).
+    probes = ops_routes(lambda: state.store, tables, None, clock=settings.clock)
+    app = Starlette(routes=[*probes, Mount(base, routes=pages)], lifespan=lifespan)
     return _Guard(app, settings.allowed_hosts)
 
 
