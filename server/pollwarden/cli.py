@@ -351,11 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def setup_logging(*, verbose: bool, stream: TextIO | None = None, json_lines: bool = False) -> None:
-    """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines.
-
-    `json_lines`: one JSON object per line, and one event per decision (`pollwarden.decision_log`).
-    """
+def log_handler(*, stream: TextIO | None = None, json_lines: bool = False) -> logging.Handler:
+    """The stderr handler: one line per record (text, escaped; or JSON), naming the principal."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.addFilter(PrincipalLogFilter())  # every line names whom it was for (never a token)
     if json_lines:
@@ -364,8 +361,19 @@ def setup_logging(*, verbose: bool, stream: TextIO | None = None, json_lines: bo
         handler.setFormatter(
             OneLineFormatter("%(asctime)s %(levelname)s %(name)s [%(principal)s]: %(message)s")
         )
+    return handler
+
+
+def setup_logging(*, verbose: bool, stream: TextIO | None = None, json_lines: bool = False) -> None:
+    """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines.
+
+    `json_lines`: one JSON object per line, and one event per decision (`pollwarden.decision_log`).
+    """
     decision_log.use_json(json_lines)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        handlers=[log_handler(stream=stream, json_lines=json_lines)],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
