@@ -8,6 +8,8 @@ the receiver app `pollwarden webhooks` runs, on 127.0.0.1.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,23 @@ async def test_the_webhook_receiver_serves_metrics_that_parse_and_refuses_a_fore
         assert value(answer.text, "pollwarden_operations", status="waiting", stop_reason="") == 1
         foreign = await web.get("/metrics", headers={"Host": "evil.example"})
         assert foreign.status_code == 421
+
+
+def family(name: str) -> str:
+    """A sample's metric family (a histogram's buckets, a counter's _total)."""
+    return re.sub(r"_(bucket|count|sum|total)$", "", name)
+
+
+async def test_every_metric_the_dashboard_and_the_alerts_query_is_one_pollwarden_exposes(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = make_harness(tmp_path, fake)
+    text = await scrape(h)
+    exposed = {family(name) for name in re.findall(r"^# TYPE (\S+)", text, flags=re.MULTILINE)}
+    root = Path(__file__).resolve().parents[2]
+    dashboard = json.loads((root / "deploy/grafana/pollwarden.json").read_text())
+    queried = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queried.append((root / "deploy/prometheus/alerts.yml").read_text())
+    used = {family(name) for expr in queried for name in re.findall(r"\bpollwarden_[a-z_]+", expr)}
+    assert used, "the dashboard queries no pollwarden metric"
+    assert used <= exposed, f"not exposed: {sorted(used - exposed)}"
