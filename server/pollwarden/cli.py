@@ -30,6 +30,7 @@ from pollwarden.cli_options import add_database_options, database_from, with_exa
 from pollwarden.config import (
     STATE_KEY_ENV,
     ServerConfig,
+    default_db_path,
     load_config,
     load_provider_tables,
     state_keys_from_env,
@@ -71,10 +72,19 @@ def serve_config(args: argparse.Namespace) -> ServerConfig:
         require_operator_key=True if args.require_operator_key else None,
         busy_timeout=args.busy_timeout,
     )
-    if database_from(args).is_default:
+    if database_from(args).is_default or in_data_directory(config):
         # The default lives in the user's data directory, which may not exist yet: create it private.
+        # So does a --db naming a file there (as the client examples do). Any other missing
+        # directory is refused: a typo must not start an empty database somewhere unexpected.
         ensure_private_dir(config.db_path.parent)
     return config
+
+
+def in_data_directory(config: ServerConfig) -> bool:
+    """Whether the database is a SQLite file directly in the user's data directory (where the default is)."""
+    if not config.database.is_sqlite:
+        return False
+    return config.db_path.expanduser().parent == default_db_path().parent
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -113,7 +123,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "key on every instance",
             STATE_KEY_ENV,
         )
-    server = build_server(factory, state_keys=state_keys, auth=settings, token_verifier=verifier)
+    server = build_server(
+        factory, state_keys=state_keys, auth=settings, token_verifier=verifier, provider_names=sorted(tables)
+    )
     log.info("pollwarden serving (%s), database %s", args.transport, config.database)
     if http is not None:
         run_http(

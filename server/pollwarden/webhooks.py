@@ -91,7 +91,10 @@ def _standard_webhook(secret: str) -> Any:
     try:
         from standardwebhooks.webhooks import Webhook
     except ImportError as exc:
-        log.error("Standard Webhooks need the standardwebhooks package: pip install 'pollwarden[webhooks]'")
+        log.error(
+            "Standard Webhooks need the standardwebhooks package: from a clone, "
+            ".venv/bin/pip install -e '.[webhooks]' (or pip install 'pollwarden[webhooks]')"
+        )
         raise Refused(503, "the receiver cannot check Standard Webhooks signatures") from exc
     try:
         return Webhook(secret)

@@ -369,7 +369,7 @@ async def open_store(
         except ImportError as exc:
             raise StoreError(
                 f"{where} is a PostgreSQL database, but the PostgreSQL driver is not installed ({exc.name}); "
-                "install it with: pip install 'pollwarden[postgres]'"
+                "install the extra; from a clone: .venv/bin/pip install -e '.[postgres]' (or pip install 'pollwarden[postgres]')"
             ) from None
         async with open_postgres(where, audit_key=audit_key, busy_timeout=busy_timeout_seconds) as pg:
             yield pg
