@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import anyio
+import httpx2
 import psycopg
 import pytest
 
@@ -22,6 +23,7 @@ from pollwarden.cli import build_parser
 from pollwarden.doctor import FAIL, cmd_doctor, diagnose
 from pollwarden.store import Engine
 from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import pollwarden_cli, write_table
 from tests.support.ops_http import receiver_on_loopback
 
 AUTH = {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}
@@ -105,3 +107,30 @@ def test_doctor_fails_a_clock_skewed_from_the_database_server(tmp_path: Path, fa
     assert "+30" in clock.detail
     fine = diagnose(h.config(), {})
     assert [f.level for f in fine if f.topic == "clock"] == ["ok"]
+
+
+@pytest.mark.anyio
+async def test_pollwarden_metrics_serves_a_stdio_deployments_database_and_never_creates_one(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    from tests.integration.test_restart_and_transports import child_process, free_port, wait_until_listening
+
+    fake.script("m", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "m")
+    write_table(h.tables_dir, h.table)
+    port = free_port()
+    log = tmp_path / "metrics.log"
+    args = ["-m", "pollwarden", "metrics", "--db", h.database.url, "--providers", str(h.tables_dir)]
+    with child_process([*args, "--port", str(port)], log) as proc:
+        await wait_until_listening(proc, port, log)
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False) as web:
+            scraped = await web.get("/metrics")
+            ready = await web.get("/readyz")
+    assert 'pollwarden_operations{status="waiting",stop_reason=""} 1.0' in scraped.text
+    assert ready.status_code == 200
+    typo = tmp_path / "typo.db"
+    refused = pollwarden_cli("metrics", "--db", str(typo), "--port", "0")
+    assert refused.code == 2
+    assert not typo.exists()
