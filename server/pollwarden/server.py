@@ -67,10 +67,11 @@ from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import AuditKeyError, InvalidRequest, OperationNotFound, PollwardenError, StoreError
+from pollwarden.event_store import SessionEventStores, scope_events_by_session
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.principals import Principal, current_principal
-from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
+from pollwarden.protocol import listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
 from pollwarden.schedule import (
@@ -82,6 +83,7 @@ from pollwarden.schedule import (
 from pollwarden.schema_compact import compact_schema, with_loaded_providers, without_repeated_prose
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import open_store
+from pollwarden.tasks_extension import OperationTasks
 from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
 from pollwarden.views import OperationView
 from pollwarden.watch import WATCH_INTERVAL_SECONDS, Reader, Subscriptions, run_watcher
@@ -157,15 +159,19 @@ def controller_factory(
             ) as store:
                 if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
-                yield Controller(
-                    store=store,
-                    tables=loaded,
-                    http=http,
-                    clock=real_clock,
-                    rng=rng or system_random(),
-                    config=config,
-                    on_step=on_step,
-                )
+                # Held answers are retried here while the process lives (`pollwarden.held_answers`).
+                async with anyio.create_task_group() as background:
+                    yield Controller(
+                        store=store,
+                        tables=loaded,
+                        http=http,
+                        clock=real_clock,
+                        rng=rng or system_random(),
+                        config=config,
+                        on_step=on_step,
+                        background=background,
+                    )
+                    background.cancel_scope.cancel()
         finally:
             await http.aclose()
 
@@ -291,6 +297,7 @@ class PollwardenServer(MCPServer[ServerContext]):
     """
 
     _schemas: dict[str, dict[str, Any]] | None = None
+    event_stores: SessionEventStores | None = None
     provider_names: Sequence[str] = ()  # the loaded tables, named in start_operation's `provider`
 
     def add_request_handler(self, method: str, params_type: type[Any], handler: Any) -> None:
@@ -311,12 +318,19 @@ class PollwardenServer(MCPServer[ServerContext]):
         transport_security: TransportSecuritySettings | None = None,
         host: str = "127.0.0.1",
     ) -> Starlette:
-        """The streamable HTTP app, resumable: SSE events carry ids kept in a bounded event store."""
-        return super().streamable_http_app(
+        """The streamable HTTP app, resumable: SSE events carry ids kept in bounded event stores, each
+        session's apart (`event_store.SessionEventStores`; `self.event_stores` once built).
+
+        `event_store` must be None: one store given to every session would let one session's
+        `Last-Event-ID` replay another's results.
+        """
+        if event_store is not None:
+            raise TypeError("pollwarden keeps each session's events apart itself; pass no event_store")
+        app = super().streamable_http_app(
             streamable_http_path=streamable_http_path,
             json_response=json_response,
             stateless_http=stateless_http,
-            event_store=event_store if event_store is not None else BoundedEventStore(),
+            event_store=None,
             retry_interval=retry_interval,
             max_request_body_size=max_request_body_size,
             session_idle_timeout=session_idle_timeout,
@@ -324,6 +338,11 @@ class PollwardenServer(MCPServer[ServerContext]):
             transport_security=transport_security,
             host=host,
         )
+        if not stateless_http:
+            self.event_stores = SessionEventStores()
+            if not scope_events_by_session(self.session_manager, self.event_stores):
+                log.warning("this MCP SDK has no per-session seam: SSE streams are served without resumption")
+        return app
 
     async def list_tools(self) -> list[MCPTool]:
         """The tools, with compact output schemas (`pollwarden.schema_compact`: same meaning, fewer bytes)."""
@@ -411,6 +430,7 @@ def build_server(
     state_keys: Sequence[bytes] = (),
     auth: AuthSettings | None = None,
     token_verifier: TokenVerifier | None = None,
+    tasks: bool = False,
     provider_names: Sequence[str] = (),
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
@@ -422,8 +442,9 @@ def build_server(
     a key of this process only.
 
     With `auth` and `token_verifier`, streamable HTTP needs a bearer token (the SDK's middleware
-    and RFC 9728 metadata route); stdio is unaffected. `provider_names`: the loaded tables, named in
-    start_operation's `provider` argument (default: the shipped ones, as examples).
+    and RFC 9728 metadata route); stdio is unaffected. `tasks` serves MCP Tasks (`tasks_extension`).
+    `provider_names`: the loaded tables, named in start_operation's `provider` argument (default:
+    the shipped ones, as examples).
     """
     bus = InMemorySubscriptionBus()
     subscriptions = Subscriptions()
@@ -460,6 +481,7 @@ def build_server(
         request_state_security=security,
         auth=auth,
         token_verifier=token_verifier,
+        extensions=[OperationTasks()] if tasks else None,
     )
     mcp.provider_names = tuple(provider_names)
     mcp.middleware.append(surface_middleware)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
 
 from pollwarden.audit_entry import (
     NO_REFUSALS,
@@ -21,12 +22,12 @@ from pollwarden.audit_entry import (
     event,
     lease_recovered,
 )
+from pollwarden.fleet_pace import PaceBucket, bucket_from_row, decide_pace
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
 from pollwarden.records import (
     CheckStart,
     OperationRecord,
 )
-from pollwarden.schedule import pace, slot_still_held
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, PostgresBase
 from pollwarden.store.postgres.connection import GuardFailed, Tx
@@ -99,14 +100,21 @@ class CheckProcedure(PostgresBase):
         # Anything else (a pace, a stop, a recovered lease, a summary row due, or a peer moved first):
         # decide again on the locked row, where nothing can change.
         fleet = fleets.get(current.record.provider)
-        async with self._locked(operation_id) as (writer, tx, cursor):
+        async with (
+            self._pace_turn_if(fleet, current.record.provider),
+            self._locked(operation_id) as (
+                writer,
+                tx,
+                cursor,
+            ),
+        ):
             pace_cursor = None
             if fleet is not None:
                 await tx.queue(sql.ENSURE_FLEET_ROW, {"provider": current.record.provider})
                 pace_cursor = await tx.queue(sql.LOCK_FLEET_ROW, {"provider": current.record.provider})
             current = operation(await tx.read(cursor), operation_id)
-            tat_row = None if pace_cursor is None else await tx.read(pace_cursor)
-            tat = None if tat_row is None or tat_row[0] is None else float(tat_row[0])
+            pace_row = None if pace_cursor is None else await tx.read(pace_cursor)
+            bucket = bucket_from_row(pace_row)
             now = clock() if clock is not None else now
             decision = await self._decide(
                 tx, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
@@ -114,8 +122,12 @@ class CheckProcedure(PostgresBase):
             if not decision.writes:
                 return CheckStart(current.record, decision)
             return await _carry_out(
-                writer, current, decision, now, owner, lease_seconds, fleet, tat, fleet_slots
+                writer, current, decision, now, owner, lease_seconds, fleet, bucket, fleet_slots
             )
+
+    def _pace_turn_if(self, fleet: FleetSpec | None, provider: str) -> AbstractAsyncContextManager[None]:
+        """`_pace_turn` for a provider with a [fleet] pace; nothing to wait for without one."""
+        return self._pace_turn(provider) if fleet is not None else nullcontext()
 
     async def _decide(
         self,
@@ -280,7 +292,7 @@ async def _carry_out(
     owner: str,
     lease_seconds: float,
     fleet: FleetSpec | None,
-    tat: float | None,
+    bucket: PaceBucket,
     fleet_slots: int | None = None,
 ) -> CheckStart:
     """Write what the gate decided on the locked row (and the locked pace row).
@@ -311,30 +323,38 @@ async def _carry_out(
         await writer.append(event(stopped, "stopped", now, outcome=Outcome.STOPPED), on=current)
         return CheckStart(stopped, decision)
     if fleet is not None and may_reserve(record, now):
-        held = record.fleet_slot_at is not None and slot_still_held(
-            record.fleet_slot_at, now=now, rate=fleet.max_requests_per_second
+        verdict = decide_pace(
+            bucket,
+            now=now,
+            held_slot=record.fleet_slot_at,
+            rate=fleet.max_requests_per_second,
+            burst=fleet.burst,
         )
-        if not held:
-            step = pace(tat, now=now, rate=fleet.max_requests_per_second, burst=fleet.burst)
-            if not step.admitted and fleet_slots is not None:
-                own = await _own_booked_slots(writer, record, now)
-                if own is not None and own[0] >= fleet_slots:
-                    wait = {
-                        "fleet_slot_at": None,
-                        "next_check_at": own[1],
-                        "delay_source": DelaySource.FLEET_PACING,
-                    }
-                    waiting = await writer.write(current, wait, at=now)
-                    return CheckStart(waiting, GateDecision(Step.PACED, allowed_at=waiting.next_check_at))
-            await writer.tx.queue(sql.SET_FLEET_TAT, {"provider": record.provider, "tat": step.next_tat})
-            if not step.admitted:
-                slot = {
-                    "fleet_slot_at": step.slot_at,
-                    "next_check_at": step.slot_at,
+        if verdict.new_booking and fleet_slots is not None:
+            own = await _own_booked_slots(writer, record, now)
+            if own is not None and own[0] >= fleet_slots:
+                wait = {
+                    "fleet_slot_at": None,
+                    "next_check_at": own[1],
                     "delay_source": DelaySource.FLEET_PACING,
                 }
-                booked = await writer.write(current, slot, at=now)
-                return CheckStart(booked, GateDecision(Step.PACED, allowed_at=booked.next_check_at))
+                waiting = await writer.write(current, wait, at=now)
+                return CheckStart(waiting, GateDecision(Step.PACED, allowed_at=waiting.next_check_at))
+        if verdict.bucket != bucket:
+            written = {
+                "provider": record.provider,
+                "tat": verdict.bucket.tat,
+                "sent_tat": verdict.bucket.sent_tat,
+            }
+            await writer.tx.queue(sql.SET_FLEET_TAT, written)
+        if not verdict.send:
+            slot = {
+                "fleet_slot_at": verdict.at,
+                "next_check_at": verdict.at,
+                "delay_source": DelaySource.FLEET_PACING,
+            }
+            booked = await writer.write(current, slot, at=now)
+            return CheckStart(booked, GateDecision(Step.PACED, allowed_at=booked.next_check_at))
     if record.lease_owner is not None:
         # A check that never finished held the lease until it expired: tell it in the story.
         await writer.flush(current)

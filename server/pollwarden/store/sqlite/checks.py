@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from pollwarden.audit_entry import event, lease_recovered
+from pollwarden.fleet_pace import bucket_from_row, decide_pace
 from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
 from pollwarden.records import CheckStart, OperationRecord
-from pollwarden.schedule import pace, slot_still_held
 from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.store.sqlite.rows import StoredOperation
@@ -143,13 +143,9 @@ def _carry_out(
         return CheckStart(_stop_before_request(session, current, decision, now, key), decision)
     fleet = fleets.get(record.provider)
     if fleet is not None and may_reserve(record, now):
-        held = record.fleet_slot_at is not None and slot_still_held(
-            record.fleet_slot_at, now=now, rate=fleet.max_requests_per_second
-        )
-        if not held:
-            booked = _pace(session, record, fleet, now, fleet_slots)
-            if booked is not None:
-                return CheckStart(booked, GateDecision(Step.PACED, allowed_at=booked.next_check_at))
+        booked = _pace(session, record, fleet, now, fleet_slots)
+        if booked is not None:
+            return CheckStart(booked, GateDecision(Step.PACED, allowed_at=booked.next_check_at))
     reserved = _written(
         session,
         queries.RESERVE,
@@ -171,7 +167,7 @@ def _carry_out(
 def _pace(
     session: Session, record: OperationRecord, fleet: FleetSpec, now: float, fleet_slots: int | None = None
 ) -> OperationRecord | None:
-    """Take the provider's shared pace; when it is used up, book the next free slot (returned).
+    """Carry out `decide_pace` on the provider's pace row: None to send now, else the slot held (returned).
 
     Fair shares (`fleet_slots`): while the pace is used up, one principal holds at
     most that many booked slots of it; its other checks wait for the earliest of
@@ -180,10 +176,11 @@ def _pace(
     """
     conn = session.conn
     row = conn.execute(queries.SELECT_FLEET_TAT, (record.provider,)).fetchone()
-    step = pace(
-        None if row is None else float(row[0]), now=now, rate=fleet.max_requests_per_second, burst=fleet.burst
+    bucket = bucket_from_row(row)
+    verdict = decide_pace(
+        bucket, now=now, held_slot=record.fleet_slot_at, rate=fleet.max_requests_per_second, burst=fleet.burst
     )
-    if not step.admitted and fleet_slots is not None:
+    if verdict.new_booking and fleet_slots is not None:
         held = {
             "provider": record.provider,
             "owner": record.owner,
@@ -199,11 +196,14 @@ def _pace(
                 "version": record.version,
             }
             return _written(session, queries.WAIT_FOR_OWN_SLOT, wait)
-    conn.execute(queries.UPSERT_FLEET_TAT, (record.provider, step.next_tat))
-    if step.admitted:
+    if verdict.bucket != bucket:
+        written = verdict.bucket
+        tat = now if written.tat is None else written.tat  # NOT NULL here; `now` is an unused clock
+        conn.execute(queries.UPSERT_FLEET_TAT, (record.provider, tat, written.sent_tat))
+    if verdict.send:
         return None
     slot = {
-        "slot_at": step.slot_at,
+        "slot_at": verdict.at,
         "now": now,
         "operation_id": record.operation_id,
         "version": record.version,

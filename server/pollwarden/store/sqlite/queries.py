@@ -268,8 +268,11 @@ def update_operation(columns: tuple[str, ...], guard: Guard) -> str:
 
 # -- fleet pacing ----------------------------------------------------------------------------------
 
-SELECT_FLEET_TAT = "SELECT tat FROM fleet_buckets WHERE provider = ?"
-UPSERT_FLEET_TAT = "INSERT INTO fleet_buckets (provider, tat) VALUES (?, ?) ON CONFLICT(provider) DO UPDATE SET tat = excluded.tat"
+SELECT_FLEET_TAT = "SELECT tat, sent_tat FROM fleet_buckets WHERE provider = ?"
+UPSERT_FLEET_TAT = (
+    "INSERT INTO fleet_buckets (provider, tat, sent_tat) VALUES (?, ?, ?) "
+    "ON CONFLICT(provider) DO UPDATE SET tat = excluded.tat, sent_tat = excluded.sent_tat"
+)
 
 # -- approvals -------------------------------------------------------------------------------
 
