@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--approval",
         choices=["elicitation", "tool-confirmation"],
-        help="how extensions are approved (env POLLWARDEN_APPROVAL); see README before using tool-confirmation",
+        help="how extensions are approved (env POLLWARDEN_APPROVAL); see docs/approvals.md before using tool-confirmation",
     )
     serve.add_argument(
         "--tasks",

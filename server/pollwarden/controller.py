@@ -158,7 +158,7 @@ class Controller:
             known = ", ".join(sorted(self.tables)) or "(none loaded)"
             raise InvalidRequest(
                 f"unknown provider {shown(provider)}; known providers: {known}. "
-                "Add a table with --providers DIR (see README 'Writing a provider table')"
+                "Add a table with --providers DIR (see docs/writing-tables.md)"
             )
         return table
 
