@@ -179,3 +179,14 @@ async def test_every_metric_the_dashboard_and_the_alerts_query_is_one_pollwarden
     used = {family(name) for expr in queried for name in re.findall(r"\bpollwarden_[a-z_]+", expr)}
     assert used, "the dashboard queries no pollwarden metric"
     assert used <= exposed, f"not exposed: {sorted(used - exposed)}"
+
+
+@pytest.mark.sqlite_only
+async def test_the_scrape_reads_the_audits_refusal_summaries_through_their_own_index(tmp_path: Path) -> None:
+    from pollwarden.store.browse import summarized_refusals_sql
+
+    db = tmp_path / "pollwarden.db"
+    async with open_store(db):
+        pass
+    plan = db_rows(db, "EXPLAIN QUERY PLAN " + summarized_refusals_sql("json_extract(a.payload, '$.count')"))
+    assert any("audit_refusal_summaries" in str(row["detail"]) for row in plan), plan
