@@ -229,12 +229,10 @@ class ProviderRequest:
 
 
 @contextmanager
-def check_span(operation_provider: str | None = None) -> Generator[CheckObservation]:
+def check_span() -> Generator[CheckObservation]:
     """A span for one check_status decision and its latency by outcome (set by the caller)."""
     with tracer.start_as_current_span("pollwarden.decision", kind=trace.SpanKind.INTERNAL) as span:
         seen = CheckObservation(span)
-        if operation_provider:
-            span.set_attribute("pollwarden.provider", operation_provider)
         started = time.perf_counter()
         try:
             yield seen
