@@ -39,8 +39,19 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
 
 
 def cli_reference() -> str:
-    """Every command's help, as `pollwarden COMMAND --help` prints it."""
+    """Every command's help, as `pollwarden COMMAND --help` prints it (at a fixed width)."""
+    before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
+    try:
+        return _cli_reference()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def _cli_reference() -> str:
     from pollwarden.cli import build_parser
 
     parser = build_parser()
