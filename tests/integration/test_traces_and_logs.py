@@ -32,16 +32,33 @@ AUTH = {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}
 _EXPORTER = InMemorySpanExporter()
 
 
+class _OnlyWhileTesting(SimpleSpanProcessor):
+    """Exports only while a test here runs: the provider stays set for the worker's later tests."""
+
+    active = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.active:
+            super().on_end(span)
+
+
+_PROCESSOR = _OnlyWhileTesting(_EXPORTER)
+
+
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     """The process's tracer provider (set once: OpenTelemetry allows one) exporting to memory."""
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
         provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        provider.add_span_processor(_PROCESSOR)
         trace.set_tracer_provider(provider)
     _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+    _PROCESSOR.active = True
+    try:
+        yield _EXPORTER
+    finally:
+        _PROCESSOR.active = False
+        _EXPORTER.clear()
 
 
 def named(found: tuple[ReadableSpan, ...], name: str) -> ReadableSpan:
