@@ -28,6 +28,7 @@ from pollwarden.auth import (
 )
 from pollwarden.cli_options import add_database_options, database_from, with_examples
 from pollwarden.config import (
+    APPROVAL_CHOICES,
     STATE_KEY_ENV,
     ServerConfig,
     default_db_path,
@@ -44,6 +45,7 @@ from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_
 from pollwarden.metrics import add_metrics_arguments, metrics_options_from
 from pollwarden.metrics_cli import add_metrics_command
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from pollwarden.policy_cli import add_policy_commands, check_serving_policy
 from pollwarden.principals import PrincipalLimits, PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
@@ -112,6 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = auth_settings(auth, resource_url=resource)
             verifier = build_verifier(auth, resource_url=resource)
     config = serve_config(args)
+    check_serving_policy(config)  # a weaker policy than the database's is refused before serving
     config = replace(config, limits=_principal_limits(args))
     tables = load_provider_tables(config)  # refuses a wrong provider table before serving
     factory = controller_factory(config, tables=tables)
@@ -320,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--approval",
-        choices=["elicitation", "tool-confirmation"],
-        help="how extensions are approved (env POLLWARDEN_APPROVAL); see docs/approvals.md before using tool-confirmation",
+        choices=APPROVAL_CHOICES,
+        help="how extensions are approved (env POLLWARDEN_APPROVAL); 'app' adds Approve/Deny on the MCP App "
+        "card to elicitation; see docs/approvals.md before using tool-confirmation",
     )
     serve.add_argument(
         "--tasks",
@@ -368,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_console_command(sub)
     add_provider_commands(sub)
     add_token_commands(sub)
+    add_policy_commands(sub)
     add_webhook_commands(sub)
     add_metrics_command(sub)
     add_doctor_command(sub)

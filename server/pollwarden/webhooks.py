@@ -15,7 +15,9 @@ Order for one request, each step refusing before the next runs:
    Standard Webhooks (`webhook-id`, `webhook-timestamp`, `webhook-signature`, `whsec_` secrets;
    the signature is computed by the `standardwebhooks` library and compared in constant time,
    the timestamp checked against the injected clock within `TOLERANCE_SECONDS`), or GitHub's
-   `X-Hub-Signature-256` (HMAC-SHA256 of the body, `hmac.compare_digest`);
+   `X-Hub-Signature-256` (HMAC-SHA256 of the body, `hmac.compare_digest`), whose event id is a
+   digest of the body (the `X-GitHub-Delivery` header is not signed) and whose signed time is the
+   table's `timestamp_field`, refused beyond `TOLERANCE_SECONDS` once the body is read;
 5. then the JSON, the event type and the job id. An event type the table does not list, an
    unreadable body or a job no operation tracks is acknowledged (2xx, so the provider stops
    retrying) and counted, not stored;
@@ -55,7 +57,7 @@ from pollwarden.store import Store
 from pollwarden_providers.interpret import BodyError, parse_json_object
 from pollwarden_providers.table import ProviderTable
 from pollwarden_providers.table_webhook import WebhookSpec
-from pollwarden_providers.webhook import MAX_EVENT_TEXT, read_event
+from pollwarden_providers.webhook import MAX_EVENT_TEXT, event_time, read_event
 
 __all__ = [
     "GITHUB_REMEMBER_SECONDS",
@@ -73,8 +75,8 @@ log = logging.getLogger("pollwarden")
 WEBHOOK_PATH = "/webhooks/{provider}"
 # A Standard Webhooks timestamp further than this from now (either way) is refused.
 TOLERANCE_SECONDS = 300.0
-# GitHub signs no timestamp: its delivery ids are remembered this long instead (a replay within it is
-# ignored; a later one can at most bring one check forward, which the status request then decides).
+# GitHub signs no timestamp: the digests of its bodies are remembered this long (a replay within it is
+# ignored); a table's `timestamp_field` refuses an older event (a later replay) outright.
 GITHUB_REMEMBER_SECONDS = 86_400.0
 
 
@@ -122,9 +124,9 @@ def verify(
         given = headers.get("x-hub-signature-256", "")
         if not hmac.compare_digest(given.encode(), github_signature(secret, body).encode()):
             raise Refused(401, "X-Hub-Signature-256 does not match the body")
-        return Verified(
-            _event_id(headers.get("x-github-delivery"), "X-GitHub-Delivery"), GITHUB_REMEMBER_SECONDS
-        )
+        # X-GitHub-Delivery is not signed: anyone holding one delivery could resend it under new ids.
+        # The digest of what is signed (the body) is the event's identity.
+        return Verified("sha256:" + hashlib.sha256(body).hexdigest(), GITHUB_REMEMBER_SECONDS)
     msg_id = _event_id(headers.get("webhook-id"), "webhook-id")
     raw_timestamp = headers.get("webhook-timestamp", "")
     if not raw_timestamp.isdigit() or len(raw_timestamp) > 12:
@@ -150,6 +152,20 @@ def verify(
             # Twice the tolerance: a timestamp up to TOLERANCE_SECONDS ahead stays acceptable that long.
             return Verified(msg_id, 2 * TOLERANCE_SECONDS)
     raise Refused(401, "no webhook-signature matches the body")
+
+
+def _check_event_time(spec: WebhookSpec, body: Mapping[str, object], now: float) -> None:
+    """A scheme that signs no timestamp: the signed time the table names must be within the tolerance."""
+    if spec.timestamp_field is None:
+        return
+    when = event_time(spec, body)
+    if when is None:
+        raise Refused(401, f"no RFC 3339 time at {spec.timestamp_field} in the signed event")
+    if abs(now - when) > TOLERANCE_SECONDS:
+        old = "old" if when < now else "far in the future"
+        raise Refused(
+            401, f"{spec.timestamp_field} is too {old} (more than {TOLERANCE_SECONDS:g} s from now): a replay"
+        )
 
 
 def _signature_bytes(text: str) -> bytes:
@@ -212,13 +228,14 @@ class WebhookReceiver:
         event = read_event(spec, parsed, headers)
         if event.problem is not None:
             return 202, "unreadable"
+        _check_event_time(spec, parsed, now)
         if not event.wakes or event.job_id is None or event.event_type is None:
             return 202, "ignored_event_type"
         if self.store is None:
             raise Refused(503, "the database is not open")
         result = await self.store.wake(
             provider=provider,
-            job_id=event.job_id,
+            job_id=self.tables[provider].canonical_job_id(event.job_id),  # as operations keep it
             event_id=verified.event_id,
             event_type=event.event_type,
             now=now,

@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Protocol
 
+from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
@@ -330,9 +331,10 @@ class Store(Protocol):
 
         Unknown job: nothing is stored. A seen `event_id` (within `remember_seconds`):
         a replay, nothing changes. Otherwise the id is remembered and every operation
-        on the job that is waiting, not yet due, not under a Retry-After or a booked
-        fleet slot, not in flight and before its deadline gets `next_check_at = now`
-        (audited as `woken_by_webhook`). Nothing else ever changes.
+        on the job that is waiting, not on a booked fleet slot, not in flight and before
+        its deadline gets `next_check_at` = now, or its `not_before_at` if later
+        (`pollwarden.schedule.not_before`), when that is earlier than planned (audited
+        as `woken_by_webhook`). Nothing else ever changes.
         """
         ...
 
@@ -341,6 +343,20 @@ class Store(Protocol):
 
         Called before the story is read and when the store closes, so a looping
         agent shows up in the audit even on an operation that never changes again.
+        """
+        ...
+
+    async def approval_policy(self) -> ApprovalPolicy:
+        """The database's approval policy (`pollwarden.approval_policy`): the one row every process reads."""
+        ...
+
+    async def write_approval_policy(
+        self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
+    ) -> bool:
+        """Store the approval policy; whether it was written.
+
+        `only_raising_to_a_key`: only if the stored policy requires no operator key yet (one guarded
+        statement: two servers raising it at once write it once, and never lower it).
         """
         ...
 

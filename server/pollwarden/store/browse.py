@@ -11,7 +11,7 @@ by a binary search on the audit's `seq` whose probes each engine runs
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
@@ -22,7 +22,9 @@ __all__ = [
     "OperationFacets",
     "OperationFilter",
     "OperationPage",
+    "clamp_page",
     "count_sql",
+    "filter_params",
     "first_seq_at_or_after",
     "page_sql",
     "polled_sql",
@@ -30,6 +32,7 @@ __all__ = [
     "probe_sql",
     "search_async",
     "search_sync",
+    "status_counts_sql",
 ]
 
 # How a statement names a parameter: SQLite's ``:name`` or psycopg's ``%(name)s``.
@@ -44,6 +47,7 @@ class OperationFilter:
     provider: str | None = None
     stop_reason: str | None = None
     owner: str | None = None  # the principal that started it (issue 19; `local` over stdio)
+    search: str | None = None  # part of the operation id or of the provider's job id
 
     def given(self) -> dict[str, str]:
         """The filters that are set, column → value (column names are these fields, never caller text)."""
@@ -64,6 +68,8 @@ class OperationPage:
     total: int
     page: int
     page_size: int
+    # How many match each status, under every filter but the status (the tabs a person picks from).
+    status_counts: dict[str, int] = field(default_factory=dict[str, int])
 
     @property
     def pages(self) -> int:
@@ -80,22 +86,49 @@ class OperationFacets:
     owners: list[str]
 
 
-def _where(filters: OperationFilter, mark: Mark) -> str:
+# Where `needle` occurs in `column`, case-sensitive on both engines: SQLite's instr, PostgreSQL's strpos
+# (LIKE ignores case on SQLite and not on PostgreSQL, and would need its wildcards escaped).
+Contains = Callable[[str, str], str]
+
+
+def _where(filters: OperationFilter, mark: Mark, contains: Contains, *, status: bool = True) -> str:
     given = filters.given()
-    return f"WHERE {' AND '.join(f'{c} = {mark(c)}' for c in given)}" if given else ""
+    clauses = [f"{c} = {mark(c)}" for c in given if status or c != "status"]
+    if filters.search:
+        found = mark("search")
+        clauses.append(f"({contains('operation_id', found)} OR {contains('provider_job_id', found)})")
+    return f"WHERE {' AND '.join(clauses)}" if clauses else ""
 
 
-def page_sql(filters: OperationFilter, mark: Mark) -> str:
+def filter_params(filters: OperationFilter) -> dict[str, object]:
+    """The parameters `page_sql`, `count_sql` and `status_counts_sql` name for `filters`."""
+    return {**filters.given(), **({"search": filters.search} if filters.search else {})}
+
+
+def page_sql(filters: OperationFilter, mark: Mark, contains: Contains) -> str:
     """One page of the operations matching `filters`, newest first (parameters: the filters, limit, offset)."""
     return (
-        f"SELECT {OPERATION_ROW} FROM operations {_where(filters, mark)} "
+        f"SELECT {OPERATION_ROW} FROM operations {_where(filters, mark, contains)} "
         f"ORDER BY created_at DESC, operation_id LIMIT {mark('limit')} OFFSET {mark('offset')}"
     )
 
 
-def count_sql(filters: OperationFilter, mark: Mark) -> str:
+def count_sql(filters: OperationFilter, mark: Mark, contains: Contains) -> str:
     """How many operations match `filters`."""
-    return f"SELECT count(*) FROM operations {_where(filters, mark)}"
+    return f"SELECT count(*) FROM operations {_where(filters, mark, contains)}"
+
+
+def status_counts_sql(filters: OperationFilter, mark: Mark, contains: Contains) -> str:
+    """How many operations match `filters` but the status, per status (rows: status, count)."""
+    return (
+        f"SELECT status, count(*) FROM operations {_where(filters, mark, contains, status=False)} "
+        "GROUP BY status"
+    )
+
+
+def clamp_page(page: int, total: int, page_size: int) -> int:
+    """`page` within 1 … the last page (a page past the end shows the last one)."""
+    return max(1, min(page, -(-total // page_size)))
 
 
 AUDIT_BOUNDS = "SELECT min(seq), max(seq) FROM audit"

@@ -16,17 +16,25 @@ from pollwarden.store.sqlite.rows import stored
 _BYTE_ORDER = ' COLLATE "C"'
 
 
+def _contains(column: str, value: str) -> str:
+    return f"strpos({column}, {value}) > 0"
+
+
 def _mark(name: str) -> str:
     return f"%({name})s"
 
 
 async def operations_page(pool: Pool, filters: OperationFilter, page: int, page_size: int) -> OperationPage:
-    """One page of the operations matching `filters`, newest first, and how many match."""
-    params: dict[str, object] = {**filters.given(), "limit": page_size, "offset": (page - 1) * page_size}
-    counted = await pool.read_one(browse.count_sql(filters, _mark), params)
-    found = await pool.read(browse.page_sql(filters, _mark), params)
+    """One page of the operations matching `filters`, newest first (past the end: the last), and counts."""
+    params = browse.filter_params(filters)
+    counted = await pool.read_one(browse.count_sql(filters, _mark, _contains), params)
+    counts = await pool.read(browse.status_counts_sql(filters, _mark, _contains), params)
     total = 0 if counted is None else int(counted[0])
-    return OperationPage([stored(row).record for row in found], total, page, page_size)
+    page = browse.clamp_page(page, total, page_size)
+    paged = {**params, "limit": page_size, "offset": (page - 1) * page_size}
+    found = await pool.read(browse.page_sql(filters, _mark, _contains), paged)
+    records = [stored(row).record for row in found]
+    return OperationPage(records, total, page, page_size, {str(s): int(n) for s, n in counts})
 
 
 async def facets(pool: Pool) -> OperationFacets:

@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit import REKEY_OPERATION, SEAL_KIND, AuditRow
 from pollwarden.audit_entry import (
     NO_REFUSALS,
@@ -284,7 +285,11 @@ class PostgresStore(CheckProcedure, Decisions):
                 holder = None if found is None else stored(found).record
                 if holder is not None and holder.operation_id != operation_id:
                     kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
-                    released = {**kept, **duplicate_changes(holder.operation_id, str(job_id), at=at)}
+                    other = holder.owner != record.owner
+                    released = {
+                        **kept,
+                        **duplicate_changes(holder.operation_id, str(job_id), at=at, another_principal=other),
+                    }
                     released["provider_job_id"] = job_id
                     kind, note = "stopped", str(released["stop_detail"])
             finished = await writer.write(current, released, at=at)
@@ -330,6 +335,28 @@ class PostgresStore(CheckProcedure, Decisions):
                 await writer.append(event(current.record, "woken_by_webhook", now, extra=extra), on=current)
             ids = tuple(c.record.operation_id for c in woken)
             return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
+
+    async def approval_policy(self) -> ApprovalPolicy:
+        """The database's approval policy (`pollwarden.approval_policy`)."""
+        row = await self._pool.read_one(sql.APPROVAL_POLICY)
+        return ApprovalPolicy() if row is None else ApprovalPolicy.stored(bool(row[0]), row[1], row[2])
+
+    async def write_approval_policy(
+        self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
+    ) -> bool:
+        """Store the approval policy (guarded, one statement); whether it was written."""
+        row = await self._pool.write_one(
+            sql.WRITE_APPROVAL_POLICY,
+            {
+                "require": policy.require_operator_key,
+                "channels": ",".join(sorted(policy.channels)),
+                "keys": policy.key_lines(),
+                "at": at,
+                "by": by,
+                "only_raising": only_raising_to_a_key,
+            },
+        )
+        return row is not None
 
     async def seal(self, *, at: float, batch: int = SEAL_BATCH) -> int:
         """Seal every operation's audit chain that moved since the last seal; how many were named.

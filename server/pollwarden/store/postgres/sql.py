@@ -83,13 +83,14 @@ OPEN_OPERATION = (
     "SELECT * FROM opened"
 )
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
-# (issue 19: principals never see each other's operations); the partial UNIQUE index
-# operations_one_per_job serves it and makes a second holder impossible.
+# The operation that holds a job (one job, one budget: pollwarden.job_identity), whichever principal
+# started it (issue 30: the provider sees one caller and one job; another principal is told only that
+# the job is tracked); the partial UNIQUE index operations_one_per_job serves it and makes a second
+# holder impossible.
 SELECT_JOB_OWNER = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE provider = %(provider)s "
     "AND account_context = %(account_context)s AND provider_job_id = %(provider_job_id)s "
-    "AND duplicate_of IS NULL AND owner = %(owner)s"
+    "AND duplicate_of IS NULL"
 )
 
 # Fair shares (issue 19): the future fleet slots one principal holds for a provider (read with the
@@ -124,7 +125,7 @@ RESERVE = (
     "lease_owner = %(owner)s, lease_expires_at = %(lease_expires_at)s, version = version + 1, "
     "updated_at = %(now)s "
     "WHERE operation_id = %(operation_id)s AND version = %(version)s AND status = 'waiting' "
-    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND {BUDGET_LEFT_SQL} "
+    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND %(now)s >= coalesce(not_before_at, %(now)s) AND {BUDGET_LEFT_SQL} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
 
@@ -264,11 +265,11 @@ REMEMBER_WEBHOOK_EVENT = (
     "INSERT INTO webhook_events (provider, event_id, received_at) VALUES (%(provider)s, %(event_id)s, %(now)s) "
     "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
 )
+_WOKEN_AT = "greatest(%(now)s, not_before_at)"  # greatest() skips a NULL
 WAKE = (
-    "UPDATE operations SET next_check_at = %(now)s, woken_at = %(now)s, version = version + 1, "
+    f"UPDATE operations SET next_check_at = {_WOKEN_AT}, woken_at = {_WOKEN_AT}, version = version + 1, "
     "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
-    "AND status = 'waiting' AND %(now)s < next_check_at "
-    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
+    f"AND status = 'waiting' AND {_WOKEN_AT} < next_check_at AND delay_source <> 'fleet_pacing' "
     f"AND {deadline_open_sql('%(now)s')} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
 )
@@ -329,4 +330,12 @@ SEAL_OPERATIONS = (
 # The same, read under the re-key's table lock (nothing can append meanwhile): no row lock to wait for.
 MOVED_OPERATIONS = (
     "SELECT operation_id, audit_rows, audit_hash FROM operations WHERE audit_rows > audit_sealed_rows"
+)
+
+# The approval policy (`pollwarden.approval_policy`): one row, raised without a read in between.
+APPROVAL_POLICY = "SELECT require_operator_key, channels, operator_keys FROM approval_policy WHERE id = 1"
+WRITE_APPROVAL_POLICY = (
+    "UPDATE approval_policy SET require_operator_key = %(require)s, channels = %(channels)s, "
+    "operator_keys = %(keys)s, updated_at = %(at)s, updated_by = %(by)s "
+    "WHERE id = 1 AND (NOT require_operator_key OR NOT %(only_raising)s) RETURNING id"
 )

@@ -18,6 +18,10 @@ from pollwarden.store.sqlite.connection import Session
 from pollwarden.store.sqlite.migrations import LATEST, schema_version
 
 
+def _contains(column: str, value: str) -> str:
+    return f"instr({column}, {value}) > 0"
+
+
 def _mark(name: str) -> str:
     return f":{name}"
 
@@ -25,11 +29,15 @@ def _mark(name: str) -> str:
 def operations_page(
     conn: sqlite3.Connection, filters: OperationFilter, page: int, page_size: int
 ) -> OperationPage:
-    """One page of the operations matching `filters`, newest first, and how many match."""
-    params: dict[str, object] = {**filters.given(), "limit": page_size, "offset": (page - 1) * page_size}
-    total = int(conn.execute(browse.count_sql(filters, _mark), params).fetchone()[0])
-    found = conn.execute(browse.page_sql(filters, _mark), params).fetchall()
-    return OperationPage([rows.stored(row).record for row in found], total, page, page_size)
+    """One page of the operations matching `filters`, newest first (past the end: the last), and counts."""
+    params = browse.filter_params(filters)
+    total = int(conn.execute(browse.count_sql(filters, _mark, _contains), params).fetchone()[0])
+    counts = conn.execute(browse.status_counts_sql(filters, _mark, _contains), params).fetchall()
+    page = browse.clamp_page(page, total, page_size)
+    paged = {**params, "limit": page_size, "offset": (page - 1) * page_size}
+    found = conn.execute(browse.page_sql(filters, _mark, _contains), paged).fetchall()
+    records = [rows.stored(row).record for row in found]
+    return OperationPage(records, total, page, page_size, {str(s): int(n) for s, n in counts})
 
 
 def facets(conn: sqlite3.Connection) -> OperationFacets:

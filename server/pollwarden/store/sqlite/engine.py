@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 
+from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
@@ -477,6 +478,34 @@ class SQLiteStore:
     async def flush_refusals(self, operation_id: str | None = None) -> int:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""
         return await self._db.run(partial(writes.flush_refusals, operation_id=operation_id, key=self._key))
+
+    async def approval_policy(self) -> ApprovalPolicy:
+        """The database's approval policy (`pollwarden.approval_policy`)."""
+
+        def work(s: Session) -> ApprovalPolicy:
+            row = s.conn.execute(queries.APPROVAL_POLICY).fetchone()
+            return ApprovalPolicy() if row is None else ApprovalPolicy.stored(bool(row[0]), row[1], row[2])
+
+        return await self._db.run(work)
+
+    async def write_approval_policy(
+        self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
+    ) -> bool:
+        """Store the approval policy (guarded, one statement); whether it was written."""
+        params = (
+            int(policy.require_operator_key),
+            ",".join(sorted(policy.channels)),
+            policy.key_lines(),
+            at,
+            by,
+            int(only_raising_to_a_key),
+        )
+
+        def work(s: Session) -> bool:
+            with s.transaction() as conn:
+                return conn.execute(queries.WRITE_APPROVAL_POLICY, params).rowcount == 1
+
+        return await self._db.run(work)
 
     async def seal(self, *, at: float) -> int:
         """Nothing to seal: every SQLite row is in the one chain (`pollwarden.audit_verify`)."""

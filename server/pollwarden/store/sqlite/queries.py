@@ -116,12 +116,12 @@ INSERT_OPERATION = (
     f"ON CONFLICT (operation_id) DO NOTHING RETURNING {OPERATION_ROW}"
 )
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
-# (issue 19: principals never see each other's operations). Served by the partial UNIQUE index
-# operations_one_per_job, whose condition this WHERE repeats.
+# The operation that holds a job (one job, one budget: pollwarden.job_identity), whichever principal
+# started it (issue 30: another principal is told only that the job is tracked). Served by the partial
+# UNIQUE index operations_one_per_job, whose condition this WHERE repeats.
 SELECT_JOB_OWNER = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE provider = :provider AND account_context = :account_context "
-    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL AND owner = :owner"
+    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL"
 )
 
 # The latest operation of a payload still in flight (pollwarden.job_identity: one payload in flight is one
@@ -148,7 +148,7 @@ RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
     "lease_owner = :owner, lease_expires_at = :lease_expires_at, version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' "
-    f"AND {deadline_open_sql(':now')} AND :now >= next_check_at AND {BUDGET_LEFT_SQL} "
+    f"AND {deadline_open_sql(':now')} AND :now >= next_check_at AND :now >= coalesce(not_before_at, :now) AND {BUDGET_LEFT_SQL} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
 
@@ -339,12 +339,21 @@ REMEMBER_WEBHOOK_EVENT = (
 )
 KNOWS_JOB = "SELECT 1 FROM operations WHERE provider = ? AND provider_job_id = ? LIMIT 1"
 # A hint moves the next allowed check to now, and only forward: while waiting, before the planned
-# time, never past a deadline, never under a Retry-After in force or a booked fleet slot (the check
-# would be refused anyway), never while a request is in flight (its answer sets the schedule).
+# time, never past a deadline, never before the earliest allowed request (`not_before_at`: a
+# Retry-After, a timed-out request; pollwarden.schedule.not_before) nor a booked fleet slot (the
+# check would be refused anyway), never while a request is in flight (its answer sets the schedule).
+_WOKEN_AT = "max(:now, coalesce(not_before_at, :now))"
 WAKE = (
-    "UPDATE operations SET next_check_at = :now, woken_at = :now, version = version + 1, updated_at = :now "
-    "WHERE provider = :provider AND provider_job_id = :job_id AND status = 'waiting' "
-    "AND :now < next_check_at AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
+    f"UPDATE operations SET next_check_at = {_WOKEN_AT}, woken_at = {_WOKEN_AT}, version = version + 1, "
+    "updated_at = :now WHERE provider = :provider AND provider_job_id = :job_id AND status = 'waiting' "
+    f"AND {_WOKEN_AT} < next_check_at AND delay_source <> 'fleet_pacing' "
     f"AND {deadline_open_sql(':now')} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
+)
+
+# The approval policy (`pollwarden.approval_policy`): one row, raised without a read in between.
+APPROVAL_POLICY = "SELECT require_operator_key, channels, operator_keys FROM approval_policy WHERE id = 1"
+WRITE_APPROVAL_POLICY = (
+    "UPDATE approval_policy SET require_operator_key = ?, channels = ?, operator_keys = ?, updated_at = ?, "
+    "updated_by = ? WHERE id = 1 AND (require_operator_key = 0 OR NOT ?)"
 )

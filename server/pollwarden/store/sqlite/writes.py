@@ -143,7 +143,11 @@ def finish_submission(
             holder = _job_owner(conn, current.provider, current.account_context, job_id, current.owner)
             if holder is not None and holder.operation_id != operation_id:
                 kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
-                released = {**kept, **duplicate_changes(holder.operation_id, str(job_id), at=at)}
+                other = holder.owner != current.owner
+                released = {
+                    **kept,
+                    **duplicate_changes(holder.operation_id, str(job_id), at=at, another_principal=other),
+                }
                 released["provider_job_id"] = job_id
                 kind, note = "stopped", str(released["stop_detail"])
         if owner is not None:
