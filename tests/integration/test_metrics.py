@@ -63,7 +63,7 @@ async def test_the_database_metrics_count_operations_requests_refusals_and_appro
         assert (await check(client, "a", wait=20))["outcome"] == "polled"
         assert (await check(client, "b", wait=20))["outcome"] == "polled"
         assert (await check(client, "b"))["outcome"] == "not_yet"  # refused: too early
-        assert (await check(client, "a", wait=50))["status"] == "succeeded"
+        assert (await check(client, "a", wait=30))["status"] == "succeeded"
     async with open_store(h.database) as store:
         await ask_a_person(store, "op-b", h.clock.now())
     h.clock.advance(600)  # b's next check is long past: its agent stopped asking
