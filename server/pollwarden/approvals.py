@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from pollwarden import extensions, questions
+from pollwarden import extensions, observe, questions
 from pollwarden.approval_flow import LATE_ANSWER_BY, Approver, No
 from pollwarden.approval_policy import channel_of
 from pollwarden.errors import InvalidRequest
@@ -306,10 +306,13 @@ class ExtensionFlow:
         self, controller: Controller, plan: ExtensionPlan, approver: Approver
     ) -> ExtensionResult:
         """Apply the approved plan."""
+        observe.approval_decided(approver.method, approve=True)
         return await apply_extension(controller, plan, by=approver.by, method=approver.method)
 
     async def deny(self, controller: Controller, plan: ExtensionPlan, no: No) -> ExtensionResult:
         """Audit the denial (or dismissal); nothing changes."""
+        if no == "denied":
+            observe.approval_decided(METHOD_ELICITATION, approve=False)
         return await record_answer(controller, plan, no, method=METHOD_ELICITATION)
 
     async def ask_operator(self, controller: Controller, plan: ExtensionPlan) -> ExtensionResult:

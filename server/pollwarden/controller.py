@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from pollwarden import approvals, resubmission, stop, submission
+from pollwarden import approvals, decision_log, observe, resubmission, stop, submission
 from pollwarden.approval_flow import NOT_ASKED, Answer
 from pollwarden.audit import REKEY_OPERATION
 from pollwarden.clock import Clock, RandomSource
@@ -160,7 +160,7 @@ class Controller:
             known = ", ".join(sorted(self.tables)) or "(none loaded)"
             raise InvalidRequest(
                 f"unknown provider {shown(provider)}; known providers: {known}. "
-                "Add a table with --providers DIR (see README 'Writing a provider table')"
+                "Add a table with --providers DIR (see docs/writing-tables.md)"
             )
         return table
 
@@ -501,6 +501,32 @@ class Controller:
     # -- check_status -----------------------------------------------------------------
 
     async def check_status(
+        self,
+        operation_id: str,
+        *,
+        wait_seconds: float = 0.0,
+        progress: ProgressCallback | None = None,
+        person_approved: bool = False,
+    ) -> OperationView:
+        """One bounded status check (README "How a check decides"), observed: a span, a metric, a log event."""
+        with observe.check_span() as seen:
+            view = await self._check_status(
+                operation_id, wait_seconds=wait_seconds, progress=progress, person_approved=person_approved
+            )
+            outcome = str(view.outcome or "")
+            seen.decided(
+                outcome=outcome,
+                status=str(view.status),
+                stop_reason=view.stop_reason,
+                delay_source=view.delay_source,
+                provider=view.provider,
+            )
+            if view.outcome != Outcome.POLLED:
+                observe.refused(outcome)
+            decision_log.decided("check_status", view)
+            return view
+
+    async def _check_status(
         self,
         operation_id: str,
         *,

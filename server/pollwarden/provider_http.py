@@ -39,6 +39,7 @@ from urllib.parse import unquote_plus
 import anyio
 import httpx2
 
+from pollwarden import observe
 from pollwarden.decide import NoAnswer, ProviderAnswer, UnusableAnswer
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden_providers.request_building import (
@@ -349,6 +350,23 @@ class ProviderHTTP:
     ) -> ProviderAnswer | NoAnswer | UnusableAnswer:
         all_headers = {**table.headers, **self.credentials(table), **headers}
         redactor = self._redactor(table)
+        # The span names the URL with any credential redacted; headers are never attributes.
+        with observe.provider_request(table.name, method, redactor.text(url)) as seen:
+            answer = await self._exchange(method, url, all_headers, content, redactor)
+            if isinstance(answer, NoAnswer):
+                seen.failed(answer.kind)
+            else:
+                seen.answered(answer.status_code)
+            return answer
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        all_headers: Mapping[str, str],
+        content: bytes | None,
+        redactor: Redactor,
+    ) -> ProviderAnswer | NoAnswer | UnusableAnswer:
         try:
             with anyio.fail_after(self.limits.total_timeout_seconds):
                 async with self._client.stream(method, url, headers=all_headers, content=content) as response:

@@ -43,6 +43,7 @@ from mcp_types import (
     ToolAnnotations,
     UnsubscribeRequestParams,
 )
+from mcp_types import Tool as MCPTool
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
@@ -89,6 +90,7 @@ from pollwarden.schedule import (
     CLIENT_REQUEST_TIMEOUT_SECONDS,
     wait_bound,
 )
+from pollwarden.schema_compact import compact_schema, with_loaded_providers, without_repeated_prose
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import open_store
 from pollwarden.tasks_extension import OperationTasks
@@ -314,6 +316,7 @@ class PollwardenServer(MCPServer[ServerContext]):
 
     _schemas: dict[str, dict[str, Any]] | None = None
     event_stores: SessionEventStores | None = None
+    provider_names: Sequence[str] = ()  # the loaded tables, named in start_operation's `provider`
 
     def add_request_handler(self, method: str, params_type: type[Any], handler: Any) -> None:
         """Serve one more protocol method (the resource subscriptions of the 2025-11-25 era)."""
@@ -358,6 +361,17 @@ class PollwardenServer(MCPServer[ServerContext]):
             if not scope_events_by_session(self.session_manager, self.event_stores):
                 log.warning("this MCP SDK has no per-session seam: SSE streams are served without resumption")
         return app
+
+    async def list_tools(self) -> list[MCPTool]:
+        """The tools, with compact output schemas (`pollwarden.schema_compact`: same meaning, fewer bytes)."""
+        tools = [with_loaded_providers(tool, self.provider_names) for tool in await super().list_tools()]
+        outputs = without_repeated_prose(
+            {tool.name: compact_schema(tool.output_schema) for tool in tools if tool.output_schema}
+        )
+        return [
+            tool.model_copy(update={"output_schema": outputs[tool.name]}) if tool.name in outputs else tool
+            for tool in tools
+        ]
 
     async def _input_schemas(self) -> dict[str, dict[str, Any]]:
         if self._schemas is None:  # the tools are fixed once the server is built
@@ -436,6 +450,7 @@ def build_server(
     token_verifier: TokenVerifier | None = None,
     tasks: bool = False,
     subscriptions: Subscriptions | None = None,
+    provider_names: Sequence[str] = (),
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
 
@@ -447,6 +462,8 @@ def build_server(
 
     With `auth` and `token_verifier`, streamable HTTP needs a bearer token (the SDK's middleware
     and RFC 9728 metadata route); stdio is unaffected. `tasks` serves MCP Tasks (`tasks_extension`).
+    `provider_names`: the loaded tables, named in start_operation's `provider` argument (default:
+    the shipped ones, as examples).
     """
     bus = InMemorySubscriptionBus()
     subscriptions = subscriptions if subscriptions is not None else Subscriptions()  # tests pass small caps
@@ -486,6 +503,7 @@ def build_server(
         # The wait and approval card (MCP Apps, issue 32); MCP Tasks when served with --tasks.
         extensions=[app_card.card_extension(), *([OperationTasks()] if tasks else [])],
     )
+    mcp.provider_names = tuple(provider_names)
     mcp.middleware.append(surface_middleware)
     mcp.middleware.append(operator_tools_middleware)  # list_approvals/decide_approval: operators only
     mcp.middleware.append(app_card.apps_middleware)
@@ -607,7 +625,15 @@ def build_server(
         # A provider whose table requires a person for every status request: asked before each one.
         plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)],
         decision: Annotated[ElicitationResult[status_approval.SendDecision], Resolve(_ask_status_request)],
-        wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
+        wait_seconds: Annotated[
+            float,
+            Field(
+                ge=0,
+                le=MAX_WAIT_SECONDS,
+                description="How long the server may wait for the next allowed check before answering "
+                "(0: answer at once).",
+            ),
+        ] = 0.0,
     ) -> OperationView:
         stored = await _resolve(ctx, operation_id)
         answer = answer_of(status_approval.STATUS_REQUEST, decision)
@@ -702,7 +728,7 @@ def build_server(
         provider: Annotated[
             str | None, Field(max_length=200, description="Only operations of this provider table.")
         ] = None,
-        limit: Annotated[int, Field(ge=1, le=500)] = 50,
+        limit: Annotated[int, Field(ge=1, le=500, description="At most this many, newest first.")] = 50,
     ) -> OperationList:
         principal = current_principal()
         owner = None if principal.sees_everything else principal.name

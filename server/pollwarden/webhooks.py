@@ -35,7 +35,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -48,6 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
+from pollwarden import observe
 from pollwarden.clock import Clock
 from pollwarden.errors import StoreError
 from pollwarden.errors import WebhookRefused as Refused
@@ -92,7 +93,10 @@ def _standard_webhook(secret: str) -> Any:
     try:
         from standardwebhooks.webhooks import Webhook
     except ImportError as exc:
-        log.error("Standard Webhooks need the standardwebhooks package: pip install 'pollwarden[webhooks]'")
+        log.error(
+            "Standard Webhooks need the standardwebhooks package: from a clone, "
+            ".venv/bin/pip install -e '.[webhooks]' (or pip install 'pollwarden[webhooks]')"
+        )
         raise Refused(503, "the receiver cannot check Standard Webhooks signatures") from exc
     try:
         return Webhook(secret)
@@ -195,6 +199,11 @@ class WebhookReceiver:
     # Requests by what became of them (woken, replayed, unknown_job, bad_signature, …): counted, not stored.
     counts: Counter[str] = field(default_factory=Counter[str])
 
+    def _count(self, result: str) -> None:
+        # By the outcome's text (a StrEnum's repr would reach the shutdown log otherwise).
+        self.counts[str(result)] += 1
+        observe.webhook_event(str(result))
+
     def _spec(self, provider: str) -> tuple[WebhookSpec, str]:
         table = self.tables.get(provider)
         if table is None or table.webhook is None:
@@ -241,7 +250,7 @@ class WebhookReceiver:
         provider = str(request.path_params.get("provider", ""))
         refusal = await security.validate_request(request, is_post=True)
         if refusal is not None:
-            self.counts["refused_http"] += 1
+            self._count("refused_http")
             return refusal
         try:
             spec, _ = self._spec(provider)
@@ -250,15 +259,15 @@ class WebhookReceiver:
                 provider, {k.lower(): v for k, v in request.headers.items()}, body
             )
         except Refused as exc:
-            self.counts[f"refused_{exc.status}"] += 1
+            self._count(f"refused_{exc.status}")
             if exc.status == 401:
                 log.warning("webhook for %s refused: %s", provider[:80], exc.reason)
             return JSONResponse({"error": exc.reason}, status_code=exc.status)
         except StoreError as exc:
-            self.counts["store_error"] += 1
+            self._count("store_error")
             log.error("webhook for %s not recorded: %s", provider[:80], exc)
             return JSONResponse({"error": "the database is unavailable; retry later"}, status_code=503)
-        self.counts[what] += 1
+        self._count(what)
         return JSONResponse({"received": True, "outcome": what}, status_code=status)
 
     def routes(self, security: TransportSecuritySettings) -> list[BaseRoute]:
@@ -293,7 +302,10 @@ StoreOpener = Callable[[], AbstractAsyncContextManager[Store]]
 
 
 def receiver_app(
-    receiver: WebhookReceiver, security: TransportSecuritySettings, open_db: StoreOpener
+    receiver: WebhookReceiver,
+    security: TransportSecuritySettings,
+    open_db: StoreOpener,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """A Starlette app serving only the webhook route (`pollwarden webhooks`), its store open while it runs."""
 
@@ -307,11 +319,15 @@ def receiver_app(
                 receiver.store = None
                 log.info("webhooks received: %s", dict(receiver.counts) or "none")
 
-    return Starlette(routes=receiver.routes(security), lifespan=lifespan)
+    return Starlette(routes=[*receiver.routes(security), *extra_routes], lifespan=lifespan)
 
 
 def combined_app(
-    mcp_app: Starlette, receiver: WebhookReceiver, security: TransportSecuritySettings, open_db: StoreOpener
+    mcp_app: Starlette,
+    receiver: WebhookReceiver,
+    security: TransportSecuritySettings,
+    open_db: StoreOpener,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The MCP app with the webhook route beside it (`pollwarden serve --transport http`).
 
@@ -330,7 +346,9 @@ def combined_app(
                 log.info("webhooks received: %s", dict(receiver.counts) or "none")
 
     inner: ASGIApp = mcp_app
-    return Starlette(routes=[*receiver.routes(security), Mount("/", app=inner)], lifespan=lifespan)
+    return Starlette(
+        routes=[*receiver.routes(security), *extra_routes, Mount("/", app=inner)], lifespan=lifespan
+    )
 
 
 def sample_event(body: Mapping[str, Any]) -> bytes:

@@ -574,6 +574,14 @@ async def test_serve_over_http_and_the_standalone_receiver_both_take_signed_webh
             woken = await post(hooks, body, headers)
             replayed = await post(hooks, body, headers)
             mcp = await hooks.post("/mcp", content=b"{}", headers={"Content-Type": "application/json"})
+            ready = await hooks.get("/readyz")
+            scraped = await hooks.get("/metrics")
+    assert (ready.status_code, ready.json()["status"]) == (200, "ready")
+    assert 'pollwarden_webhook_events_total{result="woken"} 1.0' in scraped.text
+    # The shutdown log counts results by name (it printed an enum's repr before).
+    assert "webhooks received: {" in log.read_text()
+    assert "'woken': 1" in log.read_text()
+    assert "WakeOutcome" not in log.read_text()
     assert (tampered.status_code, foreign.status_code) == (401, 421)
     assert (woken.status_code, woken.json()["outcome"]) == (200, "woken")
     assert replayed.json()["outcome"] == "replayed"

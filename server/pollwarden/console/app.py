@@ -58,6 +58,7 @@ from pollwarden.clock import Clock, SystemClock
 from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console import bearer, charts, reading
 from pollwarden.console.anchors import read_named_anchor
+from pollwarden.health import ops_routes
 from pollwarden.operation_names import resolve_name
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_CONSOLE, METHOD_HTTP_OPERATOR, OperatorKey
@@ -659,8 +660,10 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         Route("/console.css", stylesheet),
         Route("/console.js", javascript),
     ]
-    # Nothing outside the prefix: a page that guesses paths on this port finds no console.
-    app = Starlette(routes=[Mount(base, routes=pages)], lifespan=lifespan)
+    # Nothing of the console outside the prefix: a page that guesses paths on this port finds none.
+    # Probes and scrapers find /healthz, /readyz and /metrics at their usual paths (Host still checked).
+    probes = ops_routes(lambda: state.store, tables, None, clock=settings.clock)
+    app = Starlette(routes=[*probes, Mount(base, routes=pages)], lifespan=lifespan)
     return _Guard(app, settings.allowed_hosts)
 
 

@@ -116,7 +116,8 @@ def cmd_console(args: argparse.Namespace) -> int:
         from pollwarden.console.app import ConsoleSettings, create_app
     except ImportError as exc:  # jinja2 is the optional extra [console]
         raise ConfigError(
-            f"the console needs its optional dependencies ({exc.name} is missing): pip install 'pollwarden[console]'"
+            f"the console needs its optional dependencies ({exc.name} is missing): install the [console] "
+            "extra; from a clone: .venv/bin/pip install -e '.[console]' (or pip install 'pollwarden[console]')"
         ) from exc
 
     options = HttpOptions(

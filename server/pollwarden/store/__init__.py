@@ -24,7 +24,7 @@ from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
-from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
+from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation, Engine
 from pollwarden.store.sqlite.engine import open_sqlite
 from pollwarden_providers.table_limits import FleetSpec
@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
     "DatabaseLocation",
     "Engine",
+    "MetricsSnapshot",
     "OperationFacets",
     "OperationFilter",
     "OperationPage",
@@ -115,6 +116,21 @@ class Store(Protocol):
         """When each status request of `providers` was answered since `since` (epoch s), per provider.
 
         Found without scanning the whole chain (a binary search on seq for where the window starts).
+        """
+        ...
+
+    async def not_ready(self) -> str | None:
+        """Why the database cannot serve now (gone, replaced, schema dropped or behind), or None: ready (/readyz)."""
+        ...
+
+    async def database_time(self) -> float | None:
+        """The database server's clock (epoch s) for `pollwarden doctor`'s skew check; None: this machine's."""
+        ...
+
+    async def metrics_snapshot(self, *, now: float, principals: bool = False) -> MetricsSnapshot:
+        """Aggregates for a metrics scrape: operations by status, pending approvals, overdue checks, per provider.
+
+        `principals`: also operations per owner and status (only when the operator enables it).
         """
         ...
 
@@ -369,7 +385,7 @@ async def open_store(
         except ImportError as exc:
             raise StoreError(
                 f"{where} is a PostgreSQL database, but the PostgreSQL driver is not installed ({exc.name}); "
-                "install it with: pip install 'pollwarden[postgres]'"
+                "install the extra; from a clone: .venv/bin/pip install -e '.[postgres]' (or pip install 'pollwarden[postgres]')"
             ) from None
         async with open_postgres(where, audit_key=audit_key, busy_timeout=busy_timeout_seconds) as pg:
             yield pg

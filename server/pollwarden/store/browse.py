@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 
 from pollwarden.records import OperationRecord
 from pollwarden.store.sqlite.queries import OPERATION_ROW
@@ -207,3 +208,90 @@ def polled_times_from(
             continue
         out.setdefault(str(provider), []).append(when)
     return out
+
+
+# -- what `pollwarden.metrics` reads at each scrape (every process's work, counted once) -----------
+
+# A waiting operation whose next allowed check passed this long ago counts as overdue (its agent
+# stopped asking): an agent that asks on time is seconds late at most.
+OVERDUE_AFTER_SECONDS = 60.0
+
+OPERATIONS_BY_STATUS = (
+    "SELECT status, COALESCE(stop_reason, ''), count(*) FROM operations GROUP BY status, stop_reason"
+)
+OPERATIONS_BY_PRINCIPAL = "SELECT owner, status, count(*) FROM operations GROUP BY owner, status"
+PENDING_APPROVALS = "SELECT count(*), min(asked_at) FROM approvals WHERE status = 'pending'"
+REQUESTS_BY_PROVIDER = (
+    "SELECT provider, COALESCE(sum(status_requests_used), 0), COALESCE(sum(refused_count), 0) "
+    "FROM operations GROUP BY provider"
+)
+
+
+def overdue_sql(mark: Mark) -> str:
+    """Waiting operations whose next allowed check is before a cutoff: how many, and the earliest (cutoff)."""
+    return (
+        "SELECT count(*), min(next_check_at) FROM operations "
+        f"WHERE status = 'waiting' AND next_check_at < {mark('cutoff')}"
+    )
+
+
+def summarized_refusals_sql(count_of_payload: str) -> str:
+    """Refused calls already summarized in the audit, per provider (`count_of_payload`: the engine's JSON read)."""
+    return (
+        f"SELECT o.provider, COALESCE(sum({count_of_payload}), 0) FROM audit a "
+        "JOIN operations o ON o.operation_id = a.operation_id "
+        "WHERE a.kind IN ('not_yet_summary', 'stopped_summary') GROUP BY o.provider"
+    )
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What the database holds now, for a scrape (times in epoch seconds)."""
+
+    operations: dict[tuple[str, str], int]  # (status, stop_reason or "") → how many
+    pending_approvals: int
+    oldest_pending_asked_at: float | None
+    overdue: int  # waiting, next allowed check more than OVERDUE_AFTER_SECONDS ago
+    most_overdue_next_check_at: float | None
+    status_requests: dict[str, int]  # provider → status requests counted, ever
+    refusals: dict[str, int]  # provider → refused check_status calls, ever (summarized and pending)
+    by_principal: dict[tuple[str, str], int] | None = None  # (owner, status) → how many; only when asked
+
+
+def metrics_snapshot(
+    by_status: Iterable[Sequence[object]],
+    pending: Sequence[object] | None,
+    overdue: Sequence[object] | None,
+    by_provider: Iterable[Sequence[object]],
+    summarized: Iterable[Sequence[object]],
+    by_principal: Iterable[Sequence[object]] | None = None,
+) -> MetricsSnapshot:
+    """The snapshot from the rows of the statements above (each engine runs them its own way)."""
+    refusals: dict[str, int] = {}
+    requests: dict[str, int] = {}
+    for provider, used, refused in by_provider:
+        requests[str(provider)] = _int(used)
+        refusals[str(provider)] = _int(refused)
+    for provider, count in summarized:
+        refusals[str(provider)] = refusals.get(str(provider), 0) + _int(count)
+    return MetricsSnapshot(
+        operations={(str(s), str(r)): _int(n) for s, r, n in by_status},
+        pending_approvals=_int(pending[0]) if pending else 0,
+        oldest_pending_asked_at=_float(pending[1]) if pending else None,
+        overdue=_int(overdue[0]) if overdue else 0,
+        most_overdue_next_check_at=_float(overdue[1]) if overdue else None,
+        status_requests=requests,
+        refusals=refusals,
+        by_principal=None
+        if by_principal is None
+        else {(str(o), str(s)): _int(n) for o, s, n in by_principal},
+    )
+
+
+def _int(value: object) -> int:
+    # PostgreSQL's sum() of bigint is numeric (a Decimal here).
+    return int(value) if isinstance(value, int | float | str | Decimal) else 0
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float | Decimal) else None

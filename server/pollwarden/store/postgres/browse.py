@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pollwarden.audit import AuditRow, audit_row, audit_rows_sql
+from pollwarden.errors import StoreError
 from pollwarden.store import browse
 from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
+from pollwarden.store.postgres import schema
 from pollwarden.store.postgres.connection import Pool
 from pollwarden.store.sqlite.rows import stored
 
@@ -72,3 +74,35 @@ async def polled_times(pool: Pool, providers: Sequence[str], since: str) -> dict
     sql, names = browse.polled_sql(providers, _mark, text_order=_BYTE_ORDER)
     params: dict[str, object] = {"seq": first, "since": since, **dict(zip(names, providers, strict=True))}
     return browse.polled_times_from(await pool.read(sql, params), providers)
+
+
+async def metrics_snapshot(pool: Pool, now: float, principals: bool) -> browse.MetricsSnapshot:
+    """What a metrics scrape reads: a handful of aggregate statements."""
+    cutoff = {"cutoff": now - browse.OVERDUE_AFTER_SECONDS}
+    return browse.metrics_snapshot(
+        await pool.read(browse.OPERATIONS_BY_STATUS),
+        await pool.read_one(browse.PENDING_APPROVALS),
+        await pool.read_one(browse.overdue_sql(_mark), cutoff),
+        await pool.read(browse.REQUESTS_BY_PROVIDER),
+        await pool.read(browse.summarized_refusals_sql("(a.payload::jsonb ->> 'count')::bigint")),
+        await pool.read(browse.OPERATIONS_BY_PRINCIPAL) if principals else None,
+    )
+
+
+async def not_ready(pool: Pool) -> str | None:
+    """Why this database cannot serve now (unreachable, schema dropped or behind), or None."""
+    try:
+        row = await pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
+        await pool.read("SELECT 1 FROM operations LIMIT 1")
+    except StoreError as exc:
+        return str(exc)
+    version = 0 if row is None else int(row[0])
+    if version < schema.LATEST:
+        return f"the database is at schema step {version}, this pollwarden needs {schema.LATEST}: restart to migrate"
+    return None
+
+
+async def database_time(pool: Pool) -> float | None:
+    """The database server's clock (epoch s), to measure this machine's skew against it."""
+    row = await pool.read_one("SELECT extract(epoch FROM clock_timestamp())")
+    return None if row is None else float(str(row[0]))

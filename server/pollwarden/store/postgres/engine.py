@@ -45,7 +45,7 @@ from pollwarden.records import (
     WakeResult,
     new_record,
 )
-from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
+from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import browse, sql
 from pollwarden.store.postgres.check_procedure import CheckProcedure
@@ -154,6 +154,18 @@ class PostgresStore(CheckProcedure, Decisions):
     async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
         """When each status request of `providers` was answered since `since` (epoch s), per provider."""
         return await browse.polled_times(self._pool, providers, iso(since) or "")
+
+    async def not_ready(self) -> str | None:
+        """Why the database cannot serve now (gone, replaced, schema dropped or behind), or None: ready."""
+        return await browse.not_ready(self._pool)
+
+    async def database_time(self) -> float | None:
+        """The database server's clock (epoch s) for `pollwarden doctor`'s skew check; None: this machine's."""
+        return await browse.database_time(self._pool)
+
+    async def metrics_snapshot(self, *, now: float, principals: bool = False) -> MetricsSnapshot:
+        """What a metrics scrape reads (`pollwarden.metrics`): aggregates over every process's work."""
+        return await browse.metrics_snapshot(self._pool, now, principals)
 
     # -- the check procedure ------------------------------------------------------------------
 

@@ -342,6 +342,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         "fleet pace: the sends' clock",
         ("ALTER TABLE fleet_buckets ADD COLUMN sent_tat double precision",),
     ),
+    # Step 18 (issue 34): only the audit's refusal summaries, for the metrics scrape's sum.
+    Migration(
+        18,
+        "audit refusal summaries index",
+        (
+            "CREATE INDEX audit_refusal_summaries ON audit(kind, operation_id) "
+            "WHERE kind IN ('not_yet_summary', 'stopped_summary')",
+        ),
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)

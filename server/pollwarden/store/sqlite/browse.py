@@ -10,9 +10,12 @@ import sqlite3
 from collections.abc import Sequence
 
 from pollwarden.audit import AuditRow, audit_row, audit_rows_sql
+from pollwarden.errors import StoreError
 from pollwarden.store import browse
 from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.sqlite import rows
+from pollwarden.store.sqlite.connection import Session
+from pollwarden.store.sqlite.migrations import LATEST, schema_version
 
 
 def _contains(column: str, value: str) -> str:
@@ -71,3 +74,29 @@ def polled_times(conn: sqlite3.Connection, providers: Sequence[str], since: str)
     sql, names = browse.polled_sql(providers, _mark)
     params: dict[str, object] = {"seq": first, "since": since, **dict(zip(names, providers, strict=True))}
     return browse.polled_times_from(conn.execute(sql, params).fetchall(), providers)
+
+
+def metrics_snapshot(conn: sqlite3.Connection, now: float, principals: bool) -> browse.MetricsSnapshot:
+    """What a metrics scrape reads: a handful of aggregate statements."""
+    cutoff = {"cutoff": now - browse.OVERDUE_AFTER_SECONDS}
+    return browse.metrics_snapshot(
+        conn.execute(browse.OPERATIONS_BY_STATUS).fetchall(),
+        conn.execute(browse.PENDING_APPROVALS).fetchone(),
+        conn.execute(browse.overdue_sql(_mark), cutoff).fetchone(),
+        conn.execute(browse.REQUESTS_BY_PROVIDER).fetchall(),
+        conn.execute(browse.summarized_refusals_sql("json_extract(a.payload, '$.count')")).fetchall(),
+        conn.execute(browse.OPERATIONS_BY_PRINCIPAL).fetchall() if principals else None,
+    )
+
+
+def not_ready(s: Session) -> str | None:
+    """Why this database cannot serve now (file gone or replaced, schema behind), or None."""
+    try:
+        s.db.check_identity()
+    except StoreError as exc:
+        return str(exc)
+    version = schema_version(s.conn)
+    if version < LATEST:
+        return f"the database is at schema step {version}, this pollwarden needs {LATEST}: restart to migrate"
+    s.conn.execute("SELECT 1 FROM operations LIMIT 1").fetchall()
+    return None

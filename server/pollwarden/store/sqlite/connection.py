@@ -39,6 +39,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from pollwarden import observe
 from pollwarden.errors import StoreError
 from pollwarden.store.sqlite import queries
 from pollwarden.store.sqlite.migrations import migrate
@@ -161,17 +162,18 @@ class Session:
         if durable != db.synchronous_full:
             conn.execute(queries.SYNCHRONOUS_FULL if durable else queries.SYNCHRONOUS_NORMAL)
             db.synchronous_full = durable
-        conn.execute(queries.BEGIN_IMMEDIATE)
-        try:
-            self._leave_if_cancelled()
-            yield conn
-            conn.execute(queries.COMMIT)
-        except BaseException:
-            if conn.in_transaction:
-                with suppress(sqlite3.Error):
-                    conn.execute(queries.ROLLBACK)
-            db.stats.rollbacks += 1
-            raise
+        with observe.db_transaction("sqlite"):  # from BEGIN (waiting for the lock) to COMMIT
+            conn.execute(queries.BEGIN_IMMEDIATE)
+            try:
+                self._leave_if_cancelled()
+                yield conn
+                conn.execute(queries.COMMIT)
+            except BaseException:
+                if conn.in_transaction:
+                    with suppress(sqlite3.Error):
+                        conn.execute(queries.ROLLBACK)
+                db.stats.rollbacks += 1
+                raise
         if durable:
             db.stats.durable_commits += 1
         else:

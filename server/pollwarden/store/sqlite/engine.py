@@ -20,7 +20,7 @@ from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
-from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
+from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.sqlite import browse, checks, queries, rows, wakes, writes
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
@@ -147,6 +147,21 @@ class SQLiteStore:
         """When each status request of `providers` was answered since `since` (epoch s), per provider."""
         at = iso(since) or ""
         return await self._db.run(lambda s: browse.polled_times(s.conn, providers, at))
+
+    async def not_ready(self) -> str | None:
+        """Why the database cannot serve now (gone, replaced, schema dropped or behind), or None: ready."""
+        try:
+            return await self._db.run(browse.not_ready)
+        except StoreError as exc:
+            return str(exc)
+
+    async def database_time(self) -> float | None:
+        """The database server's clock (epoch s) for `pollwarden doctor`'s skew check; None: this machine's."""
+        return None  # the file is on this machine: its clock is this clock
+
+    async def metrics_snapshot(self, *, now: float, principals: bool = False) -> MetricsSnapshot:
+        """What a metrics scrape reads (`pollwarden.metrics`): aggregates over every process's work."""
+        return await self._db.run(lambda s: browse.metrics_snapshot(s.conn, now, principals))
 
     # -- the check procedure ------------------------------------------------------------------
 

@@ -465,6 +465,16 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE fleet_buckets ADD COLUMN sent_tat REAL;
     """,
     ),
+    # Issue 34: a metrics scrape sums the refused calls already summarized in the audit; this
+    # index holds only the summary rows, so the scrape never reads the whole chain.
+    Migration(
+        18,
+        "audit refusal summaries index",
+        """
+    CREATE INDEX audit_refusal_summaries ON audit(kind, operation_id)
+        WHERE kind IN ('not_yet_summary', 'stopped_summary');
+    """,
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)
