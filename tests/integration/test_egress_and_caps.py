@@ -32,7 +32,7 @@ async def track(client: Any, job_id: str, **extra: Any) -> dict[str, Any]:
     return view(await client.call_tool("start_operation", args))
 
 
-async def check(client: Any, wait: float = 50) -> dict[str, Any]:
+async def check(client: Any, wait: float = 30) -> dict[str, Any]:
     return view(await client.call_tool("check_status", {"operation_id": "op-1", "wait_seconds": wait}))
 
 

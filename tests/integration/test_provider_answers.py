@@ -27,7 +27,7 @@ BASE = 5.0  # the harness table's base delay; with draws of 1.0 (full_delays) th
 DAY = 86_400.0
 
 
-async def check(client: Any, job_id: str, wait: float = 50) -> dict[str, Any]:
+async def check(client: Any, job_id: str, wait: float = 30) -> dict[str, Any]:
     """Here a check waits for its slot unless told otherwise."""
     return await check_once(client, job_id, wait)
 
