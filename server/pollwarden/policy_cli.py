@@ -19,7 +19,7 @@ from pollwarden.audit import audit_key_from_env
 from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config
-from pollwarden.errors import ConfigError
+from pollwarden.errors import ConfigError, StoreError
 from pollwarden.operator_keys import describe_keys, load_operator_key, load_public_keys
 from pollwarden.person_gate import interactive
 from pollwarden.policy_gate import serving_config, stored_policy
@@ -170,5 +170,12 @@ async def _preflight(config: ServerConfig) -> ServerConfig:
 
 
 def check_serving_policy(config: ServerConfig) -> ServerConfig:
-    """Before a server serves: its configuration under the database's policy (refused when weaker)."""
-    return anyio.run(_preflight, config)
+    """Before a server serves: its configuration under the database's policy (refused when weaker).
+
+    A database that cannot be opened is not refused here: the server stays up and says why on every
+    call, and `controller_factory` applies the policy once the database opens.
+    """
+    try:
+        return anyio.run(_preflight, config)
+    except StoreError:
+        return config
