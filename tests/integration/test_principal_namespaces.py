@@ -44,9 +44,10 @@ async def test_a_jwt_naming_alice_does_not_read_the_token_file_alices_operations
         async with bearer_client(s.url, impostor) as client:
             unknown = await client.call_tool("get_operation", {"operation_id": "a1"})
             listed = view(await client.call_tool("list_operations", {}))
+            # Another job (one job has one budget whoever asks): the same operation id is its own.
             mine = view(
                 await client.call_tool(
-                    "start_operation", {"provider": "acme", "operation_id": "a1", "provider_job_id": "j1"}
+                    "start_operation", {"provider": "acme", "operation_id": "a1", "provider_job_id": "j2"}
                 )
             )
     assert unknown.is_error
