@@ -175,20 +175,6 @@ async def test_a_rejected_poll_hint_does_not_hide_a_valid_next_check_at(
     assert parse_iso(answer["next_check_at"]) == pytest.approx(hinted_at, abs=0.01)
 
 
-async def test_a_poll_hint_past_the_deadline_is_not_honoured_and_local_backoff_is_used(
-    tmp_path: Path, fake: FakeProvider
-) -> None:
-    fake.script("late", [pending(poll_after_seconds=3000), pending()])
-    h = make_harness(tmp_path, fake)
-    async with h.client() as client:
-        await track(client, "late", deadline_seconds=600)
-        answer = await check(client, "late")
-    assert (answer["status"], answer["delay_source"]) == ("waiting", "local_backoff")
-    [payload] = polled_payloads(h, "late")
-    [hint] = payload["rejected_hints"]  # type: ignore[misc]
-    assert "after the polling deadline" in hint["reason"]
-
-
 async def test_still_pending_after_the_providers_own_expiry_is_a_contradiction(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
