@@ -23,7 +23,7 @@ import secrets
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp_types import JSONRPCMessage, jsonrpc_message_adapter
@@ -176,8 +176,14 @@ class SessionEventStore(EventStore):
         return await self.stores.replay(self.session_id, last_event_id, send_callback)
 
 
-def scope_events_by_session(manager: object, stores: SessionEventStores) -> bool:
+def scope_events_by_session(
+    manager: object, stores: SessionEventStores, *, sessions_per_principal: int | None = None
+) -> bool:
     """Give each session the session manager admits a view of `stores` of its own; drop it at the end.
+
+    With `sessions_per_principal`, a principal (a verified token's client, issuer and subject)
+    holding that many open sessions gets the SDK's "Too many open sessions" (503) for one more,
+    so one principal's throwaway sessions cannot fill the server's for everyone.
 
     The SDK (2.3) hands every transport its manager's one store and has no
     public seam for this, so the manager's `_admit_session` and
@@ -189,12 +195,26 @@ def scope_events_by_session(manager: object, stores: SessionEventStores) -> bool
     discard: Callable[[str, Any], Awaitable[None]] | None = getattr(manager, "_discard_session", None)
     if admit is None or discard is None:
         return False
+    owners: dict[str, tuple[object, ...]] = {}
+
+    def principal_of(requestor: Any) -> tuple[object, ...] | None:
+        if not isinstance(requestor, dict):
+            return None
+        context = cast(dict[str, object], requestor)
+        return (context.get("client_id"), context.get("issuer"), context.get("subject"))
 
     def admit_scoped(requestor: Any) -> Any:
+        principal = principal_of(requestor)
+        held = sum(1 for owner in owners.values() if owner == principal) if principal is not None else 0
+        if sessions_per_principal is not None and held >= sessions_per_principal:
+            log.warning("refused a new session: its principal already holds %d", held)
+            return None
         transport = admit(requestor)
         session_id = getattr(transport, "mcp_session_id", None)
         if transport is not None and session_id is not None:
             transport._event_store = stores.for_session(session_id)
+            if principal is not None:
+                owners[session_id] = principal
         return transport
 
     async def discard_scoped(session_id: str, transport: Any) -> None:
@@ -202,6 +222,7 @@ def scope_events_by_session(manager: object, stores: SessionEventStores) -> bool
             await discard(session_id, transport)
         finally:
             stores.drop(session_id)
+            owners.pop(session_id, None)
 
     setattr(manager, "_admit_session", admit_scoped)  # noqa: B010 - an instance's own attribute, by design
     setattr(manager, "_discard_session", discard_scoped)  # noqa: B010

@@ -305,6 +305,9 @@ async def _ask_cancel(
     return await ask(ctx, followups.CANCEL, plan)
 
 
+SESSIONS_PER_PRINCIPAL = 32
+
+
 class PollwardenServer(MCPServer[ServerContext]):
     """The SDK's server, with tool errors an agent can act on.
 
@@ -316,6 +319,8 @@ class PollwardenServer(MCPServer[ServerContext]):
 
     _schemas: dict[str, dict[str, Any]] | None = None
     event_stores: SessionEventStores | None = None
+    # Open HTTP sessions one authenticated principal may hold (`event_store.scope_events_by_session`).
+    sessions_per_principal: int | None = SESSIONS_PER_PRINCIPAL
     provider_names: Sequence[str] = ()  # the loaded tables, named in start_operation's `provider`
 
     def add_request_handler(self, method: str, params_type: type[Any], handler: Any) -> None:
@@ -358,7 +363,10 @@ class PollwardenServer(MCPServer[ServerContext]):
         )
         if not stateless_http:
             self.event_stores = SessionEventStores()
-            if not scope_events_by_session(self.session_manager, self.event_stores):
+            scoped = scope_events_by_session(
+                self.session_manager, self.event_stores, sessions_per_principal=self.sessions_per_principal
+            )
+            if not scoped:
                 log.warning("this MCP SDK has no per-session seam: SSE streams are served without resumption")
         return app
 

@@ -45,7 +45,9 @@ class Team:
 
 
 @asynccontextmanager
-async def team_server(h: Harness, tmp_path: Path) -> AsyncGenerator[Team]:
+async def team_server(
+    h: Harness, tmp_path: Path, *, sessions_per_principal: int | None = None
+) -> AsyncGenerator[Team]:
     tokens = tmp_path / "tokens"
     alice, bob = add_token(tokens, "alice", AGENT), add_token(tokens, "bob", AGENT)
     port = free_port()
@@ -56,6 +58,8 @@ async def team_server(h: Harness, tmp_path: Path) -> AsyncGenerator[Team]:
         factory, auth=auth_settings(AuthOptions(), resource_url=url), token_verifier=TokenFileVerifier(tokens)
     )
     assert isinstance(server, PollwardenServer)
+    if sessions_per_principal is not None:
+        server.sessions_per_principal = sessions_per_principal
     app = server.streamable_http_app(transport_security=transport_security(HttpOptions(port=port)))
     async with serving(app, port):
         yield Team(url=url, server=server, alice=alice, bob=bob)
@@ -219,6 +223,26 @@ async def test_a_sessions_events_are_dropped_when_it_ends(tmp_path: Path, fake: 
         await alice.end()
         assert stores.sessions() == 0
         assert stores.size == 0
+
+
+async def test_one_principal_holds_at_most_its_share_of_open_sessions_and_others_still_get_theirs(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = make_harness(tmp_path, fake)
+    async with (
+        team_server(h, tmp_path, sessions_per_principal=2) as team,
+        httpx2.AsyncClient(timeout=20) as http,
+    ):
+        bobs = [LegacySession(http, team.url, team.bob) for _ in range(2)]
+        for session in bobs:
+            await session.open()
+        one_more = LegacySession(http, team.url, team.bob)
+        with pytest.raises(AssertionError, match="Too many open sessions"):
+            await one_more.open()
+        alice = LegacySession(http, team.url, team.alice)
+        await alice.open()  # bob's sessions take nothing from alice
+        await bobs[0].end()
+        await one_more.open()  # an ended session makes room again
 
 
 # -- the stores themselves -------------------------------------------------------------------------------
