@@ -59,8 +59,11 @@ def test_the_gate_waits_for_the_earliest_allowed_request_whatever_moved_the_next
 def test_an_operator_approval_of_one_request_still_waits_for_the_earliest_allowed_request() -> None:
     record = _waiting(next_check_at=2001.0, not_before_at=2003.0)
     # may_send=True is what an approved request gives the gate: it still may not go early.
-    decided = decide_check(record, now=2001.0, wait_until=2002.0, has_table=True, approvals_due=False)
-    assert decided.step == Step.NOT_YET
+    # A caller with wait left holds on (issue 30 item 2), but nothing is reserved before 2003.
+    waiting = decide_check(record, now=2001.0, wait_until=2002.0, has_table=True, approvals_due=False)
+    assert (waiting.step, waiting.allowed_at) == (Step.WAIT, 2003.0)
+    decided = decide_check(record, now=2002.0, wait_until=2002.0, has_table=True, approvals_due=False)
+    assert (decided.step, decided.allowed_at) == (Step.NOT_YET, 2003.0)
 
 
 def test_an_approved_extension_and_a_reopen_never_schedule_before_the_earliest_allowed_request() -> None:
