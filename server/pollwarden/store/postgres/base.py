@@ -16,7 +16,7 @@ from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
 from pollwarden.store.postgres.writer import Writer
-from pollwarden.store.sqlite.rows import StoredOperation
+from pollwarden.store.rows import StoredOperation
 from pollwarden.vocabulary import Status
 
 # Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).

@@ -8,7 +8,7 @@ from pollwarden.audit import AuditRow, audit_row, audit_rows_sql
 from pollwarden.store import browse
 from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.postgres.connection import Pool
-from pollwarden.store.sqlite.rows import stored
+from pollwarden.store.rows import stored
 
 # `audit.at` is fixed-width RFC 3339 text: compared byte by byte, whatever the database's collation.
 _BYTE_ORDER = ' COLLATE "C"'

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from pollwarden.audit_entry import (
     event,
 )
-from pollwarden.job_identity import REOPENABLE
 from pollwarden.records import (
     ApprovalRecord,
     FollowupRecord,
     OperationRecord,
 )
+from pollwarden.store import plans
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import PostgresBase
 from pollwarden.store.postgres.writer import operation
@@ -26,17 +26,9 @@ from pollwarden.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
     ApprovalKind,
     ApprovalStatus,
-    DelaySource,
     FollowupKind,
     FollowupStatus,
-    Status,
 )
-
-_DECIDED_KIND = {
-    ApprovalStatus.APPROVED: "approval_granted",
-    ApprovalStatus.EXPIRED: "approval_expired",
-    ApprovalStatus.VOID: "approval_void",
-}
 
 
 class Decisions(PostgresBase):
@@ -55,18 +47,19 @@ class Decisions(PostgresBase):
         """Grant a new authorization, only if the operation is still as it was when asked."""
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
-            record = current.record
-            await writer.flush(current)
-            if record.version != bound_version or record.status != Status.ESCALATED:
-                return None
-            granted = await writer.write(
-                current, {**changes, "extensions_used": record.extensions_used + 1}, at=at
+            plan = plans.extension_plan(
+                current.record,
+                bound_version=bound_version,
+                changes=changes,
+                at=at,
+                approval_id=approval_id,
+                payload_extra=payload_extra,
             )
+            granted = await writer.carry_out(current, plan)
+            if not plan.applied:
+                return None
             if approval_id is not None:
                 await tx.queue(sql.MARK_APPROVAL_APPLIED, {"approval_id": approval_id})
-            await writer.append(
-                event(granted, "extension_approved", at, note=approval_id, extra=payload_extra), on=current
-            )
             return granted
 
     async def open_approval(
@@ -147,20 +140,12 @@ class Decisions(PostgresBase):
             approval = None if row is None else ApprovalRecord.from_row(row)
             if approval is None or approval.status != ApprovalStatus.PENDING:
                 return approval
-            if at >= approval.expires_at:
-                status = ApprovalStatus.EXPIRED
-            elif approve and current.record.version != approval.bound_version:
-                status = ApprovalStatus.VOID  # the operation changed since the person was asked
-            else:
-                status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
+            status, plan = plans.decision_plan(
+                approval, current.record, approve=approve, by=by, at=at, method=method
+            )
             decided = {"status": status, "at": at, "by": by, "method": method, "signature": signature}
             await tx.queue(sql.DECIDE_APPROVAL, {**decided, "approval_id": approval_id})
-            await writer.flush(current)
-            kind = _DECIDED_KIND.get(status, f"{approval.kind}_denied")
-            note = f"{approval_id} by {by}"
-            await writer.append(
-                event(current.record, kind, at, note=note, extra={"authenticated_by": method}), on=current
-            )
+            await writer.carry_out(current, plan)
             return dataclasses.replace(
                 approval,
                 status=status,
@@ -196,8 +181,9 @@ class Decisions(PostgresBase):
                 return None
             approval = ApprovalRecord.from_row(row)
             if audit_kind is not None:
-                await writer.flush(current)
-                await writer.append(event(current.record, audit_kind, at, note=approval_id), on=current)
+                await writer.carry_out(
+                    current, plans.note_plan(current.record, audit_kind, at, note=approval_id)
+                )
             return approval
 
     # -- follow-ups and the audit ------------------------------------------------------------------
@@ -220,12 +206,21 @@ class Decisions(PostgresBase):
         """Record one follow-up and its audit row; optionally change the operation (if still `expect_version`)."""
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
-            record = current.record
-            await writer.flush(current)
-            if operation_changes:
-                if record.version != expect_version:
-                    return None
-                record = await writer.write(current, operation_changes, at=at)
+            plan = plans.followup_plan(
+                current.record,
+                followup_id=followup_id,
+                kind=FollowupKind(kind),
+                status=FollowupStatus(status),
+                at=at,
+                approval_id=approval_id,
+                http_status=http_status,
+                note=note,
+                operation_changes=operation_changes,
+                expect_version=expect_version,
+            )
+            await writer.carry_out(current, plan)
+            if not plan.applied:
+                return None
             followup = FollowupRecord(
                 followup_id,
                 operation_id,
@@ -243,8 +238,6 @@ class Decisions(PostgresBase):
                 await tx.queue(
                     sql.MARK_APPROVAL_USED, {"note": f"used by {followup_id}", "approval_id": approval_id}
                 )
-            extra = {"followup_id": followup_id, "http_status": http_status, "approval_id": approval_id}
-            await writer.append(event(record, f"{kind}_{status}", at, note=note, extra=extra), on=current)
             return followup
 
     async def audit_event(
@@ -253,8 +246,7 @@ class Decisions(PostgresBase):
         """Append one audit row about an operation."""
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
-            await writer.flush(current)
-            await writer.append(event(current.record, kind, at, note=note, extra=extra), on=current)
+            await writer.carry_out(current, plans.note_plan(current.record, kind, at, note=note, extra=extra))
 
     async def reopen(
         self,
@@ -268,29 +260,8 @@ class Decisions(PostgresBase):
         """An operator's reopen after a refusal, only if the operation is still as shown (None otherwise)."""
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
-            record = current.record
-            await writer.flush(current)
-            if (
-                record.version != bound_version
-                or record.status != Status.ESCALATED
-                or record.stop_reason not in REOPENABLE
-                or record.provider_job_id is None
-                or record.duplicate_of is not None
-            ):
-                return None
-            changes = {
-                "status": Status.WAITING,
-                "stop_reason": None,
-                "stop_detail": None,
-                "stopped_at": None,
-                "next_check_at": next_check_at,
-                "delay_source": DelaySource.MANUAL_EXTENSION,
-                "fleet_slot_at": None,
-                "lease_owner": None,
-                "lease_expires_at": None,
-            }
-            reopened = await writer.write(current, changes, at=at)
-            await writer.append(
-                event(reopened, "reopened", at, note=str(extra.get("reason")), extra=extra), on=current
+            plan = plans.reopen_plan(
+                current.record, bound_version=bound_version, next_check_at=next_check_at, at=at, extra=extra
             )
-            return reopened
+            record = await writer.carry_out(current, plan)
+            return record if plan.applied else None

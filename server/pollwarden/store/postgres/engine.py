@@ -31,11 +31,9 @@ from pollwarden.audit_entry import (
     NO_REFUSALS,
     AuditEvent,
     OperationChain,
-    event,
     unlinked,
 )
 from pollwarden.errors import StoreError
-from pollwarden.job_identity import account_parts, duplicate_changes
 from pollwarden.records import (
     ApprovalRecord,
     FollowupRecord,
@@ -44,6 +42,7 @@ from pollwarden.records import (
     WakeResult,
     new_record,
 )
+from pollwarden.store import plans
 from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import browse, sql
@@ -51,11 +50,9 @@ from pollwarden.store.postgres.check_procedure import CheckProcedure
 from pollwarden.store.postgres.connection import Pool, migrate
 from pollwarden.store.postgres.decisions import Decisions
 from pollwarden.store.postgres.writer import Writer, operation, seal_entries
-from pollwarden.store.sqlite.queries import new_operation_values
-from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.store.rows import StoredOperation, new_operation_values, stored
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import (
-    DelaySource,
     Status,
 )
 
@@ -63,9 +60,6 @@ from pollwarden.vocabulary import (
 POOL_SIZE = 10
 # Operations named by one seal row at most: a seal holds the audit head, which every start waits for.
 SEAL_BATCH = 1000
-
-# What a submission answer that named another operation's job still records about itself.
-_SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
 
 
 class PostgresStore(CheckProcedure, Decisions):
@@ -196,7 +190,7 @@ class PostgresStore(CheckProcedure, Decisions):
                 return operation(existing, operation_id).record, False
             created = stored(row).record
             await writer.append(
-                event(created, kind, at, extra=_opening_facts(created)),
+                plans.opening_event(created, kind, at),
                 on=StoredOperation(created, NO_REFUSALS, OperationChain(0, "")),
             )
             await writer.finish()
@@ -214,7 +208,7 @@ class PostgresStore(CheckProcedure, Decisions):
         or the chain is keyed); the caller goes the locked way, which answers with what holds them.
         """
         record = new_record(values)
-        first = unlinked(event(record, kind, at, extra=_opening_facts(record)))
+        first = unlinked(plans.opening_event(record, kind, at))
         async with self._pool.transaction() as tx:
             cursor = await tx.queue(sql.OPEN_OPERATION, {**values, **vars(first)})
         row = await cursor.fetchone()
@@ -226,20 +220,16 @@ class PostgresStore(CheckProcedure, Decisions):
         """Take the submission lease before the submit request is sent (None: not free); committed first."""
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
-            record = current.record
-            await writer.flush(current)
-            stale = allow_stale and (record.lease_expires_at or 0.0) <= now
-            if record.status != Status.SUBMITTING or not (record.lease_owner is None or stale):
-                return None
-            if record.held_for_approval:
-                return None  # a resubmission a person has not approved is never sent
-            claimed = await writer.write(
-                current,
-                {"lease_owner": owner, "lease_expires_at": now + lease_seconds, "submit_sent_at": now},
-                at=now,
+            plan = plans.claim_plan(
+                current.record,
+                owner=owner,
+                now=now,
+                lease_seconds=lease_seconds,
+                allow_stale=allow_stale,
+                note=note,
             )
-            await writer.append(event(claimed, "submit_sending", now, note=note), on=current)
-            return claimed
+            record = await writer.carry_out(current, plan)
+            return record if plan.applied else None
 
     async def finish_submission(
         self,
@@ -256,13 +246,9 @@ class PostgresStore(CheckProcedure, Decisions):
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             record = current.record
-            await writer.flush(current)
-            if record.status != Status.SUBMITTING or (owner is not None and record.lease_owner != owner):
-                return None
-            released: dict[str, object] = {**changes, "lease_owner": None, "lease_expires_at": None}
+            holder = None
             job_id = changes.get("provider_job_id")
-            if job_id is not None:
-                # The provider named a job another operation holds: this submission adopts nothing.
+            if job_id is not None and record.status == Status.SUBMITTING:
                 job = {
                     "provider": record.provider,
                     "account_context": record.account_context,
@@ -270,14 +256,18 @@ class PostgresStore(CheckProcedure, Decisions):
                 }
                 found = await tx.one(sql.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
                 holder = None if found is None else stored(found).record
-                if holder is not None and holder.operation_id != operation_id:
-                    kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
-                    released = {**kept, **duplicate_changes(holder.operation_id, str(job_id), at=at)}
-                    released["provider_job_id"] = job_id
-                    kind, note = "stopped", str(released["stop_detail"])
-            finished = await writer.write(current, released, at=at)
-            await writer.append(event(finished, kind, at, note=note, extra=payload_extra), on=current)
-            return finished
+            plan = plans.finish_plan(
+                record,
+                owner=owner,
+                changes=changes,
+                kind=kind,
+                at=at,
+                note=note,
+                payload_extra=payload_extra,
+                job_holder=holder,
+            )
+            record = await writer.carry_out(current, plan)
+            return record if plan.applied else None
 
     # -- extensions and approvals ---------------------------------------------------------------
 
@@ -306,18 +296,15 @@ class PostgresStore(CheckProcedure, Decisions):
             )
             if remembered is None:
                 return WakeResult(WakeOutcome.REPLAYED, ())
-            woken = [stored(row) for row in await tx.all(sql.WAKE, {**job, "now": now})]
-            extra = {
-                "event_id": event_id,
-                "event_type": event_type,
-                "delay_source": DelaySource.PROVIDER_WEBHOOK,
-            }
-            for current in woken:
-                self._forget(current.record.operation_id)
-                await writer.flush(current)
-                await writer.append(event(current.record, "woken_by_webhook", now, extra=extra), on=current)
-            ids = tuple(c.record.operation_id for c in woken)
-            return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
+            woken: list[str] = []
+            for row in await tx.all(sql.LOCK_WAITING_ON_JOB, job):
+                current = stored(row)
+                plan = plans.wake_plan(current.record, now=now, event_id=event_id, event_type=event_type)
+                if plan is not None:
+                    self._forget(current.record.operation_id)
+                    await writer.carry_out(current, plan)
+                    woken.append(current.record.operation_id)
+            return WakeResult(WakeOutcome.WOKEN if woken else WakeOutcome.NOT_WOKEN, tuple(woken))
 
     async def seal(self, *, at: float, batch: int = SEAL_BATCH) -> int:
         """Seal every operation's audit chain that moved since the last seal; how many were named.
@@ -366,16 +353,6 @@ class PostgresStore(CheckProcedure, Decisions):
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             return 1 if await writer.flush(current) else 0
-
-
-def _opening_facts(created: OperationRecord) -> dict[str, object]:
-    """What an operation's first audit row names beside its record: the account and the expected end."""
-    origin, credential_env = account_parts(created.account_context)
-    return {
-        "account_origin": origin,
-        "account_credential_env": credential_env,
-        "expected_terminal_state": created.expected_terminal_state,
-    }
 
 
 @asynccontextmanager

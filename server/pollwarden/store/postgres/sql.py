@@ -14,11 +14,8 @@ from functools import cache
 from pollwarden.audit_entry import REFUSALS_PER_SUMMARY
 from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
 from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
-from pollwarden.store.sqlite.queries import MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS
+from pollwarden.store.rows import CHAIN_COLUMNS, MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS, REFUSAL_COLUMNS
 
-REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
-# The operation's own audit chain (schema step 13): how many rows, and the last one's hash.
-CHAIN_COLUMNS = ("audit_rows", "audit_hash")
 OPERATION_ROW = ", ".join((*OPERATION_COLUMNS, *REFUSAL_COLUMNS, *CHAIN_COLUMNS))
 
 SELECT_OPERATION = f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = %(operation_id)s"
@@ -262,13 +259,10 @@ REMEMBER_WEBHOOK_EVENT = (
     "INSERT INTO webhook_events (provider, event_id, received_at) VALUES (%(provider)s, %(event_id)s, %(now)s) "
     "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
 )
-WAKE = (
-    "UPDATE operations SET next_check_at = %(now)s, woken_at = %(now)s, version = version + 1, "
-    "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
-    "AND status = 'waiting' AND %(now)s < next_check_at "
-    "AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
-    f"AND {deadline_open_sql('%(now)s')} "
-    f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
+# The job's waiting operations, locked in id order, which a webhook may wake (`plans.may_wake` decides).
+LOCK_WAITING_ON_JOB = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
+    "AND status = 'waiting' ORDER BY operation_id FOR UPDATE"
 )
 
 # -- the audit: the one chain's head row, and the rows (pollwarden.audit_verify) ----------------------

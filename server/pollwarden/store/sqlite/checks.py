@@ -12,27 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from pollwarden.audit_entry import event, lease_recovered
-from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
+from pollwarden.gate import GateDecision, decide_check
 from pollwarden.records import CheckStart, OperationRecord
-from pollwarden.schedule import pace, slot_still_held
+from pollwarden.store import plans
+from pollwarden.store.rows import StoredOperation
 from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
-from pollwarden.store.sqlite.rows import StoredOperation
-from pollwarden.vocabulary import Outcome, Status, status_for
+from pollwarden.store.sqlite.rows import StaleRow
+from pollwarden.vocabulary import Status
 from pollwarden_providers.table_limits import FleetSpec
-
-
-class _Stale(Exception):
-    """The operation changed between the gate's read and the guarded write."""
-
-
-def _written(session: Session, sql: str, params: Mapping[str, object]) -> OperationRecord:
-    """The row a write guarded by the version the gate read returned; `_Stale` when the guard failed."""
-    written = rows.returned(session.conn.execute(sql, params))
-    if written is None:
-        raise _Stale
-    return written.record
 
 
 def begin_check(
@@ -67,10 +55,12 @@ def begin_check(
     if not decision.writes:
         return CheckStart(current.record, decision)
     try:
-        with session.transaction(durable=_durable(decision, current)):
+        with session.transaction(durable=not plans.quiet_refusal(current.refusals, decision)):
             now = clock() if clock is not None else now
-            return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key, fleet_slots)
-    except _Stale:
+            return _carry_out(
+                session, current, decision, now, owner, lease_seconds, fleets, key, fleet_slots, fresh=False
+            )
+    except StaleRow:
         pass
     # Another process moved first: decide again with the write lock held, where nothing can change.
     with session.transaction(durable=True):
@@ -81,7 +71,9 @@ def begin_check(
         )
         if not decision.writes:
             return CheckStart(current.record, decision)
-        return _carry_out(session, current, decision, now, owner, lease_seconds, fleets, key, fleet_slots)
+        return _carry_out(
+            session, current, decision, now, owner, lease_seconds, fleets, key, fleet_slots, fresh=True
+        )
 
 
 def _decide(
@@ -111,15 +103,6 @@ def _decide(
     )
 
 
-def _durable(decision: GateDecision, current: StoredOperation) -> bool:
-    """Only a counted refusal that writes no audit row commits at synchronous=NORMAL."""
-    outcome = decision.refusal
-    if outcome is None:
-        return True
-    pending = current.refusals
-    return pending.must_flush_before(outcome) or pending.full_after_one_more(outcome)
-
-
 def _carry_out(
     session: Session,
     current: StoredOperation,
@@ -129,112 +112,39 @@ def _carry_out(
     lease_seconds: float,
     fleets: Mapping[str, FleetSpec | None],
     key: bytes | None,
-    fleet_slots: int | None = None,
+    fleet_slots: int | None,
+    *,
+    fresh: bool,
 ) -> CheckStart:
+    """Read what the plan needs (the provider's pace, the principal's booked slots), plan, carry it out."""
     conn = session.conn
     record = current.record
-    outcome = decision.refusal
-    if outcome is not None:
-        counted = rows.count_refusal(conn, current, outcome, now, key, durable=session.durable)
-        if counted is None:
-            raise _Stale
-        return CheckStart(counted.record, decision)
-    if decision.step == Step.STOP:
-        return CheckStart(_stop_before_request(session, current, decision, now, key), decision)
     fleet = fleets.get(record.provider)
-    if fleet is not None and may_reserve(record, now):
-        held = record.fleet_slot_at is not None and slot_still_held(
-            record.fleet_slot_at, now=now, rate=fleet.max_requests_per_second
-        )
-        if not held:
-            booked = _pace(session, record, fleet, now, fleet_slots)
-            if booked is not None:
-                return CheckStart(booked, GateDecision(Step.PACED, allowed_at=booked.next_check_at))
-    reserved = _written(
-        session,
-        queries.RESERVE,
-        {
-            "owner": owner,
-            "lease_expires_at": now + lease_seconds,
-            "now": now,
-            "operation_id": record.operation_id,
-            "version": record.version,
-        },
-    )
-    if record.lease_owner is not None:
-        # A check that never finished held the lease until it expired: tell it in the story.
-        rows.flush_refusals(conn, record.operation_id, key)
-        rows.append(conn, lease_recovered(record, now), key)
-    return CheckStart(reserved, decision)
-
-
-def _pace(
-    session: Session, record: OperationRecord, fleet: FleetSpec, now: float, fleet_slots: int | None = None
-) -> OperationRecord | None:
-    """Take the provider's shared pace; when it is used up, book the next free slot (returned).
-
-    Fair shares (`fleet_slots`): while the pace is used up, one principal holds at
-    most that many booked slots of it; its other checks wait for the earliest of
-    them (nothing taken from the pace), so another principal's check books the
-    next free slot behind at most that many.
-    """
-    conn = session.conn
-    row = conn.execute(queries.SELECT_FLEET_TAT, (record.provider,)).fetchone()
-    step = pace(
-        None if row is None else float(row[0]), now=now, rate=fleet.max_requests_per_second, burst=fleet.burst
-    )
-    if not step.admitted and fleet_slots is not None:
-        held = {
-            "provider": record.provider,
-            "owner": record.owner,
-            "now": now,
-            "operation_id": record.operation_id,
-        }
-        count, earliest = conn.execute(queries.PRINCIPAL_BOOKED_SLOTS, held).fetchone()
-        if int(count) >= fleet_slots and earliest is not None:
-            wait = {
-                "at": float(earliest),
+    step = booked = None
+    if plans.needs_pace(record, decision, fleet, now=now):
+        row = conn.execute(queries.SELECT_FLEET_TAT, (record.provider,)).fetchone()
+        step = plans.pace_step(record, decision, fleet, None if row is None else float(row[0]), now=now)
+        if plans.needs_booked_slots(step, fleet_slots):
+            held = {
+                "provider": record.provider,
+                "owner": record.owner,
                 "now": now,
                 "operation_id": record.operation_id,
-                "version": record.version,
             }
-            return _written(session, queries.WAIT_FOR_OWN_SLOT, wait)
-    conn.execute(queries.UPSERT_FLEET_TAT, (record.provider, step.next_tat))
-    if step.admitted:
-        return None
-    slot = {
-        "slot_at": step.slot_at,
-        "now": now,
-        "operation_id": record.operation_id,
-        "version": record.version,
-    }
-    return _written(session, queries.BOOK_FLEET_SLOT, slot)
-
-
-def _stop_before_request(
-    session: Session, current: StoredOperation, decision: GateDecision, now: float, key: bytes | None
-) -> OperationRecord:
-    """Stop a waiting operation whose deadline passed or whose budget is used, nothing sent."""
-    conn = session.conn
-    before = current.record
-    assert decision.stop_reason is not None
-    rows.flush_refusals(conn, before.operation_id, key)
-    if before.lease_owner is not None:  # the gate stops only once a lease has expired
-        rows.append(conn, lease_recovered(before, now), key)
-    stopped = _written(
-        session,
-        queries.STOP_BEFORE_REQUEST,
-        {
-            "status": status_for(decision.stop_reason),
-            "stop_reason": decision.stop_reason,
-            "stop_detail": decision.stop_detail,
-            "at": now,
-            "operation_id": before.operation_id,
-            "version": before.version,
-        },
+            count, earliest = conn.execute(queries.PRINCIPAL_BOOKED_SLOTS, held).fetchone()
+            booked = (int(count), None if earliest is None else float(earliest))
+    plan = plans.check_plan(
+        record,
+        decision,
+        now=now,
+        owner=owner,
+        lease_seconds=lease_seconds,
+        step=step,
+        booked=booked,
+        fleet_slots=fleet_slots,
     )
-    rows.append(conn, event(stopped, "stopped", now, outcome=Outcome.STOPPED), key)
-    return stopped
+    rows.carry_out(conn, current, plan, key, durable=session.durable, fresh=fresh)
+    return CheckStart(plan.record, plan.decision or decision)
 
 
 def apply_answer(
@@ -249,22 +159,11 @@ def apply_answer(
 ) -> tuple[OperationRecord, bool]:
     """Persist what one status answer meant and release the lease; (record, applied).
 
-    Applied only while this call still holds the lease: an answer that arrives
-    after the lease was lost and taken over is audited, not applied.
+    Applied only while this call still holds the lease (`plans.answer_plan`).
     """
     with session.transaction() as conn:
-        rows.flush_refusals(conn, operation_id, key)  # the refusals came before this answer
-        released = {**changes, "lease_owner": None, "lease_expires_at": None}
-        updated = rows.update_operation(
-            conn, operation_id, released, queries.Guard.LEASE_HELD, at=at, guard_owner=owner
+        current = rows.must_fetch(conn, operation_id)
+        plan = plans.answer_plan(
+            current.record, owner=owner, changes=changes, at=at, payload_extra=payload_extra
         )
-        if updated is None:
-            current = rows.must_fetch(conn, operation_id).record
-            rows.append(
-                conn,
-                event(current, "late_answer_ignored", at, outcome=Outcome.POLLED, extra=payload_extra),
-                key,
-            )
-            return current, False
-        rows.append(conn, event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra), key)
-        return updated, True
+        return rows.carry_out(conn, current, plan, key), plan.applied

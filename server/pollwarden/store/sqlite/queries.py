@@ -10,13 +10,11 @@ names (`update_operation`), never from text a caller passes in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from enum import StrEnum
 from functools import cache
 
-from pollwarden.audit import REKEY_OPERATION
 from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
 from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
+from pollwarden.store.rows import NEW_OPERATION_COLUMNS, REFUSAL_COLUMNS
 
 # -- connection and transactions -----------------------------------------------------------
 
@@ -36,10 +34,8 @@ def busy_timeout(seconds: float) -> str:
 
 # -- operations ------------------------------------------------------------------------------
 
-_REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
 # What every read (and every RETURNING) of an operation returns: the record, then its refusal counters.
-OPERATION_ROW = ", ".join((*OPERATION_COLUMNS, *_REFUSAL_COLUMNS))
-OPERATION_ROW_WIDTH = len(OPERATION_COLUMNS)
+OPERATION_ROW = ", ".join((*OPERATION_COLUMNS, *REFUSAL_COLUMNS))
 
 SELECT_OPERATION = f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = ?"
 
@@ -70,46 +66,6 @@ LIST_BY_FINGERPRINT = (
     "ORDER BY created_at DESC, operation_id LIMIT :limit"
 )
 
-NEW_OPERATION_COLUMNS = (
-    "operation_id",
-    "provider",
-    "provider_job_id",
-    "account_context",
-    "request_fingerprint",
-    "idempotency_key",
-    "expected_terminal_state",
-    "status",
-    "started_at",
-    "deadline_at",
-    "business_deadline_at",
-    "max_status_requests",
-    "max_transport_failures",
-    "max_rate_limited",
-    "next_check_at",
-    "delay_source",
-    "submit_payload_json",
-    "created_at",
-    "updated_at",
-    "resubmission_of",
-    "owner",
-)
-# New columns a caller may leave out: a new operation is no resubmission unless it says so, and a
-# caller that names no principal acts for the local user (both engines).
-OPTIONAL_NEW_COLUMNS: Mapping[str, object] = {"resubmission_of": None, "owner": "local"}
-
-
-def new_operation_values(values: Mapping[str, object]) -> dict[str, object]:
-    """A new operation's columns, the optional ones filled in; ValueError for a caller's mistake."""
-    complete = {**OPTIONAL_NEW_COLUMNS, **values}
-    missing = set(NEW_OPERATION_COLUMNS) - set(complete)
-    extra = set(complete) - set(NEW_OPERATION_COLUMNS)
-    if missing or extra:
-        raise ValueError(f"a new operation needs exactly its columns (missing {missing}, unknown {extra})")
-    if complete["operation_id"] == REKEY_OPERATION:
-        raise ValueError(f"{REKEY_OPERATION!r} names the audit chain's own rows; no operation may use it")
-    return complete
-
-
 INSERT_OPERATION = (
     f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in NEW_OPERATION_COLUMNS)}) "
@@ -133,17 +89,8 @@ SELECT_PAYLOAD_IN_FLIGHT = (
     "ORDER BY created_at DESC, operation_id LIMIT 1"
 )
 
-# An operator reopens a refused operation (pollwarden reopen): only as it was shown to them.
-REOPEN = (
-    "UPDATE operations SET status = 'waiting', stop_reason = NULL, stop_detail = NULL, stopped_at = NULL, "
-    "next_check_at = :next_check_at, delay_source = 'manual_extension', fleet_slot_at = NULL, "
-    "lease_owner = NULL, lease_expires_at = NULL, version = version + 1, updated_at = :at "
-    "WHERE operation_id = :operation_id AND version = :version AND status = 'escalated' "
-    "AND stop_reason IN ('authorization_denied', 'integration_failure', 'account_context_changed') "
-    f"AND provider_job_id IS NOT NULL AND duplicate_of IS NULL RETURNING {OPERATION_ROW}"
-)
-
-# The gate's RESERVE, guarded by the same conditions (pollwarden.stop's, and the version the gate read).
+# The gate's RESERVE as one statement, guarded by the same conditions (pollwarden.stop's, and the
+# version the gate read); proven to agree with `gate.may_reserve` (test_stop_policy_agrees_with_sql).
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
     "lease_owner = :owner, lease_expires_at = :lease_expires_at, version = version + 1, updated_at = :now "
@@ -152,36 +99,16 @@ RESERVE = (
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
 
-# The provider's shared pace was used up: the operation holds the next free slot instead.
-BOOK_FLEET_SLOT = (
-    "UPDATE operations SET fleet_slot_at = :slot_at, next_check_at = :slot_at, "
-    "delay_source = 'fleet_pacing', version = version + 1, updated_at = :now "
-    f"WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' RETURNING {OPERATION_ROW}"
-)
-
 # Fair shares (issue 19): the future fleet slots one principal holds for a provider, and the
 # check that waits for the earliest of them instead of booking one more.
 PRINCIPAL_BOOKED_SLOTS = (
     "SELECT count(*), min(fleet_slot_at) FROM operations WHERE provider = :provider AND owner = :owner "
     "AND fleet_slot_at > :now AND status = 'waiting' AND operation_id <> :operation_id"
 )
-WAIT_FOR_OWN_SLOT = (
-    "UPDATE operations SET fleet_slot_at = NULL, next_check_at = :at, "
-    "delay_source = 'fleet_pacing', version = version + 1, updated_at = :now "
-    f"WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' RETURNING {OPERATION_ROW}"
-)
 COUNT_ACTIVE_OF_OWNER = (
     "SELECT count(*) FROM operations WHERE owner = ? AND status IN ('waiting', 'submitting')"
 )
 COUNT_CREATED_SINCE_BY_OWNER = "SELECT count(*) FROM operations WHERE owner = ? AND created_at > ?"
-
-# The gate's STOP (deadline passed, budget used): only while no live request holds the lease.
-STOP_BEFORE_REQUEST = (
-    "UPDATE operations SET status = :status, stop_reason = :stop_reason, stop_detail = :stop_detail, "
-    "stopped_at = :at, lease_owner = NULL, lease_expires_at = NULL, version = version + 1, updated_at = :at "
-    "WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' "
-    f"AND (lease_owner IS NULL OR lease_expires_at <= :at) RETURNING {OPERATION_ROW}"
-)
 
 # One refused call (not_yet or stopped). The version guard: the operation is still as the gate read it
 # (every change but this counter bumps the version), so only the counters need returning.
@@ -190,7 +117,7 @@ COUNT_REFUSAL = (
     "refused_first_at = COALESCE(refused_first_at, :at), refused_last_at = :at "
     "WHERE operation_id = :operation_id AND version = :version "
     "AND (refused_outcome IS NULL OR refused_outcome = :outcome) "
-    f"RETURNING {', '.join(_REFUSAL_COLUMNS)}"
+    f"RETURNING {', '.join(REFUSAL_COLUMNS)}"
 )
 SELECT_PENDING_REFUSALS = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = ? AND refused_count > 0"
@@ -203,66 +130,15 @@ RESET_REFUSALS = (
     "refused_last_at = NULL WHERE operation_id = ?"
 )
 
-# A resubmission a person has not approved is never claimed for sending.
-_NOT_HELD = "AND (resubmission_of IS NULL OR resubmission_approved_by IS NOT NULL) "
-CLAIM_SUBMISSION = (
-    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, submit_sent_at = :now, "
-    "version = version + 1, updated_at = :now "
-    "WHERE operation_id = :operation_id AND status = 'submitting' AND lease_owner IS NULL "
-    f"{_NOT_HELD}RETURNING {OPERATION_ROW}"
-)
-# With idempotency an expired lease (a call that died mid-send) may be taken over: a resend is safe.
-CLAIM_SUBMISSION_TAKING_OVER = (
-    "UPDATE operations SET lease_owner = :owner, lease_expires_at = :lease_expires_at, submit_sent_at = :now, "
-    "version = version + 1, updated_at = :now "
-    "WHERE operation_id = :operation_id AND status = 'submitting' "
-    f"AND (lease_owner IS NULL OR lease_expires_at <= :now) {_NOT_HELD}RETURNING {OPERATION_ROW}"
-)
-
-# The fields a decision may change (never the identity, the fingerprint or the start).
-MUTABLE_COLUMNS = frozenset(OPERATION_COLUMNS) - {
-    "operation_id",
-    "provider",
-    "account_context",
-    "request_fingerprint",
-    "idempotency_key",
-    "expected_terminal_state",
-    "started_at",
-    "submit_payload_json",
-    "created_at",
-    "updated_at",
-    "version",
-    "resubmission_of",
-}
-
-
-class Guard(StrEnum):
-    """The condition under which a decided change may be written."""
-
-    LEASE_HELD = "lease_owner = :guard_owner"
-    SUBMISSION_LEASE_HELD = "status = 'submitting' AND lease_owner = :guard_owner"
-    SUBMITTING = "status = 'submitting'"
-    ESCALATED_AS_ASKED = "version = :guard_version AND status = 'escalated'"
-    UNCHANGED = "version = :guard_version"
-
-
-# Counted in SQL alongside a guarded change.
-_ALSO: dict[Guard, str] = {Guard.ESCALATED_AS_ASKED: "extensions_used = extensions_used + 1, "}
-
 
 @cache
-def update_operation(columns: tuple[str, ...], guard: Guard) -> str:
-    """`UPDATE … SET <columns> … WHERE <guard> RETURNING` the row; parameters are named `c_<column>`.
-
-    `columns` must be fields a decision may change (a ValueError names any other).
-    """
-    unknown = [c for c in columns if c not in MUTABLE_COLUMNS]
-    if unknown:
-        raise ValueError(f"not a field an operation's change may set: {', '.join(unknown)}")
+def update_operation(columns: tuple[str, ...]) -> str:
+    """`UPDATE … SET <columns>` guarded by the version read (`rows.writable` columns only); parameters
+    are named `c_<column>`, `version`, `at` and `operation_id`. A row back means the guard held."""
     sets = "".join(f"{c} = :c_{c}, " for c in columns)
     return (
-        f"UPDATE operations SET {sets}{_ALSO.get(guard, '')}version = version + 1, updated_at = :at "
-        f"WHERE operation_id = :operation_id AND {guard.value} RETURNING {OPERATION_ROW}"
+        f"UPDATE operations SET {sets}version = version + 1, updated_at = :at "
+        "WHERE operation_id = :operation_id AND version = :version RETURNING 1"
     )
 
 
@@ -335,13 +211,8 @@ REMEMBER_WEBHOOK_EVENT = (
     "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
 )
 KNOWS_JOB = "SELECT 1 FROM operations WHERE provider = ? AND provider_job_id = ? LIMIT 1"
-# A hint moves the next allowed check to now, and only forward: while waiting, before the planned
-# time, never past a deadline, never under a Retry-After in force or a booked fleet slot (the check
-# would be refused anyway), never while a request is in flight (its answer sets the schedule).
-WAKE = (
-    "UPDATE operations SET next_check_at = :now, woken_at = :now, version = version + 1, updated_at = :now "
-    "WHERE provider = :provider AND provider_job_id = :job_id AND status = 'waiting' "
-    "AND :now < next_check_at AND delay_source NOT IN ('provider_retry_after', 'fleet_pacing') "
-    f"AND {deadline_open_sql(':now')} "
-    f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
+# The job's waiting operations, which a webhook may wake (`plans.may_wake` decides which).
+WAITING_ON_JOB = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE provider = :provider AND provider_job_id = :job_id "
+    "AND status = 'waiting' ORDER BY operation_id"
 )

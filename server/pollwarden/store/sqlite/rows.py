@@ -7,10 +7,8 @@ are the pieces the engine's one-trip operations are made of.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from pollwarden.audit_entry import (
     NO_REFUSALS,
@@ -18,7 +16,6 @@ from pollwarden.audit_entry import (
     AuditEvent,
     ChainHead,
     ChainRow,
-    OperationChain,
     PendingRefusals,
     chain_row,
     link,
@@ -26,30 +23,10 @@ from pollwarden.audit_entry import (
 )
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
+from pollwarden.store.plans import Append, CountRefusal, Flush, Plan, Update
+from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import queries
 from pollwarden.vocabulary import Outcome
-
-
-@dataclass(frozen=True)
-class StoredOperation:
-    """An operation row: the record, the refused calls counted on it and not yet audited, and (on
-    PostgreSQL, where each operation's audit rows form a chain of their own) that chain's head."""
-
-    record: OperationRecord
-    refusals: PendingRefusals
-    chain: OperationChain | None = None
-
-
-def stored(row: Sequence[Any]) -> StoredOperation:
-    """A row of `queries.OPERATION_ROW` as the record and its refusal counters (and, when the row
-    carries two more columns, PostgreSQL's `audit_rows` and `audit_hash`, the operation's chain)."""
-    width = queries.OPERATION_ROW_WIDTH
-    record = OperationRecord.from_row(row[:width])
-    count, outcome, first_at, last_at = row[width : width + 4]
-    chain = None if len(row) == width + 4 else OperationChain(int(row[width + 4]), str(row[width + 5] or ""))
-    if not count:
-        return StoredOperation(record, NO_REFUSALS, chain)
-    return StoredOperation(record, PendingRefusals(int(count), Outcome(outcome), first_at, last_at), chain)
 
 
 def fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation | None:
@@ -72,20 +49,49 @@ def returned(cursor: sqlite3.Cursor) -> StoredOperation | None:
     return None if row is None else stored(row)
 
 
-def update_operation(
+class StaleRow(StoreError):
+    """A plan's guarded write found the operation changed since it was read: nothing may be committed."""
+
+
+def carry_out(
     conn: sqlite3.Connection,
-    operation_id: str,
-    changes: Mapping[str, object],
-    guard: queries.Guard,
+    current: StoredOperation,
+    plan: Plan,
+    key: bytes | None,
     *,
-    at: float,
-    **guard_values: object,
-) -> OperationRecord | None:
-    """One decided change of an operation under `guard`; the row written, or None when the guard did not hold."""
-    params = {f"c_{column}": value for column, value in changes.items()}
-    params.update(guard_values, at=at, operation_id=operation_id)
-    updated = returned(conn.execute(queries.update_operation(tuple(changes), guard), params))
-    return None if updated is None else updated.record
+    durable: bool = True,
+    fresh: bool = True,
+) -> OperationRecord:
+    """Carry out `plan`, made from `current`, in the caller's open transaction; the record it leaves.
+
+    `fresh`: `current` was read under this transaction's write lock (its refusal counters are exact);
+    otherwise they are read again before a summary is written. Raises `StaleRow` when an `Update`'s
+    version guard (or a count's) did not hold: the caller rolls the transaction back.
+    """
+    op_id = current.record.operation_id
+    for write in plan.writes:
+        if isinstance(write, Flush):
+            if not fresh:
+                flush_refusals(conn, op_id, key)
+            elif current.refusals.count:
+                _write_summary(conn, current, key)
+                current = StoredOperation(current.record, NO_REFUSALS)
+        elif isinstance(write, Update):
+            params = {f"c_{column}": value for column, value in write.changes.items()}
+            params.update(at=write.at, operation_id=op_id, version=current.record.version)
+            if (
+                conn.execute(queries.update_operation(writable(tuple(write.changes))), params).fetchone()
+                is None
+            ):
+                raise StaleRow(f"operation {op_id!r} changed since it was read")
+        elif isinstance(write, Append):
+            append(conn, write.entry, key)
+        elif isinstance(write, CountRefusal):
+            if count_refusal(conn, current, write.outcome, write.at, key, durable=durable) is None:
+                raise StaleRow(f"operation {op_id!r} changed since it was read")
+        else:  # SetPace
+            conn.execute(queries.UPSERT_FLEET_TAT, (write.provider, write.tat))
+    return plan.record
 
 
 def append(conn: sqlite3.Connection, entry: AuditEvent, key: bytes | None) -> int:

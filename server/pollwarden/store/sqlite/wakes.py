@@ -8,11 +8,10 @@ is a hint: it sets `next_check_at` (and `woken_at`) to now, nothing else.
 
 from __future__ import annotations
 
-from pollwarden.audit_entry import event
 from pollwarden.records import WakeOutcome, WakeResult
+from pollwarden.store import plans
 from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
-from pollwarden.vocabulary import DelaySource
 
 
 def wake(
@@ -39,15 +38,11 @@ def wake(
         conn.execute(queries.PRUNE_WEBHOOK_EVENTS, (provider, now - remember_seconds))
         if conn.execute(queries.REMEMBER_WEBHOOK_EVENT, (provider, event_id, now)).fetchone() is None:
             return WakeResult(WakeOutcome.REPLAYED, ())
-        woken = [
-            rows.stored(row).record
-            for row in conn.execute(
-                queries.WAKE, {"now": now, "provider": provider, "job_id": job_id}
-            ).fetchall()
-        ]
-        extra = {"event_id": event_id, "event_type": event_type, "delay_source": DelaySource.PROVIDER_WEBHOOK}
-        for record in woken:
-            rows.flush_refusals(conn, record.operation_id, key)
-            rows.append(conn, event(record, "woken_by_webhook", now, extra=extra), key)
-        ids = tuple(r.operation_id for r in woken)
-        return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
+        woken: list[str] = []
+        for row in conn.execute(queries.WAITING_ON_JOB, {"provider": provider, "job_id": job_id}).fetchall():
+            current = rows.stored(row)
+            plan = plans.wake_plan(current.record, now=now, event_id=event_id, event_type=event_type)
+            if plan is not None:
+                rows.carry_out(conn, current, plan, key)
+                woken.append(current.record.operation_id)
+        return WakeResult(WakeOutcome.WOKEN if woken else WakeOutcome.NOT_WOKEN, tuple(woken))

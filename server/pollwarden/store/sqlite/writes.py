@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping
-from typing import Any
 
 from pollwarden.audit_entry import event
-from pollwarden.job_identity import account_parts, duplicate_changes
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.store import plans
+from pollwarden.store.rows import new_operation_values
 from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.vocabulary import (
@@ -39,7 +39,7 @@ def create_operation(
     nothing is created (pollwarden.job_identity). The first audit row names the account
     context's origin and credential variable.
     """
-    values = queries.new_operation_values(values)
+    values = new_operation_values(values)
     with session.transaction() as conn:
         # BEGIN IMMEDIATE: the id and the job are looked up and the row inserted under the write lock,
         # so two processes starting one job at once get one operation (the unique index is the backstop).
@@ -64,13 +64,7 @@ def create_operation(
         created = rows.returned(conn.execute(queries.INSERT_OPERATION, dict(values)))
         if created is None:
             return rows.must_fetch(conn, str(values["operation_id"])).record, False
-        origin, credential_env = account_parts(created.record.account_context)
-        first = {
-            "account_origin": origin,
-            "account_credential_env": credential_env,
-            "expected_terminal_state": created.record.expected_terminal_state,
-        }
-        rows.append(conn, event(created.record, kind, at, extra=first), key)
+        rows.append(conn, plans.opening_event(created.record, kind, at), key)
         return created.record, True
 
 
@@ -81,10 +75,6 @@ def _job_owner(
     params = {"provider": provider, "account_context": account, "provider_job_id": job_id, "owner": principal}
     row = conn.execute(queries.SELECT_JOB_OWNER, params).fetchone()
     return None if row is None else rows.stored(row).record
-
-
-# What a submission answer that named another operation's job still records about itself.
-_SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
 
 
 def claim_submission(
@@ -98,21 +88,19 @@ def claim_submission(
     note: str,
     key: bytes | None,
 ) -> OperationRecord | None:
-    """Take the submission lease before the submit request is sent (None: not free)."""
-    sql = queries.CLAIM_SUBMISSION_TAKING_OVER if allow_stale else queries.CLAIM_SUBMISSION
-    params = {
-        "owner": owner,
-        "lease_expires_at": now + lease_seconds,
-        "now": now,
-        "operation_id": operation_id,
-    }
+    """Take the submission lease before the submit request is sent (None: not free; `plans.claim_plan`)."""
     with session.transaction() as conn:
-        rows.flush_refusals(conn, operation_id, key)
-        claimed = rows.returned(conn.execute(sql, params))
-        if claimed is None:
-            return None
-        rows.append(conn, event(claimed.record, "submit_sending", now, note=note), key)
-        return claimed.record
+        current = rows.must_fetch(conn, operation_id)
+        plan = plans.claim_plan(
+            current.record,
+            owner=owner,
+            now=now,
+            lease_seconds=lease_seconds,
+            allow_stale=allow_stale,
+            note=note,
+        )
+        record = rows.carry_out(conn, current, plan, key)
+        return record if plan.applied else None
 
 
 def finish_submission(
@@ -127,35 +115,26 @@ def finish_submission(
     payload_extra: Mapping[str, object] | None,
     key: bytes | None,
 ) -> OperationRecord | None:
-    """Record what a submission led to (None: the guard did not hold).
-
-    With `owner`, only while that call holds the submission lease, which is
-    released; without one, only while the operation is still submitting (a
-    stop decided with nothing in flight), and a stale lease is cleared too.
-    """
-    released: dict[str, object] = {**changes, "lease_owner": None, "lease_expires_at": None}
+    """Record what a submission led to (None: the guard did not hold; `plans.finish_plan`)."""
     with session.transaction() as conn:
-        rows.flush_refusals(conn, operation_id, key)
+        current = rows.must_fetch(conn, operation_id)
+        record = current.record
         job_id = changes.get("provider_job_id")
+        holder = None
         if job_id is not None:
-            # The provider named a job another operation holds: this submission adopts nothing.
-            current = rows.must_fetch(conn, operation_id).record
-            holder = _job_owner(conn, current.provider, current.account_context, job_id, current.owner)
-            if holder is not None and holder.operation_id != operation_id:
-                kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
-                released = {**kept, **duplicate_changes(holder.operation_id, str(job_id), at=at)}
-                released["provider_job_id"] = job_id
-                kind, note = "stopped", str(released["stop_detail"])
-        if owner is not None:
-            record = rows.update_operation(
-                conn, operation_id, released, queries.Guard.SUBMISSION_LEASE_HELD, at=at, guard_owner=owner
-            )
-        else:
-            record = rows.update_operation(conn, operation_id, released, queries.Guard.SUBMITTING, at=at)
-        if record is None:
-            return None
-        rows.append(conn, event(record, kind, at, note=note, extra=payload_extra), key)
-        return record
+            holder = _job_owner(conn, record.provider, record.account_context, job_id, record.owner)
+        plan = plans.finish_plan(
+            record,
+            owner=owner,
+            changes=changes,
+            kind=kind,
+            at=at,
+            note=note,
+            payload_extra=payload_extra,
+            job_holder=holder,
+        )
+        record = rows.carry_out(conn, current, plan, key)
+        return record if plan.applied else None
 
 
 def apply_extension(
@@ -171,20 +150,20 @@ def apply_extension(
 ) -> OperationRecord | None:
     """Grant a new authorization, only if the operation is still as it was when the person was asked."""
     with session.transaction() as conn:
-        rows.flush_refusals(conn, operation_id, key)
-        record = rows.update_operation(
-            conn,
-            operation_id,
-            changes,
-            queries.Guard.ESCALATED_AS_ASKED,
+        current = rows.must_fetch(conn, operation_id)
+        plan = plans.extension_plan(
+            current.record,
+            bound_version=bound_version,
+            changes=changes,
             at=at,
-            guard_version=bound_version,
+            approval_id=approval_id,
+            payload_extra=payload_extra,
         )
-        if record is None:
+        record = rows.carry_out(conn, current, plan, key)
+        if not plan.applied:
             return None
         if approval_id is not None:
             conn.execute(queries.MARK_APPROVAL_APPLIED, (approval_id,))
-        rows.append(conn, event(record, "extension_approved", at, note=approval_id, extra=payload_extra), key)
         return record
 
 
@@ -230,13 +209,6 @@ def open_approval(
         return ApprovalRecord.from_row(row)
 
 
-_DECIDED_KIND = {
-    ApprovalStatus.APPROVED: "approval_granted",
-    ApprovalStatus.EXPIRED: "approval_expired",
-    ApprovalStatus.VOID: "approval_void",
-}
-
-
 def decide_approval(
     session: Session,
     approval_id: str,
@@ -258,20 +230,14 @@ def decide_approval(
         approval = None if row is None else ApprovalRecord.from_row(row)
         if approval is None or approval.status != ApprovalStatus.PENDING:
             return approval
-        current = rows.must_fetch(conn, approval.operation_id).record
-        if at >= approval.expires_at:
-            status = ApprovalStatus.EXPIRED
-        elif approve and current.version != approval.bound_version:
-            status = ApprovalStatus.VOID  # the operation changed since the person was asked
-        else:
-            status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
+        current = rows.must_fetch(conn, approval.operation_id)
+        status, plan = plans.decision_plan(
+            approval, current.record, approve=approve, by=by, at=at, method=method
+        )
         decided = ApprovalRecord.from_row(
             conn.execute(queries.DECIDE_APPROVAL, (status, at, by, method, signature, approval_id)).fetchone()
         )
-        kind = _DECIDED_KIND.get(status, f"{approval.kind}_denied")
-        rows.flush_refusals(conn, approval.operation_id, key)
-        authenticated = {"authenticated_by": method}
-        rows.append(conn, event(current, kind, at, note=f"{approval_id} by {by}", extra=authenticated), key)
+        rows.carry_out(conn, current, plan, key)
         return decided
 
 
@@ -296,9 +262,10 @@ def close_approval(
             return None
         approval = ApprovalRecord.from_row(row)
         if audit_kind is not None:
-            rows.flush_refusals(conn, approval.operation_id, key)
-            record = rows.must_fetch(conn, approval.operation_id).record
-            rows.append(conn, event(record, audit_kind, at, note=approval_id), key)
+            current = rows.must_fetch(conn, approval.operation_id)
+            rows.carry_out(
+                conn, current, plans.note_plan(current.record, audit_kind, at, note=approval_id), key
+            )
         return approval
 
 
@@ -324,20 +291,22 @@ def record_followup(
     still `expect_version`; otherwise nothing is written and None is returned.
     """
     with session.transaction() as conn:
-        rows.flush_refusals(conn, operation_id, key)
-        if operation_changes:
-            record = rows.update_operation(
-                conn,
-                operation_id,
-                operation_changes,
-                queries.Guard.UNCHANGED,
-                at=at,
-                guard_version=expect_version,
-            )
-            if record is None:
-                return None
-        else:
-            record = rows.must_fetch(conn, operation_id).record
+        current = rows.must_fetch(conn, operation_id)
+        plan = plans.followup_plan(
+            current.record,
+            followup_id=followup_id,
+            kind=kind,
+            status=status,
+            at=at,
+            approval_id=approval_id,
+            http_status=http_status,
+            note=note,
+            operation_changes=operation_changes,
+            expect_version=expect_version,
+        )
+        rows.carry_out(conn, current, plan, key)
+        if not plan.applied:
+            return None
         followup = FollowupRecord.from_row(
             conn.execute(
                 queries.INSERT_FOLLOWUP,
@@ -346,13 +315,6 @@ def record_followup(
         )
         if approval_id is not None:
             conn.execute(queries.MARK_APPROVAL_USED, (f"used by {followup_id}", approval_id))
-        audit_kind = f"{kind}_{status}"
-        extra: dict[str, Any] = {
-            "followup_id": followup_id,
-            "http_status": http_status,
-            "approval_id": approval_id,
-        }
-        rows.append(conn, event(record, audit_kind, at, note=note, extra=extra), key)
         return followup
 
 
@@ -368,9 +330,8 @@ def audit_event(
 ) -> None:
     """Append one audit row about an operation (follow-ups, answers that matter)."""
     with session.transaction() as conn:
-        rows.flush_refusals(conn, operation_id, key)
-        record = rows.must_fetch(conn, operation_id).record
-        rows.append(conn, event(record, kind, at, note=note, extra=extra), key)
+        current = rows.must_fetch(conn, operation_id)
+        rows.carry_out(conn, current, plans.note_plan(current.record, kind, at, note=note, extra=extra), key)
 
 
 def flush_refusals(session: Session, operation_id: str | None, key: bytes | None) -> int:
@@ -404,17 +365,9 @@ def reopen(
 ) -> OperationRecord | None:
     """An operator's reopen: back to waiting, same budget and deadline, only as it was shown (None: it changed)."""
     with session.transaction() as conn:
-        rows.flush_refusals(conn, operation_id, key)
-        params = {
-            "operation_id": operation_id,
-            "version": bound_version,
-            "next_check_at": next_check_at,
-            "at": at,
-        }
-        reopened = rows.returned(conn.execute(queries.REOPEN, params))
-        if reopened is None:
-            return None
-        rows.append(
-            conn, event(reopened.record, "reopened", at, note=str(extra.get("reason")), extra=extra), key
+        current = rows.must_fetch(conn, operation_id)
+        plan = plans.reopen_plan(
+            current.record, bound_version=bound_version, next_check_at=next_check_at, at=at, extra=extra
         )
-        return reopened.record
+        record = rows.carry_out(conn, current, plan, key)
+        return record if plan.applied else None
