@@ -9,7 +9,7 @@ row, `CountRefusal` (quiet, then a summary row), `SetPace` (one shared pace acro
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ def values(operation_id: str, **changes: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def stores(tmp_path: Path, count: int) -> AsyncIterator[list[Store]]:
+async def stores(tmp_path: Path, count: int) -> AsyncGenerator[list[Store]]:
     """`count` stores on one database, as `count` server processes would hold."""
     where = harness.database_in(tmp_path)
     async with AsyncExitStack() as stack:

@@ -17,7 +17,7 @@ import pytest
 from harness import check, make_harness, track
 from pollwarden.errors import StoreError
 from pollwarden.server import controller_factory
-from pollwarden.store import open_store
+from pollwarden.store import open_store, statements
 from pollwarden.store.sqlite import queries
 from pollwarden.store.sqlite.engine import SQLiteStore
 from pollwarden.store.sqlite.migrations import LATEST, MIGRATIONS, split_sql
@@ -132,11 +132,11 @@ async def test_a_database_a_newer_release_wrote_is_refused_with_the_fix(tmp_path
 @pytest.mark.parametrize(
     "sql",
     [
-        queries.LIST_OPERATIONS,
-        queries.LIST_OPERATIONS_BY_STATUS,
-        queries.LIST_OPERATIONS_BY_PROVIDER,
+        statements.list_operations(),
+        statements.list_operations("status"),
+        statements.list_operations("provider"),
         queries.SELECT_ALL_PENDING_REFUSALS,
-        queries.LIST_APPROVALS_BY_STATUS,
+        statements.LIST_APPROVALS_BY_STATUS,
     ],
 )
 async def test_listing_and_scanning_use_an_index_not_a_sort_of_every_operation(

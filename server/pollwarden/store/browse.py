@@ -2,10 +2,10 @@
 
 A filtered, paged list of operations, the values there are to filter by, the
 audit rows of one operation, and when each status request of a provider was
-answered over a recent window (the fleet's pace). Each engine runs the SQL
-built here with its own placeholders; where the pace window starts is found
-by a binary search on the audit's `seq` whose probes each engine runs
-(`first_seq_at_or_after`), so a chart never scans the whole chain.
+answered over a recent window (the fleet's pace): the SQL (named parameters)
+that `store.reads` runs on either engine; where the pace window starts is
+found by a binary search on the audit's `seq` (`first_seq_at_or_after`), so a
+chart never scans the whole chain.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pollwarden.records import OperationRecord
-from pollwarden.store.sqlite.queries import OPERATION_ROW
+from pollwarden.store.statements import OPERATION_ROW
 
 __all__ = [
     "OperationFacets",
@@ -26,13 +26,8 @@ __all__ = [
     "page_sql",
     "polled_sql",
     "polled_times_from",
-    "probe_sql",
-    "search_async",
-    "search_sync",
+    "search",
 ]
-
-# How a statement names a parameter: SQLite's ``:name`` or psycopg's ``%(name)s``.
-Mark = Callable[[str], str]
 
 
 @dataclass(frozen=True)
@@ -79,33 +74,30 @@ class OperationFacets:
     owners: list[str]
 
 
-def _where(filters: OperationFilter, mark: Mark) -> str:
+def _where(filters: OperationFilter) -> str:
     given = filters.given()
-    return f"WHERE {' AND '.join(f'{c} = {mark(c)}' for c in given)}" if given else ""
+    return f"WHERE {' AND '.join(f'{c} = :{c}' for c in given)}" if given else ""
 
 
-def page_sql(filters: OperationFilter, mark: Mark) -> str:
+def page_sql(filters: OperationFilter) -> str:
     """One page of the operations matching `filters`, newest first (parameters: the filters, limit, offset)."""
     return (
-        f"SELECT {OPERATION_ROW} FROM operations {_where(filters, mark)} "
-        f"ORDER BY created_at DESC, operation_id LIMIT {mark('limit')} OFFSET {mark('offset')}"
+        f"SELECT {OPERATION_ROW} FROM operations {_where(filters)} "
+        "ORDER BY created_at DESC, operation_id LIMIT :limit OFFSET :offset"
     )
 
 
-def count_sql(filters: OperationFilter, mark: Mark) -> str:
+def count_sql(filters: OperationFilter) -> str:
     """How many operations match `filters`."""
-    return f"SELECT count(*) FROM operations {_where(filters, mark)}"
+    return f"SELECT count(*) FROM operations {_where(filters)}"
 
 
 AUDIT_BOUNDS = "SELECT min(seq), max(seq) FROM audit"
+# The `at` of the first audit row at or after a seq.
+PROBE = "SELECT at FROM audit WHERE seq >= :seq ORDER BY seq LIMIT 1"
 
 
-def probe_sql(mark: Mark) -> str:
-    """The `at` of the first audit row at or after a seq (parameter: seq)."""
-    return f"SELECT at FROM audit WHERE seq >= {mark('seq')} ORDER BY seq LIMIT 1"
-
-
-def polled_sql(providers: Sequence[str], mark: Mark, *, text_order: str = "") -> tuple[str, list[str]]:
+def polled_sql(providers: Sequence[str], *, text_order: str = "") -> tuple[str, list[str]]:
     """When each status request of `providers` was answered, from a seq on; (statement, provider parameters).
 
     Parameters: seq, since (RFC 3339 text; fixed width, so text order is time order: `text_order`
@@ -115,8 +107,8 @@ def polled_sql(providers: Sequence[str], mark: Mark, *, text_order: str = "") ->
     names = [f"p{i}" for i in range(len(providers))]
     return (
         "SELECT o.provider, a.at FROM audit a JOIN operations o ON o.operation_id = a.operation_id "
-        f"WHERE a.seq >= {mark('seq')} AND a.kind = 'polled' AND a.at{text_order} >= {mark('since')} "
-        f"AND o.provider IN ({', '.join(mark(n) for n in names)}) ORDER BY a.seq",
+        f"WHERE a.seq >= :seq AND a.kind = 'polled' AND a.at{text_order} >= :since "
+        f"AND o.provider IN ({', '.join(':' + n for n in names)}) ORDER BY a.seq",
         names,
     )
 
@@ -140,17 +132,7 @@ def first_seq_at_or_after(since: str, low: int, high: int) -> Generator[int, str
     return low
 
 
-def search_sync(search: Generator[int, str | None, int], probe: Callable[[int], str | None]) -> int:
-    """Run `first_seq_at_or_after` with a blocking probe."""
-    try:
-        seq = next(search)
-        while True:
-            seq = search.send(probe(seq))
-    except StopIteration as done:
-        return int(done.value)
-
-
-async def search_async(
+async def search(
     search: Generator[int, str | None, int], probe: Callable[[int], Awaitable[str | None]]
 ) -> int:
     """Run `first_seq_at_or_after` with a probe that awaits (one statement each)."""

@@ -58,6 +58,7 @@ __all__ = [
     "note_plan",
     "opening_event",
     "pace_step",
+    "question_plan",
     "quiet_refusal",
     "reopen_plan",
     "wake_plan",
@@ -469,6 +470,14 @@ def note_plan(
 ) -> Plan:
     """One audit row about the operation as it is (after its pending refusals)."""
     return Plan(record, (FLUSH, Append(event(record, kind, at, note=note, extra=extra))))
+
+
+def question_plan(
+    record: OperationRecord, *, approval_id: str, kind: str, request: Mapping[str, object], at: float
+) -> Plan:
+    """A question put to a person about the operation as `record` shows it (`approval_pending`)."""
+    extra = {"request": dict(request), "approval_kind": str(kind)}
+    return note_plan(record, "approval_pending", at, note=approval_id, extra=extra)
 
 
 # -- webhook wake-ups ------------------------------------------------------------------------------

@@ -7,15 +7,15 @@ and `engine` itself) are built on.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from pollwarden.records import ApprovalRecord
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
 from pollwarden.store.postgres.writer import Writer
+from pollwarden.store.reads import Row, StoreReads
 from pollwarden.store.rows import StoredOperation
 from pollwarden.vocabulary import Status
 
@@ -25,7 +25,7 @@ RESERVED_KEPT = 256
 KNOWN_KEPT = 4096
 
 
-class PostgresBase:
+class PostgresBase(StoreReads):
     """One process's store on a PostgreSQL database: what every group of its methods shares."""
 
     def __init__(self, pool: Pool, location: DatabaseLocation, audit_key: bytes | None) -> None:
@@ -37,6 +37,14 @@ class PostgresBase:
         self._reserved: dict[tuple[str, str], StoredOperation] = {}
         # Each operation's row as this process last read or wrote it (see `_known_row`).
         self._known: OrderedDict[str, StoredOperation] = OrderedDict()
+
+    per_operation_chains = True
+    byte_order = ' COLLATE "C"'  # `audit.at` compared byte by byte, whatever the database's collation
+    followup_order = "inserted"
+
+    async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
+        """One read statement outside a transaction (autocommit)."""
+        return await self._pool.read(statement, params or {})
 
     def _remember(self, current: StoredOperation) -> None:
         """Keep `current` as the row this process knows last (bounded: the oldest go first)."""
@@ -75,8 +83,3 @@ class PostgresBase:
         live in other rows, read on every check)."""
         known = self._known.get(operation_id)
         return known if known is not None and known.record.status == Status.WAITING else None
-
-    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        """One approval by id."""
-        row = await self._pool.read_one(sql.SELECT_APPROVAL, {"approval_id": approval_id})
-        return None if row is None else ApprovalRecord.from_row(row)

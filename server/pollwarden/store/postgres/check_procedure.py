@@ -22,7 +22,7 @@ from pollwarden.records import (
     CheckStart,
     OperationRecord,
 )
-from pollwarden.store import plans
+from pollwarden.store import plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, PostgresBase
 from pollwarden.store.postgres.connection import GuardFailed, Tx
@@ -75,7 +75,7 @@ class CheckProcedure(PostgresBase):
                 quick = await self._one_statement(known, decision, at, owner, lease_seconds, fleets)
                 if quick is not None:
                     return quick
-        row = await self._pool.read_one(sql.SELECT_OPERATION, {"operation_id": operation_id})
+        row = await self._pool.read_one(statements.SELECT_OPERATION, {"operation_id": operation_id})
         if row is None:
             return None
         current = stored(row)
@@ -125,9 +125,9 @@ class CheckProcedure(PostgresBase):
         if apply_approvals and record.status == Status.ESCALATED:
             params = {"operation_id": record.operation_id, "now": now}
             if tx is None:
-                found = await self._pool.read_one(sql.HAS_DUE_EXTENSION_APPROVALS, params)
+                found = await self._pool.read_one(statements.HAS_DUE_EXTENSION_APPROVALS, params)
             else:
-                found = await tx.one(sql.HAS_DUE_EXTENSION_APPROVALS, params)
+                found = await tx.one(statements.HAS_DUE_EXTENSION_APPROVALS, params)
             due = found is not None
         return decide_check(
             record,
@@ -177,7 +177,7 @@ class CheckProcedure(PostgresBase):
             "operation_id": record.operation_id,
             "version": record.version,
         }
-        reserved = await self._pool.write_one(sql.RESERVE, params)
+        reserved = await self._pool.write_one(statements.RESERVE, params)
         if reserved is None:
             self._forget(record.operation_id)
             return None
@@ -276,7 +276,7 @@ async def _carry_out(
             "now": now,
             "operation_id": record.operation_id,
         }
-        row = await writer.tx.one(sql.PRINCIPAL_BOOKED_SLOTS, params)
+        row = await writer.tx.one(statements.PRINCIPAL_BOOKED_SLOTS, params)
         booked = None if row is None else (int(row[0]), None if row[1] is None else float(row[1]))
     plan = plans.check_plan(
         record,

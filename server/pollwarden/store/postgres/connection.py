@@ -36,6 +36,7 @@ from pollwarden.errors import StoreError
 from pollwarden.store import schema_steps
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import schema
+from pollwarden.store.postgres.sql import dialect
 
 Connection = AsyncConnection[TupleRow]
 Row = tuple[Any, ...]
@@ -69,8 +70,8 @@ def plain(params: Params) -> Params:
 
 
 def _query(text: str) -> LiteralString:
-    # Every statement is a constant of `sql` or built there from validated column names.
-    return cast("LiteralString", text)
+    # Every statement is a constant of `statements` or `sql`, or built there from validated column names.
+    return cast("LiteralString", dialect(text))
 
 
 class GuardFailed(StoreError):

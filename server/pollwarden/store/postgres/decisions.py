@@ -18,7 +18,7 @@ from pollwarden.records import (
     FollowupRecord,
     OperationRecord,
 )
-from pollwarden.store import plans
+from pollwarden.store import plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import PostgresBase
 from pollwarden.store.postgres.writer import operation
@@ -59,7 +59,7 @@ class Decisions(PostgresBase):
             if not plan.applied:
                 return None
             if approval_id is not None:
-                await tx.queue(sql.MARK_APPROVAL_APPLIED, {"approval_id": approval_id})
+                await tx.queue(statements.MARK_APPROVAL_APPLIED, {"approval_id": approval_id})
             return granted
 
     async def open_approval(
@@ -84,12 +84,12 @@ class Decisions(PostgresBase):
             "expires_at": at + ttl_seconds,
         }
         async with self._locked(record.operation_id) as (writer, tx, cursor):
-            existing = await tx.queue(sql.FIND_PENDING_APPROVAL, params)
+            existing = await tx.queue(statements.FIND_PENDING_APPROVAL, params)
             current = operation(await tx.read(cursor), record.operation_id)
             found = await tx.read(existing)
             if found is not None:
                 return ApprovalRecord.from_row(found)
-            await tx.queue(sql.INSERT_APPROVAL, params)
+            await tx.queue(statements.INSERT_APPROVAL, params)
             await writer.flush(current)
             await writer.append(
                 event(
@@ -144,7 +144,7 @@ class Decisions(PostgresBase):
                 approval, current.record, approve=approve, by=by, at=at, method=method
             )
             decided = {"status": status, "at": at, "by": by, "method": method, "signature": signature}
-            await tx.queue(sql.DECIDE_APPROVAL, {**decided, "approval_id": approval_id})
+            await tx.queue(statements.DECIDE_APPROVAL, {**decided, "approval_id": approval_id})
             await writer.carry_out(current, plan)
             return dataclasses.replace(
                 approval,
@@ -233,10 +233,11 @@ class Decisions(PostgresBase):
                 answer,
                 note,
             )
-            await tx.queue(sql.INSERT_FOLLOWUP, followup.__dict__)
+            await tx.queue(statements.INSERT_FOLLOWUP, followup.__dict__)
             if approval_id is not None:
                 await tx.queue(
-                    sql.MARK_APPROVAL_USED, {"note": f"used by {followup_id}", "approval_id": approval_id}
+                    statements.MARK_APPROVAL_USED,
+                    {"note": f"used by {followup_id}", "approval_id": approval_id},
                 )
             return followup
 

@@ -21,12 +21,12 @@ from the caller's clock.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 
 import anyio
 
-from pollwarden.audit import REKEY_OPERATION, SEAL_KIND, AuditRow
+from pollwarden.audit import REKEY_OPERATION, SEAL_KIND
 from pollwarden.audit_entry import (
     NO_REFUSALS,
     AuditEvent,
@@ -35,23 +35,19 @@ from pollwarden.audit_entry import (
 )
 from pollwarden.errors import StoreError
 from pollwarden.records import (
-    ApprovalRecord,
-    FollowupRecord,
     OperationRecord,
     WakeOutcome,
     WakeResult,
     new_record,
 )
-from pollwarden.store import plans
-from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
+from pollwarden.store import plans, statements
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.postgres import browse, sql
+from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.check_procedure import CheckProcedure
 from pollwarden.store.postgres.connection import Pool, migrate
 from pollwarden.store.postgres.decisions import Decisions
 from pollwarden.store.postgres.writer import Writer, operation, seal_entries
 from pollwarden.store.rows import StoredOperation, new_operation_values, stored
-from pollwarden.timefmt import iso
 from pollwarden.vocabulary import (
     Status,
 )
@@ -73,80 +69,12 @@ class PostgresStore(CheckProcedure, Decisions):
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         """The current record, or None."""
-        row = await self._pool.read_one(sql.SELECT_OPERATION, {"operation_id": operation_id})
+        row = await self._pool.read_one(statements.SELECT_OPERATION, {"operation_id": operation_id})
         if row is None:
             return None
         current = stored(row)
         self._remember(current)
         return current.record
-
-    async def list_operations(
-        self,
-        *,
-        status: str | None = None,
-        provider: str | None = None,
-        limit: int = 50,
-        owner: str | None = None,
-    ) -> list[OperationRecord]:
-        """Most recent operations first (only `owner`'s when given)."""
-        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
-        query = sql.list_operations(
-            *(name for name in ("status", "provider", "owner") if params[name] is not None)
-        )
-        found = await self._pool.read(query, params)
-        return [stored(row).record for row in found]
-
-    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
-        """(active operations, operations created after `since`) of one principal."""
-        active = await self._pool.read_one(sql.COUNT_ACTIVE_OF_OWNER, {"owner": owner})
-        started = await self._pool.read_one(
-            sql.COUNT_CREATED_SINCE_BY_OWNER, {"owner": owner, "since": since}
-        )
-        return (0 if active is None else int(active[0])), (0 if started is None else int(started[0]))
-
-    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
-        """The operations recorded with this request fingerprint, newest first."""
-        found = await self._pool.read(sql.LIST_BY_FINGERPRINT, {"fingerprint": fingerprint, "limit": limit})
-        return [stored(row).record for row in found]
-
-    async def count_operations(self) -> int:
-        """How many operations the database holds."""
-        row = await self._pool.read_one(sql.COUNT_OPERATIONS)
-        return 0 if row is None else int(row[0])
-
-    async def list_approvals(
-        self, *, status: str | None = None, operation_id: str | None = None
-    ) -> list[ApprovalRecord]:
-        """Approvals, newest first."""
-        if operation_id is not None:
-            query = sql.LIST_APPROVALS_OF if status is None else sql.LIST_APPROVALS_OF_BY_STATUS
-        else:
-            query = sql.LIST_APPROVALS if status is None else sql.LIST_APPROVALS_BY_STATUS
-        found = await self._pool.read(query, {"status": status, "operation_id": operation_id})
-        return [ApprovalRecord.from_row(row) for row in found]
-
-    async def list_followups(self, operation_id: str) -> list[FollowupRecord]:
-        """The follow-ups of one operation, oldest first."""
-        found = await self._pool.read(sql.LIST_FOLLOWUPS, {"operation_id": operation_id})
-        return [FollowupRecord.from_row(row) for row in found]
-
-    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
-
-    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
-        """One page of the operations matching `filters`, newest first, and how many match."""
-        return await browse.operations_page(self._pool, filters, max(1, page), page_size)
-
-    async def operation_facets(self) -> OperationFacets:
-        """Every provider, stop reason and owner some operation has (to filter by)."""
-        return await browse.facets(self._pool)
-
-    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
-        """One operation's audit rows in chain order (its story and timeline)."""
-        return await browse.audit_rows(self._pool, operation_id)
-
-    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
-        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
-        return await browse.polled_times(self._pool, providers, iso(since) or "")
 
     # -- the check procedure ------------------------------------------------------------------
 
@@ -173,8 +101,10 @@ class PostgresStore(CheckProcedure, Decisions):
             if values["submit_payload_json"] is not None:
                 payload = {"request_fingerprint": values["request_fingerprint"]}
                 await tx.queue(sql.LOCK_PAYLOAD, payload)
-                same_id = await tx.queue(sql.SELECT_OPERATION, {"operation_id": operation_id})
-                in_flight = await tx.one(sql.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]})
+                same_id = await tx.queue(statements.SELECT_OPERATION, {"operation_id": operation_id})
+                in_flight = await tx.one(
+                    statements.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]}
+                )
                 if in_flight is not None and await tx.read(same_id) is None:
                     return stored(in_flight).record, False
             # Its first row is a row of the one chain: the head is locked before the row is inserted, as
@@ -183,10 +113,10 @@ class PostgresStore(CheckProcedure, Decisions):
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
             row = await tx.read(inserted)
             if row is None:
-                existing = await tx.one(sql.SELECT_OPERATION, {"operation_id": operation_id})
+                existing = await tx.one(statements.SELECT_OPERATION, {"operation_id": operation_id})
                 if existing is None and values["provider_job_id"] is not None:
                     job = {k: values[k] for k in ("provider", "account_context", "provider_job_id", "owner")}
-                    existing = await tx.one(sql.SELECT_JOB_OWNER, job)
+                    existing = await tx.one(statements.SELECT_JOB_OWNER, job)
                 return operation(existing, operation_id).record, False
             created = stored(row).record
             await writer.append(
@@ -254,7 +184,7 @@ class PostgresStore(CheckProcedure, Decisions):
                     "account_context": record.account_context,
                     "owner": record.owner,
                 }
-                found = await tx.one(sql.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
+                found = await tx.one(statements.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
                 holder = None if found is None else stored(found).record
             plan = plans.finish_plan(
                 record,
@@ -287,12 +217,14 @@ class PostgresStore(CheckProcedure, Decisions):
         decides); only the guarded UPDATE's rows move, each audited as `woken_by_webhook`.
         """
         job = {"provider": provider, "job_id": job_id}
-        if await self._pool.read_one(sql.KNOWS_JOB, job) is None:
+        if await self._pool.read_one(statements.KNOWS_JOB, job) is None:
             return WakeResult(WakeOutcome.UNKNOWN_JOB, ())
         async with self._locked() as (writer, tx, _):
-            await tx.queue(sql.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds})
+            await tx.queue(
+                statements.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds}
+            )
             remembered = await tx.one(
-                sql.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
+                statements.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
             )
             if remembered is None:
                 return WakeResult(WakeOutcome.REPLAYED, ())
@@ -339,7 +271,7 @@ class PostgresStore(CheckProcedure, Decisions):
     async def flush_refusals(self, operation_id: str | None = None) -> int:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""
         if operation_id is None:
-            if await self._pool.read_one(sql.ANY_PENDING_REFUSALS) is None:
+            if await self._pool.read_one(statements.ANY_PENDING_REFUSALS) is None:
                 return 0
             async with self._locked() as (writer, tx, _):
                 written = 0
@@ -348,7 +280,10 @@ class PostgresStore(CheckProcedure, Decisions):
                     # A row another flush emptied while this one waited for its lock writes nothing.
                     written += 1 if await writer.flush(stored(row)) else 0
                 return written
-        if await self._pool.read_one(sql.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id}) is None:
+        if (
+            await self._pool.read_one(statements.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id})
+            is None
+        ):
             return 0
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)

@@ -42,6 +42,7 @@ from pollwarden.audit_entry import (
 )
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
+from pollwarden.store import statements
 from pollwarden.store.plans import Append, CountRefusal, Flush, Plan, Update
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Row, Tx
@@ -272,7 +273,7 @@ class Writer:
             chain = {"audit_rows": now.rows, "audit_hash": now.hash}
         if pending.new_version is None:
             if chain or pending.reset_refusals:
-                statement = sql.move_chain(pending.reset_refusals) if chain else sql.RESET_REFUSALS
+                statement = sql.move_chain(pending.reset_refusals) if chain else statements.RESET_REFUSALS
                 await self.tx.queue(statement, {"operation_id": op_id, **chain})
             return
         before = pending.before

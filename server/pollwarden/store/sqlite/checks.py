@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from pollwarden.gate import GateDecision, decide_check
 from pollwarden.records import CheckStart, OperationRecord
-from pollwarden.store import plans
+from pollwarden.store import plans, statements
 from pollwarden.store.rows import StoredOperation
 from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
@@ -89,7 +89,7 @@ def _decide(
     due = False
     if apply_approvals and record.status == Status.ESCALATED:
         found = session.conn.execute(
-            queries.HAS_DUE_EXTENSION_APPROVALS, (record.operation_id, now)
+            statements.HAS_DUE_EXTENSION_APPROVALS, {"operation_id": record.operation_id, "now": now}
         ).fetchone()
         due = found is not None
     return decide_check(
@@ -122,7 +122,7 @@ def _carry_out(
     fleet = fleets.get(record.provider)
     step = booked = None
     if plans.needs_pace(record, decision, fleet, now=now):
-        row = conn.execute(queries.SELECT_FLEET_TAT, (record.provider,)).fetchone()
+        row = conn.execute(queries.SELECT_FLEET_TAT, {"provider": record.provider}).fetchone()
         step = plans.pace_step(record, decision, fleet, None if row is None else float(row[0]), now=now)
         if plans.needs_booked_slots(step, fleet_slots):
             held = {
@@ -131,7 +131,7 @@ def _carry_out(
                 "now": now,
                 "operation_id": record.operation_id,
             }
-            count, earliest = conn.execute(queries.PRINCIPAL_BOOKED_SLOTS, held).fetchone()
+            count, earliest = conn.execute(statements.PRINCIPAL_BOOKED_SLOTS, held).fetchone()
             booked = (int(count), None if earliest is None else float(earliest))
     plan = plans.check_plan(
         record,

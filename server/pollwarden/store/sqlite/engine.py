@@ -8,27 +8,25 @@ readers see the last commit and never wait for a writer).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
 import anyio
 
-from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
-from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.sqlite import browse, checks, queries, rows, wakes, writes
-from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
-from pollwarden.timefmt import iso
+from pollwarden.store.reads import Row, StoreReads
+from pollwarden.store.sqlite import checks, wakes, writes
+from pollwarden.store.sqlite.connection import Database, EngineStats, connect
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
 from pollwarden_providers.table_limits import FleetSpec
 
 
-class SQLiteStore:
+class SQLiteStore(StoreReads):
     """One process's store on a SQLite file (implements `pollwarden.store.Store`)."""
 
     def __init__(self, db: Database, location: DatabaseLocation, audit_key: bytes | None) -> None:
@@ -46,106 +44,9 @@ class SQLiteStore:
         """Hops to the database thread and commits by durability, since the store opened."""
         return self._db.stats
 
-    # -- reads ------------------------------------------------------------------------------
-
-    async def get(self, operation_id: str) -> OperationRecord | None:
-        """The current record, or None."""
-
-        def work(s: Session) -> OperationRecord | None:
-            found = rows.fetch(s.conn, operation_id)
-            return None if found is None else found.record
-
-        return await self._db.run(work)
-
-    async def list_operations(
-        self,
-        *,
-        status: str | None = None,
-        provider: str | None = None,
-        limit: int = 50,
-        owner: str | None = None,
-    ) -> list[OperationRecord]:
-        """Most recent operations first (only `owner`'s when given)."""
-        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
-        sql = queries.list_operations(
-            *(name for name in ("status", "provider", "owner") if params[name] is not None)
-        )
-
-        def work(s: Session) -> list[OperationRecord]:
-            return [rows.stored(row).record for row in s.conn.execute(sql, params).fetchall()]
-
-        return await self._db.run(work)
-
-    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
-        """The operations recorded with this request fingerprint, newest first."""
-        params = {"fingerprint": fingerprint, "limit": limit}
-
-        def work(s: Session) -> list[OperationRecord]:
-            found = s.conn.execute(queries.LIST_BY_FINGERPRINT, params).fetchall()
-            return [rows.stored(row).record for row in found]
-
-        return await self._db.run(work)
-
-    async def count_operations(self) -> int:
-        """How many operations the database holds."""
-
-        def work(s: Session) -> int:
-            row = s.conn.execute(queries.COUNT_OPERATIONS).fetchone()
-            return int(row[0]) if row else 0
-
-        return await self._db.run(work)
-
-    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        """One approval by id."""
-
-        def work(s: Session) -> ApprovalRecord | None:
-            row = s.conn.execute(queries.SELECT_APPROVAL, (approval_id,)).fetchone()
-            return None if row is None else ApprovalRecord.from_row(row)
-
-        return await self._db.run(work)
-
-    async def list_approvals(
-        self, *, status: str | None = None, operation_id: str | None = None
-    ) -> list[ApprovalRecord]:
-        """Approvals, newest first."""
-        if operation_id is not None:
-            sql = queries.LIST_APPROVALS_OF if status is None else queries.LIST_APPROVALS_OF_BY_STATUS
-        else:
-            sql = queries.LIST_APPROVALS if status is None else queries.LIST_APPROVALS_BY_STATUS
-        params = {"status": status, "operation_id": operation_id}
-
-        def work(s: Session) -> list[ApprovalRecord]:
-            return [ApprovalRecord.from_row(row) for row in s.conn.execute(sql, params).fetchall()]
-
-        return await self._db.run(work)
-
-    async def list_followups(self, operation_id: str) -> list[FollowupRecord]:
-        """The follow-ups of one operation, oldest first."""
-
-        def work(s: Session) -> list[FollowupRecord]:
-            found = s.conn.execute(queries.LIST_FOLLOWUPS, (operation_id,)).fetchall()
-            return [FollowupRecord.from_row(row) for row in found]
-
-        return await self._db.run(work)
-
-    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
-
-    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
-        """One page of the operations matching `filters`, newest first, and how many match."""
-        return await self._db.run(lambda s: browse.operations_page(s.conn, filters, max(1, page), page_size))
-
-    async def operation_facets(self) -> OperationFacets:
-        """Every provider, stop reason and owner some operation has (to filter by)."""
-        return await self._db.run(lambda s: browse.facets(s.conn))
-
-    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
-        """One operation's audit rows in chain order (its story and timeline)."""
-        return await self._db.run(lambda s: browse.audit_rows(s.conn, operation_id))
-
-    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
-        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
-        at = iso(since) or ""
-        return await self._db.run(lambda s: browse.polled_times(s.conn, providers, at))
+    async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
+        """One read statement in one hop, outside any transaction."""
+        return await self._db.run(lambda s: s.conn.execute(statement, params or {}).fetchall())
 
     # -- the check procedure ------------------------------------------------------------------
 
@@ -182,16 +83,6 @@ class SQLiteStore:
                 fleet_slots=fleet_slots,
             )
         )
-
-    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
-        """(active operations, operations created after `since`) of one principal."""
-
-        def work(s: Session) -> tuple[int, int]:
-            active = s.conn.execute(queries.COUNT_ACTIVE_OF_OWNER, (owner,)).fetchone()
-            started = s.conn.execute(queries.COUNT_CREATED_SINCE_BY_OWNER, (owner, since)).fetchone()
-            return int(active[0]), int(started[0])
-
-        return await self._db.run(work)
 
     async def apply_answer(
         self,

@@ -23,6 +23,7 @@ from pollwarden.audit_entry import (
 )
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
+from pollwarden.store import statements
 from pollwarden.store.plans import Append, CountRefusal, Flush, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import queries
@@ -31,7 +32,7 @@ from pollwarden.vocabulary import Outcome
 
 def fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation | None:
     """The operation, or None."""
-    row = conn.execute(queries.SELECT_OPERATION, (operation_id,)).fetchone()
+    row = conn.execute(statements.SELECT_OPERATION, {"operation_id": operation_id}).fetchone()
     return None if row is None else stored(row)
 
 
@@ -90,7 +91,7 @@ def carry_out(
             if count_refusal(conn, current, write.outcome, write.at, key, durable=durable) is None:
                 raise StaleRow(f"operation {op_id!r} changed since it was read")
         else:  # SetPace
-            conn.execute(queries.UPSERT_FLEET_TAT, (write.provider, write.tat))
+            conn.execute(queries.UPSERT_FLEET_TAT, {"provider": write.provider, "tat": write.tat})
     return plan.record
 
 
@@ -131,17 +132,7 @@ def _head(conn: sqlite3.Connection) -> ChainHead | None:
 
 def _insert(conn: sqlite3.Connection, row: ChainRow) -> None:
     # A SQLite row's place in the chain is its seq: every row is a chain row.
-    values = (
-        row.position,
-        row.operation_id,
-        row.at,
-        row.kind,
-        row.payload,
-        row.prev_hash,
-        row.hash,
-        row.keyed,
-    )
-    conn.execute(queries.INSERT_AUDIT_ROW, values)
+    conn.execute(queries.INSERT_AUDIT_ROW, vars(row))
 
 
 def flush_refusals(conn: sqlite3.Connection, operation_id: str, key: bytes | None) -> None:
@@ -150,7 +141,7 @@ def flush_refusals(conn: sqlite3.Connection, operation_id: str, key: bytes | Non
     Called first by every transaction that changes the operation or appends to
     its story, so the summary lands before the decision that follows it.
     """
-    row = conn.execute(queries.SELECT_PENDING_REFUSALS, (operation_id,)).fetchone()
+    row = conn.execute(queries.SELECT_PENDING_REFUSALS, {"operation_id": operation_id}).fetchone()
     if row is not None:
         _write_summary(conn, stored(row), key)
 
@@ -165,7 +156,7 @@ def flush_all_refusals(conn: sqlite3.Connection, key: bytes | None) -> int:
 
 def _write_summary(conn: sqlite3.Connection, pending: StoredOperation, key: bytes | None) -> None:
     append(conn, refusal_summary(pending.record, pending.refusals), key)
-    conn.execute(queries.RESET_REFUSALS, (pending.record.operation_id,))
+    conn.execute(statements.RESET_REFUSALS, {"operation_id": pending.record.operation_id})
 
 
 def count_refusal(

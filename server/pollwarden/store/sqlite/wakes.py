@@ -9,8 +9,8 @@ is a hint: it sets `next_check_at` (and `woken_at`) to now, nothing else.
 from __future__ import annotations
 
 from pollwarden.records import WakeOutcome, WakeResult
-from pollwarden.store import plans
-from pollwarden.store.sqlite import queries, rows
+from pollwarden.store import plans, statements
+from pollwarden.store.sqlite import rows
 from pollwarden.store.sqlite.connection import Session
 
 
@@ -32,14 +32,23 @@ def wake(
     pruned first (the receiver refuses events older than that anyway).
     """
     conn = session.conn
-    if conn.execute(queries.KNOWS_JOB, (provider, job_id)).fetchone() is None:
+    if conn.execute(statements.KNOWS_JOB, {"provider": provider, "job_id": job_id}).fetchone() is None:
         return WakeResult(WakeOutcome.UNKNOWN_JOB, ())
     with session.transaction():
-        conn.execute(queries.PRUNE_WEBHOOK_EVENTS, (provider, now - remember_seconds))
-        if conn.execute(queries.REMEMBER_WEBHOOK_EVENT, (provider, event_id, now)).fetchone() is None:
+        conn.execute(
+            statements.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds}
+        )
+        if (
+            conn.execute(
+                statements.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
+            ).fetchone()
+            is None
+        ):
             return WakeResult(WakeOutcome.REPLAYED, ())
         woken: list[str] = []
-        for row in conn.execute(queries.WAITING_ON_JOB, {"provider": provider, "job_id": job_id}).fetchall():
+        for row in conn.execute(
+            statements.WAITING_ON_JOB, {"provider": provider, "job_id": job_id}
+        ).fetchall():
             current = rows.stored(row)
             plan = plans.wake_plan(current.record, now=now, event_id=event_id, event_type=event_type)
             if plan is not None:

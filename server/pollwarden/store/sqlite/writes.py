@@ -12,9 +12,8 @@ import json
 import sqlite3
 from collections.abc import Mapping
 
-from pollwarden.audit_entry import event
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
-from pollwarden.store import plans
+from pollwarden.store import plans, statements
 from pollwarden.store.rows import new_operation_values
 from pollwarden.store.sqlite import queries, rows
 from pollwarden.store.sqlite.connection import Session
@@ -58,7 +57,7 @@ def create_operation(
                 return owner, False
         if values["submit_payload_json"] is not None:
             params = {"request_fingerprint": values["request_fingerprint"], "owner": values["owner"]}
-            in_flight = rows.returned(conn.execute(queries.SELECT_PAYLOAD_IN_FLIGHT, params))
+            in_flight = rows.returned(conn.execute(statements.SELECT_PAYLOAD_IN_FLIGHT, params))
             if in_flight is not None:
                 return in_flight.record, False
         created = rows.returned(conn.execute(queries.INSERT_OPERATION, dict(values)))
@@ -73,7 +72,7 @@ def _job_owner(
 ) -> OperationRecord | None:
     """The operation holding this job for `principal` (one job, one budget), or None."""
     params = {"provider": provider, "account_context": account, "provider_job_id": job_id, "owner": principal}
-    row = conn.execute(queries.SELECT_JOB_OWNER, params).fetchone()
+    row = conn.execute(statements.SELECT_JOB_OWNER, params).fetchone()
     return None if row is None else rows.stored(row).record
 
 
@@ -163,7 +162,7 @@ def apply_extension(
         if not plan.applied:
             return None
         if approval_id is not None:
-            conn.execute(queries.MARK_APPROVAL_APPLIED, (approval_id,))
+            conn.execute(statements.MARK_APPROVAL_APPLIED, {"approval_id": approval_id})
         return record
 
 
@@ -185,27 +184,21 @@ def open_approval(
     """
     request_json = json.dumps(request, sort_keys=True)
     with session.transaction() as conn:
-        existing = conn.execute(
-            queries.FIND_PENDING_APPROVAL, (record.operation_id, kind, record.version, request_json, at)
-        ).fetchone()
+        params = {
+            "approval_id": approval_id,
+            "operation_id": record.operation_id,
+            "kind": kind,
+            "version": record.version,
+            "request_json": request_json,
+            "at": at,
+            "expires_at": at + ttl_seconds,
+        }
+        existing = conn.execute(statements.FIND_PENDING_APPROVAL, params).fetchone()
         if existing is not None:
             return ApprovalRecord.from_row(existing)
-        row = conn.execute(
-            queries.INSERT_APPROVAL,
-            (approval_id, record.operation_id, kind, request_json, record.version, at, at + ttl_seconds),
-        ).fetchone()
-        rows.flush_refusals(conn, record.operation_id, key)
-        rows.append(
-            conn,
-            event(
-                record,
-                "approval_pending",
-                at,
-                note=approval_id,
-                extra={"request": dict(request), "approval_kind": str(kind)},
-            ),
-            key,
-        )
+        row = conn.execute(statements.INSERT_APPROVAL, params).fetchone()
+        asked = plans.question_plan(record, approval_id=approval_id, kind=kind, request=request, at=at)
+        rows.carry_out(conn, rows.must_fetch(conn, record.operation_id), asked, key)
         return ApprovalRecord.from_row(row)
 
 
@@ -226,7 +219,7 @@ def decide_approval(
     `signature` so the controller can check it again before applying it.
     """
     with session.transaction() as conn:
-        row = conn.execute(queries.SELECT_APPROVAL, (approval_id,)).fetchone()
+        row = conn.execute(statements.SELECT_APPROVAL, {"approval_id": approval_id}).fetchone()
         approval = None if row is None else ApprovalRecord.from_row(row)
         if approval is None or approval.status != ApprovalStatus.PENDING:
             return approval
@@ -234,11 +227,10 @@ def decide_approval(
         status, plan = plans.decision_plan(
             approval, current.record, approve=approve, by=by, at=at, method=method
         )
-        decided = ApprovalRecord.from_row(
-            conn.execute(queries.DECIDE_APPROVAL, (status, at, by, method, signature, approval_id)).fetchone()
-        )
+        decided = {"status": status, "at": at, "by": by, "method": method, "signature": signature}
+        row = conn.execute(statements.DECIDE_APPROVAL, {**decided, "approval_id": approval_id}).fetchone()
         rows.carry_out(conn, current, plan, key)
-        return decided
+        return ApprovalRecord.from_row(row)
 
 
 def close_approval(
@@ -257,7 +249,10 @@ def close_approval(
     """
     with session.transaction() as conn:
         allowed = json.dumps(APPROVAL_CLOSABLE_FROM.get(status, ()))
-        row = conn.execute(queries.CLOSE_APPROVAL, (status, note, at, approval_id, allowed)).fetchone()
+        row = conn.execute(
+            queries.CLOSE_APPROVAL,
+            {"status": status, "note": note, "at": at, "approval_id": approval_id, "allowed": allowed},
+        ).fetchone()
         if row is None:
             return None
         approval = ApprovalRecord.from_row(row)
@@ -307,14 +302,13 @@ def record_followup(
         rows.carry_out(conn, current, plan, key)
         if not plan.applied:
             return None
-        followup = FollowupRecord.from_row(
-            conn.execute(
-                queries.INSERT_FOLLOWUP,
-                (followup_id, operation_id, kind, status, approval_id, at, at, http_status, answer, note),
-            ).fetchone()
+        followup = FollowupRecord(
+            followup_id, operation_id, kind, status, approval_id, at, at, http_status, answer, note
         )
+        conn.execute(statements.INSERT_FOLLOWUP, followup.__dict__)
         if approval_id is not None:
-            conn.execute(queries.MARK_APPROVAL_USED, (f"used by {followup_id}", approval_id))
+            used = {"note": f"used by {followup_id}", "approval_id": approval_id}
+            conn.execute(statements.MARK_APPROVAL_USED, used)
         return followup
 
 
@@ -342,11 +336,11 @@ def flush_refusals(session: Session, operation_id: str | None, key: bytes | None
     """
     conn = session.conn
     if operation_id is None:
-        if conn.execute(queries.ANY_PENDING_REFUSALS).fetchone() is None:
+        if conn.execute(statements.ANY_PENDING_REFUSALS).fetchone() is None:
             return 0
         with session.transaction():
             return rows.flush_all_refusals(conn, key)
-    if conn.execute(queries.ANY_PENDING_REFUSALS_OF, (operation_id,)).fetchone() is None:
+    if conn.execute(statements.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id}).fetchone() is None:
         return 0
     with session.transaction():
         rows.flush_refusals(conn, operation_id, key)
