@@ -38,7 +38,7 @@ from pollwarden.audit import (
 from pollwarden.audit_cli import main as audit_main
 from pollwarden.audit_story import render_story
 from pollwarden.audit_verify import rekey_chain, verify_chain
-from pollwarden.store.sqlite.migrations import audit_table_v1
+from pollwarden.store.migrations.sqlite import audit_table_v1
 from pollwarden.store.sqlite.rows import append_audit
 from tests.support.live import REPO_ROOT
 

@@ -18,9 +18,9 @@ from harness import check, make_harness, track
 from pollwarden.errors import StoreError
 from pollwarden.server import controller_factory
 from pollwarden.store import open_store, statements
+from pollwarden.store.migrations.sqlite import LATEST, MIGRATIONS, split_sql
 from pollwarden.store.sqlite import queries
 from pollwarden.store.sqlite.engine import SQLiteStore
-from pollwarden.store.sqlite.migrations import LATEST, MIGRATIONS, split_sql
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from tests.support.fake_provider import FakeProvider, pending
 

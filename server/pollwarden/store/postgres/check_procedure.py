@@ -25,7 +25,8 @@ from pollwarden.records import (
 from pollwarden.store import plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, PostgresBase
-from pollwarden.store.postgres.connection import GuardFailed, Tx
+from pollwarden.store.postgres.connection import Tx
+from pollwarden.store.postgres.errors import GuardFailed
 from pollwarden.store.postgres.writer import Writer, answer_statement, operation
 from pollwarden.store.rows import StoredOperation, stored
 from pollwarden.vocabulary import (

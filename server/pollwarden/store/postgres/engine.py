@@ -42,9 +42,10 @@ from pollwarden.records import (
 )
 from pollwarden.store import plans, statements
 from pollwarden.store.location import DatabaseLocation
+from pollwarden.store.migrations.postgres import migrate
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.check_procedure import CheckProcedure
-from pollwarden.store.postgres.connection import Pool, migrate
+from pollwarden.store.postgres.connection import Pool
 from pollwarden.store.postgres.decisions import Decisions
 from pollwarden.store.postgres.writer import Writer, operation, seal_entries
 from pollwarden.store.rows import StoredOperation, new_operation_values, stored

@@ -40,8 +40,8 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from pollwarden.errors import StoreError
+from pollwarden.store.migrations.sqlite import migrate
 from pollwarden.store.sqlite import queries
-from pollwarden.store.sqlite.migrations import migrate
 
 T = TypeVar("T")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pollwarden.audit import AuditKeyError
 from pollwarden.errors import StoreError
+from pollwarden.store.migrations.sqlite import up_to_date
 from pollwarden.store.sqlite import queries, writes
 from pollwarden.store.sqlite.connection import Database, Session
-from pollwarden.store.sqlite.migrations import up_to_date
 
 
 def flush_refusals_before_reading(path: Path, *, audit_key: bytes | None, busy_timeout: float) -> str | None:
