@@ -6,31 +6,24 @@
   watcher in `watch`.
 - No JSON-RPC error with code 0: anything a handler raises that is not an
   MCP error is answered as an internal error (-32603) and logged here.
-- Streamable HTTP keeps a bounded in-memory event store, so a client whose SSE
-  stream drops (a long `check_status` wait, say) resumes it with
-  `Last-Event-ID` and still receives the answer.
+- Streamable HTTP resumption (each session's events apart) is `event_store`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import secrets
-from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, cast
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     EmptyResult,
-    JSONRPCMessage,
     SubscribeRequestParams,
     UnsubscribeRequestParams,
 )
@@ -186,51 +179,3 @@ def session_key(ctx: ServerRequestContext[Any, Any]) -> object:
     connection's initialize parameters are one object for as long as the connection lives."""
     params = ctx.session.client_params
     return id(params) if params is not None else id(ctx.session)
-
-
-class BoundedEventStore(EventStore):
-    """Streamable HTTP resumption: the last events of each SSE stream, bounded, in memory.
-
-    Event ids are unguessable (one store serves every session of the HTTP
-    server), and each stream keeps at most `max_events` events, the store at
-    most `max_streams` streams (the least recently written go first).
-    """
-
-    def __init__(self, *, max_events: int = 256, max_streams: int = 1024) -> None:
-        self.max_events = max_events
-        self.max_streams = max_streams
-        self._streams: OrderedDict[StreamId, deque[tuple[EventId, JSONRPCMessage | None]]] = OrderedDict()
-        self._owner: dict[EventId, StreamId] = {}
-        self._seq = itertools.count(1)
-
-    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
-        """Keep one event (None is a priming event: it marks a position, nothing to replay)."""
-        event_id = f"{next(self._seq)}-{secrets.token_urlsafe(12)}"
-        events = self._streams.get(stream_id)
-        if events is None:
-            events = self._streams[stream_id] = deque()
-        self._streams.move_to_end(stream_id)
-        if len(events) >= self.max_events:
-            dropped, _ = events.popleft()
-            self._owner.pop(dropped, None)
-        events.append((event_id, message))
-        self._owner[event_id] = stream_id
-        while len(self._streams) > self.max_streams:
-            _, old = self._streams.popitem(last=False)
-            for dropped, _ in old:
-                self._owner.pop(dropped, None)
-        return event_id
-
-    async def replay_events_after(
-        self, last_event_id: EventId, send_callback: EventCallback
-    ) -> StreamId | None:
-        """Send every event of the same stream after `last_event_id`; None if that id is unknown."""
-        stream_id = self._owner.get(last_event_id)
-        if stream_id is None:
-            return None
-        after = False
-        for event_id, message in list(self._streams.get(stream_id, ())):
-            if after and message is not None:
-                await send_callback(EventMessage(message, event_id))
-            after = after or event_id == last_event_id
-        return stream_id

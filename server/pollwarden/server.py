@@ -66,10 +66,11 @@ from pollwarden.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.controller import MAX_OPERATION_ID_LENGTH, Controller
 from pollwarden.errors import AuditKeyError, InvalidRequest, OperationNotFound, PollwardenError, StoreError
+from pollwarden.event_store import SessionEventStores, scope_events_by_session
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
 from pollwarden.principals import Principal, current_principal
-from pollwarden.protocol import BoundedEventStore, listen_middleware, subscribe_handlers, surface_middleware
+from pollwarden.protocol import listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.records import Status
 from pollwarden.schedule import (
@@ -289,6 +290,7 @@ class PollwardenServer(MCPServer[ServerContext]):
     """
 
     _schemas: dict[str, dict[str, Any]] | None = None
+    event_stores: SessionEventStores | None = None
 
     def add_request_handler(self, method: str, params_type: type[Any], handler: Any) -> None:
         """Serve one more protocol method (the resource subscriptions of the 2025-11-25 era)."""
@@ -308,12 +310,19 @@ class PollwardenServer(MCPServer[ServerContext]):
         transport_security: TransportSecuritySettings | None = None,
         host: str = "127.0.0.1",
     ) -> Starlette:
-        """The streamable HTTP app, resumable: SSE events carry ids kept in a bounded event store."""
-        return super().streamable_http_app(
+        """The streamable HTTP app, resumable: SSE events carry ids kept in bounded event stores, each
+        session's apart (`event_store.SessionEventStores`; `self.event_stores` once built).
+
+        `event_store` must be None: one store given to every session would let one session's
+        `Last-Event-ID` replay another's results.
+        """
+        if event_store is not None:
+            raise TypeError("pollwarden keeps each session's events apart itself; pass no event_store")
+        app = super().streamable_http_app(
             streamable_http_path=streamable_http_path,
             json_response=json_response,
             stateless_http=stateless_http,
-            event_store=event_store if event_store is not None else BoundedEventStore(),
+            event_store=None,
             retry_interval=retry_interval,
             max_request_body_size=max_request_body_size,
             session_idle_timeout=session_idle_timeout,
@@ -321,6 +330,11 @@ class PollwardenServer(MCPServer[ServerContext]):
             transport_security=transport_security,
             host=host,
         )
+        if not stateless_http:
+            self.event_stores = SessionEventStores()
+            if not scope_events_by_session(self.session_manager, self.event_stores):
+                log.warning("this MCP SDK has no per-session seam: SSE streams are served without resumption")
+        return app
 
     async def _input_schemas(self) -> dict[str, dict[str, Any]]:
         if self._schemas is None:  # the tools are fixed once the server is built

@@ -23,19 +23,16 @@ import pytest
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.server.context import ServerRequestContext
-from mcp.server.streamable_http import EventMessage
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
-    JSONRPCMessage,
-    JSONRPCNotification,
     ResourceUpdatedNotification,
 )
 
 from harness import Harness, make_harness, track, view
-from pollwarden.protocol import BoundedEventStore, surface_middleware
+from pollwarden.protocol import surface_middleware
 from pollwarden.watch import Subscriptions, Watched, changed, parse_uri, watch_key
 from tests.integration.test_restart_and_transports import (
     FAST,
@@ -289,34 +286,6 @@ async def test_subscribing_to_something_that_is_not_an_operation_is_refused(
 
 
 # -- streamable HTTP resumption -----------------------------------------------------------------------
-
-
-async def test_the_event_store_replays_a_streams_events_after_the_last_id_and_stays_bounded() -> None:
-    store = BoundedEventStore(max_events=3, max_streams=2)
-
-    def note(n: int) -> JSONRPCMessage:
-        return JSONRPCNotification(jsonrpc="2.0", method=f"notifications/n{n}")  # type: ignore[return-value]
-
-    priming = await store.store_event("s1", None)
-    ids = [await store.store_event("s1", note(n)) for n in range(1, 3)]
-    await store.store_event("s2", note(9))
-    sent: list[EventMessage] = []
-
-    async def send(event: EventMessage) -> None:
-        sent.append(event)
-
-    assert await store.replay_events_after(priming, send) == "s1"
-    assert [e.event_id for e in sent] == ids  # the priming event itself is never replayed
-    sent.clear()
-    assert await store.replay_events_after("1-not-an-id", send) is None
-    # ids cannot be guessed: change the last character (to one it is not: 1 in 64 ids end in "x")
-    guessed = ids[0][:-1] + ("y" if ids[0].endswith("x") else "x")
-    assert await store.replay_events_after(guessed, send) is None
-    for n in range(3, 8):
-        await store.store_event("s1", note(n))
-    assert await store.replay_events_after(priming, send) is None  # dropped: each stream keeps 3
-    await store.store_event("s3", note(10))
-    assert await store.replay_events_after(ids[1], send) is None or sent == []
 
 
 async def read_sse(
