@@ -55,8 +55,8 @@ from pollwarden.store import DatabaseLocation, open_store, plans
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Pool, Row
 from pollwarden.store.postgres.engine import PostgresStore
-from pollwarden.store.postgres.writer import answer_statement
-from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.store.postgres.executor import answer_statement
+from pollwarden.store.sqlite.executor import StoredOperation, stored
 from pollwarden.vocabulary import Outcome
 
 

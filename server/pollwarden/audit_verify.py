@@ -433,7 +433,7 @@ def rekey_chain(db_path: Path | str | DatabaseLocation, key: bytes, *, by: str, 
     :class:`AuditKeyError` when the chain is empty (a keyed server starts it
     keyed), already keyed, or broken.
     """
-    from pollwarden.store.sqlite.rows import append_audit  # the engine's one append path
+    from pollwarden.store.sqlite.executor import append_audit  # the engine's one append path
 
     where = location_of(db_path)
     if not where.is_sqlite:

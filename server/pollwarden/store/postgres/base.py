@@ -14,7 +14,7 @@ from typing import Any
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
-from pollwarden.store.postgres.writer import Writer
+from pollwarden.store.postgres.executor import Writer
 from pollwarden.store.reads import Row, StoreReads
 from pollwarden.store.rows import StoredOperation
 from pollwarden.vocabulary import Status

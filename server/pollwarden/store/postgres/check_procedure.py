@@ -27,7 +27,7 @@ from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, PostgresBase
 from pollwarden.store.postgres.connection import Tx
 from pollwarden.store.postgres.errors import GuardFailed
-from pollwarden.store.postgres.writer import Writer, answer_statement, operation
+from pollwarden.store.postgres.executor import Writer, answer_statement, operation
 from pollwarden.store.rows import StoredOperation, stored
 from pollwarden.vocabulary import (
     Status,

@@ -21,7 +21,7 @@ from pollwarden.records import (
 from pollwarden.store import plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import PostgresBase
-from pollwarden.store.postgres.writer import operation
+from pollwarden.store.postgres.executor import operation
 from pollwarden.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
     ApprovalKind,

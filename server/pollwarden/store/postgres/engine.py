@@ -47,7 +47,7 @@ from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.check_procedure import CheckProcedure
 from pollwarden.store.postgres.connection import Pool
 from pollwarden.store.postgres.decisions import Decisions
-from pollwarden.store.postgres.writer import Writer, operation, seal_entries
+from pollwarden.store.postgres.executor import Writer, operation, seal_entries
 from pollwarden.store.rows import StoredOperation, new_operation_values, stored
 from pollwarden.vocabulary import (
     Status,

@@ -12,8 +12,8 @@ from pollwarden.audit_entry import ChainHead, chain_row
 from pollwarden.errors import StoreError
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
+from pollwarden.store.postgres.executor import seal_entries
 from pollwarden.store.postgres.read_only import connect
-from pollwarden.store.postgres.writer import seal_entries
 
 
 def rekey(

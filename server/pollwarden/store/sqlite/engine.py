@@ -1,9 +1,10 @@
 """The SQLite engine: the `Store` interface over one file shared by every server process.
 
 Each method is one hop to the database thread (`Database.run`) that runs one
-whole transaction there: see `checks` (the check procedure), `writes` (every
-other change) and `queries` (the SQL). Reads run without a transaction (WAL
-readers see the last commit and never wait for a writer).
+whole transaction there: see `check_procedure`, `writes` (every other change)
+and `wakes`; each reads what its plan (`pollwarden.store.plans`) needs and
+`executor` carries the plan out. Reads (`pollwarden.store.reads`) run without
+a transaction (WAL readers see the last commit and never wait for a writer).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pollwarden.files import prepare_database_file
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.reads import Row, StoreReads
-from pollwarden.store.sqlite import checks, wakes, writes
+from pollwarden.store.sqlite import check_procedure, wakes, writes
 from pollwarden.store.sqlite.connection import Database, EngineStats, connect
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
 from pollwarden_providers.table_limits import FleetSpec
@@ -68,7 +69,7 @@ class SQLiteStore(StoreReads):
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
             partial(
-                checks.begin_check,
+                check_procedure.begin_check,
                 needs_person=needs_person,
                 operation_id=operation_id,
                 now=now,
@@ -96,7 +97,7 @@ class SQLiteStore(StoreReads):
         """Persist what one status answer meant and release the lease; (record, applied)."""
         return await self._db.run(
             partial(
-                checks.apply_answer,
+                check_procedure.apply_answer,
                 operation_id=operation_id,
                 owner=owner,
                 changes=changes,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pollwarden.records import WakeOutcome, WakeResult
 from pollwarden.store import plans, statements
-from pollwarden.store.sqlite import rows
+from pollwarden.store.sqlite import executor
 from pollwarden.store.sqlite.connection import Session
 
 
@@ -49,9 +49,9 @@ def wake(
         for row in conn.execute(
             statements.WAITING_ON_JOB, {"provider": provider, "job_id": job_id}
         ).fetchall():
-            current = rows.stored(row)
+            current = executor.stored(row)
             plan = plans.wake_plan(current.record, now=now, event_id=event_id, event_type=event_type)
             if plan is not None:
-                rows.carry_out(conn, current, plan, key)
+                executor.carry_out(conn, current, plan, key)
                 woken.append(current.record.operation_id)
         return WakeResult(WakeOutcome.WOKEN if woken else WakeOutcome.NOT_WOKEN, tuple(woken))

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
 from pollwarden.store import plans, statements
 from pollwarden.store.rows import new_operation_values
-from pollwarden.store.sqlite import queries, rows
+from pollwarden.store.sqlite import executor, sql
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
@@ -42,7 +42,7 @@ def create_operation(
     with session.transaction() as conn:
         # BEGIN IMMEDIATE: the id and the job are looked up and the row inserted under the write lock,
         # so two processes starting one job at once get one operation (the unique index is the backstop).
-        same_id = rows.fetch(conn, str(values["operation_id"]))
+        same_id = executor.fetch(conn, str(values["operation_id"]))
         if same_id is not None:
             return same_id.record, False
         if values["provider_job_id"] is not None:
@@ -57,13 +57,13 @@ def create_operation(
                 return owner, False
         if values["submit_payload_json"] is not None:
             params = {"request_fingerprint": values["request_fingerprint"], "owner": values["owner"]}
-            in_flight = rows.returned(conn.execute(statements.SELECT_PAYLOAD_IN_FLIGHT, params))
+            in_flight = executor.returned(conn.execute(statements.SELECT_PAYLOAD_IN_FLIGHT, params))
             if in_flight is not None:
                 return in_flight.record, False
-        created = rows.returned(conn.execute(queries.INSERT_OPERATION, dict(values)))
+        created = executor.returned(conn.execute(sql.INSERT_OPERATION, dict(values)))
         if created is None:
-            return rows.must_fetch(conn, str(values["operation_id"])).record, False
-        rows.append(conn, plans.opening_event(created.record, kind, at), key)
+            return executor.must_fetch(conn, str(values["operation_id"])).record, False
+        executor.append(conn, plans.opening_event(created.record, kind, at), key)
         return created.record, True
 
 
@@ -73,7 +73,7 @@ def _job_owner(
     """The operation holding this job for `principal` (one job, one budget), or None."""
     params = {"provider": provider, "account_context": account, "provider_job_id": job_id, "owner": principal}
     row = conn.execute(statements.SELECT_JOB_OWNER, params).fetchone()
-    return None if row is None else rows.stored(row).record
+    return None if row is None else executor.stored(row).record
 
 
 def claim_submission(
@@ -89,7 +89,7 @@ def claim_submission(
 ) -> OperationRecord | None:
     """Take the submission lease before the submit request is sent (None: not free; `plans.claim_plan`)."""
     with session.transaction() as conn:
-        current = rows.must_fetch(conn, operation_id)
+        current = executor.must_fetch(conn, operation_id)
         plan = plans.claim_plan(
             current.record,
             owner=owner,
@@ -98,7 +98,7 @@ def claim_submission(
             allow_stale=allow_stale,
             note=note,
         )
-        record = rows.carry_out(conn, current, plan, key)
+        record = executor.carry_out(conn, current, plan, key)
         return record if plan.applied else None
 
 
@@ -116,7 +116,7 @@ def finish_submission(
 ) -> OperationRecord | None:
     """Record what a submission led to (None: the guard did not hold; `plans.finish_plan`)."""
     with session.transaction() as conn:
-        current = rows.must_fetch(conn, operation_id)
+        current = executor.must_fetch(conn, operation_id)
         record = current.record
         job_id = changes.get("provider_job_id")
         holder = None
@@ -132,7 +132,7 @@ def finish_submission(
             payload_extra=payload_extra,
             job_holder=holder,
         )
-        record = rows.carry_out(conn, current, plan, key)
+        record = executor.carry_out(conn, current, plan, key)
         return record if plan.applied else None
 
 
@@ -149,7 +149,7 @@ def apply_extension(
 ) -> OperationRecord | None:
     """Grant a new authorization, only if the operation is still as it was when the person was asked."""
     with session.transaction() as conn:
-        current = rows.must_fetch(conn, operation_id)
+        current = executor.must_fetch(conn, operation_id)
         plan = plans.extension_plan(
             current.record,
             bound_version=bound_version,
@@ -158,7 +158,7 @@ def apply_extension(
             approval_id=approval_id,
             payload_extra=payload_extra,
         )
-        record = rows.carry_out(conn, current, plan, key)
+        record = executor.carry_out(conn, current, plan, key)
         if not plan.applied:
             return None
         if approval_id is not None:
@@ -198,7 +198,7 @@ def open_approval(
             return ApprovalRecord.from_row(existing)
         row = conn.execute(statements.INSERT_APPROVAL, params).fetchone()
         asked = plans.question_plan(record, approval_id=approval_id, kind=kind, request=request, at=at)
-        rows.carry_out(conn, rows.must_fetch(conn, record.operation_id), asked, key)
+        executor.carry_out(conn, executor.must_fetch(conn, record.operation_id), asked, key)
         return ApprovalRecord.from_row(row)
 
 
@@ -223,13 +223,13 @@ def decide_approval(
         approval = None if row is None else ApprovalRecord.from_row(row)
         if approval is None or approval.status != ApprovalStatus.PENDING:
             return approval
-        current = rows.must_fetch(conn, approval.operation_id)
+        current = executor.must_fetch(conn, approval.operation_id)
         status, plan = plans.decision_plan(
             approval, current.record, approve=approve, by=by, at=at, method=method
         )
         decided = {"status": status, "at": at, "by": by, "method": method, "signature": signature}
         row = conn.execute(statements.DECIDE_APPROVAL, {**decided, "approval_id": approval_id}).fetchone()
-        rows.carry_out(conn, current, plan, key)
+        executor.carry_out(conn, current, plan, key)
         return ApprovalRecord.from_row(row)
 
 
@@ -250,15 +250,15 @@ def close_approval(
     with session.transaction() as conn:
         allowed = json.dumps(APPROVAL_CLOSABLE_FROM.get(status, ()))
         row = conn.execute(
-            queries.CLOSE_APPROVAL,
+            sql.CLOSE_APPROVAL,
             {"status": status, "note": note, "at": at, "approval_id": approval_id, "allowed": allowed},
         ).fetchone()
         if row is None:
             return None
         approval = ApprovalRecord.from_row(row)
         if audit_kind is not None:
-            current = rows.must_fetch(conn, approval.operation_id)
-            rows.carry_out(
+            current = executor.must_fetch(conn, approval.operation_id)
+            executor.carry_out(
                 conn, current, plans.note_plan(current.record, audit_kind, at, note=approval_id), key
             )
         return approval
@@ -286,7 +286,7 @@ def record_followup(
     still `expect_version`; otherwise nothing is written and None is returned.
     """
     with session.transaction() as conn:
-        current = rows.must_fetch(conn, operation_id)
+        current = executor.must_fetch(conn, operation_id)
         plan = plans.followup_plan(
             current.record,
             followup_id=followup_id,
@@ -299,7 +299,7 @@ def record_followup(
             operation_changes=operation_changes,
             expect_version=expect_version,
         )
-        rows.carry_out(conn, current, plan, key)
+        executor.carry_out(conn, current, plan, key)
         if not plan.applied:
             return None
         followup = FollowupRecord(
@@ -324,8 +324,10 @@ def audit_event(
 ) -> None:
     """Append one audit row about an operation (follow-ups, answers that matter)."""
     with session.transaction() as conn:
-        current = rows.must_fetch(conn, operation_id)
-        rows.carry_out(conn, current, plans.note_plan(current.record, kind, at, note=note, extra=extra), key)
+        current = executor.must_fetch(conn, operation_id)
+        executor.carry_out(
+            conn, current, plans.note_plan(current.record, kind, at, note=note, extra=extra), key
+        )
 
 
 def flush_refusals(session: Session, operation_id: str | None, key: bytes | None) -> int:
@@ -339,11 +341,11 @@ def flush_refusals(session: Session, operation_id: str | None, key: bytes | None
         if conn.execute(statements.ANY_PENDING_REFUSALS).fetchone() is None:
             return 0
         with session.transaction():
-            return rows.flush_all_refusals(conn, key)
+            return executor.flush_all_refusals(conn, key)
     if conn.execute(statements.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id}).fetchone() is None:
         return 0
     with session.transaction():
-        rows.flush_refusals(conn, operation_id, key)
+        executor.flush_refusals(conn, operation_id, key)
         return 1
 
 
@@ -359,9 +361,9 @@ def reopen(
 ) -> OperationRecord | None:
     """An operator's reopen: back to waiting, same budget and deadline, only as it was shown (None: it changed)."""
     with session.transaction() as conn:
-        current = rows.must_fetch(conn, operation_id)
+        current = executor.must_fetch(conn, operation_id)
         plan = plans.reopen_plan(
             current.record, bound_version=bound_version, next_check_at=next_check_at, at=at, extra=extra
         )
-        record = rows.carry_out(conn, current, plan, key)
+        record = executor.carry_out(conn, current, plan, key)
         return record if plan.applied else None

@@ -52,7 +52,7 @@ SELECT_ALL_PENDING_REFUSALS = f"SELECT {OPERATION_ROW} FROM operations WHERE ref
 
 @cache
 def update_operation(columns: tuple[str, ...]) -> str:
-    """`UPDATE … SET <columns>` guarded by the version read (`rows.writable` columns only); parameters
+    """`UPDATE … SET <columns>` guarded by the version read (`executor.writable` columns only); parameters
     are named `c_<column>`, `version`, `at` and `operation_id`. A row back means the guard held."""
     sets = "".join(f"{c} = :c_{c}, " for c in columns)
     return (

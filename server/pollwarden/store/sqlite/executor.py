@@ -26,7 +26,7 @@ from pollwarden.records import OperationRecord
 from pollwarden.store import statements
 from pollwarden.store.plans import Append, CountRefusal, Flush, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
-from pollwarden.store.sqlite import queries
+from pollwarden.store.sqlite import sql
 from pollwarden.vocabulary import Outcome
 
 
@@ -80,10 +80,7 @@ def carry_out(
         elif isinstance(write, Update):
             params = {f"c_{column}": value for column, value in write.changes.items()}
             params.update(at=write.at, operation_id=op_id, version=current.record.version)
-            if (
-                conn.execute(queries.update_operation(writable(tuple(write.changes))), params).fetchone()
-                is None
-            ):
+            if conn.execute(sql.update_operation(writable(tuple(write.changes))), params).fetchone() is None:
                 raise StaleRow(f"operation {op_id!r} changed since it was read")
         elif isinstance(write, Append):
             append(conn, write.entry, key)
@@ -91,7 +88,7 @@ def carry_out(
             if count_refusal(conn, current, write.outcome, write.at, key, durable=durable) is None:
                 raise StaleRow(f"operation {op_id!r} changed since it was read")
         else:  # SetPace
-            conn.execute(queries.UPSERT_FLEET_TAT, {"provider": write.provider, "tat": write.tat})
+            conn.execute(sql.UPSERT_FLEET_TAT, {"provider": write.provider, "tat": write.tat})
     return plan.record
 
 
@@ -126,13 +123,13 @@ def append_audit(
 
 
 def _head(conn: sqlite3.Connection) -> ChainHead | None:
-    head = conn.execute(queries.AUDIT_HEAD).fetchone()
+    head = conn.execute(sql.AUDIT_HEAD).fetchone()
     return None if head is None else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
 
 
 def _insert(conn: sqlite3.Connection, row: ChainRow) -> None:
     # A SQLite row's place in the chain is its seq: every row is a chain row.
-    conn.execute(queries.INSERT_AUDIT_ROW, vars(row))
+    conn.execute(sql.INSERT_AUDIT_ROW, vars(row))
 
 
 def flush_refusals(conn: sqlite3.Connection, operation_id: str, key: bytes | None) -> None:
@@ -141,14 +138,14 @@ def flush_refusals(conn: sqlite3.Connection, operation_id: str, key: bytes | Non
     Called first by every transaction that changes the operation or appends to
     its story, so the summary lands before the decision that follows it.
     """
-    row = conn.execute(queries.SELECT_PENDING_REFUSALS, {"operation_id": operation_id}).fetchone()
+    row = conn.execute(sql.SELECT_PENDING_REFUSALS, {"operation_id": operation_id}).fetchone()
     if row is not None:
         _write_summary(conn, stored(row), key)
 
 
 def flush_all_refusals(conn: sqlite3.Connection, key: bytes | None) -> int:
     """Write every operation's pending summary of refused calls; how many were written."""
-    rows = conn.execute(queries.SELECT_ALL_PENDING_REFUSALS).fetchall()
+    rows = conn.execute(sql.SELECT_ALL_PENDING_REFUSALS).fetchall()
     for row in rows:
         _write_summary(conn, stored(row), key)
     return len(rows)
@@ -180,7 +177,7 @@ def count_refusal(
             return None
         _write_summary(conn, current, key)
     counted = conn.execute(
-        queries.COUNT_REFUSAL,
+        sql.COUNT_REFUSAL,
         {
             "outcome": outcome,
             "at": at,

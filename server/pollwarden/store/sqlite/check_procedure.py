@@ -16,9 +16,9 @@ from pollwarden.gate import GateDecision, decide_check
 from pollwarden.records import CheckStart, OperationRecord
 from pollwarden.store import plans, statements
 from pollwarden.store.rows import StoredOperation
-from pollwarden.store.sqlite import queries, rows
+from pollwarden.store.sqlite import executor, sql
 from pollwarden.store.sqlite.connection import Session
-from pollwarden.store.sqlite.rows import StaleRow
+from pollwarden.store.sqlite.executor import StaleRow
 from pollwarden.vocabulary import Status
 from pollwarden_providers.table_limits import FleetSpec
 
@@ -46,7 +46,7 @@ def begin_check(
     fleet slot must be taken when the request really leaves, not before.
     """
     conn = session.conn
-    current = rows.fetch(conn, operation_id)  # a snapshot read, outside any transaction
+    current = executor.fetch(conn, operation_id)  # a snapshot read, outside any transaction
     if current is None:
         return None
     decision = _decide(
@@ -65,7 +65,7 @@ def begin_check(
     # Another process moved first: decide again with the write lock held, where nothing can change.
     with session.transaction(durable=True):
         now = clock() if clock is not None else now
-        current = rows.must_fetch(conn, operation_id)
+        current = executor.must_fetch(conn, operation_id)
         decision = _decide(
             session, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
         )
@@ -122,7 +122,7 @@ def _carry_out(
     fleet = fleets.get(record.provider)
     step = booked = None
     if plans.needs_pace(record, decision, fleet, now=now):
-        row = conn.execute(queries.SELECT_FLEET_TAT, {"provider": record.provider}).fetchone()
+        row = conn.execute(sql.SELECT_FLEET_TAT, {"provider": record.provider}).fetchone()
         step = plans.pace_step(record, decision, fleet, None if row is None else float(row[0]), now=now)
         if plans.needs_booked_slots(step, fleet_slots):
             held = {
@@ -143,7 +143,7 @@ def _carry_out(
         booked=booked,
         fleet_slots=fleet_slots,
     )
-    rows.carry_out(conn, current, plan, key, durable=session.durable, fresh=fresh)
+    executor.carry_out(conn, current, plan, key, durable=session.durable, fresh=fresh)
     return CheckStart(plan.record, plan.decision or decision)
 
 
@@ -162,8 +162,8 @@ def apply_answer(
     Applied only while this call still holds the lease (`plans.answer_plan`).
     """
     with session.transaction() as conn:
-        current = rows.must_fetch(conn, operation_id)
+        current = executor.must_fetch(conn, operation_id)
         plan = plans.answer_plan(
             current.record, owner=owner, changes=changes, at=at, payload_extra=payload_extra
         )
-        return rows.carry_out(conn, current, plan, key), plan.applied
+        return executor.carry_out(conn, current, plan, key), plan.applied
