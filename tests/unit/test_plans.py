@@ -13,10 +13,10 @@ import pytest
 from harness import operation_record
 from pollwarden.audit_entry import NO_REFUSALS, PendingRefusals
 from pollwarden.gate import GateDecision, Step
-from pollwarden.records import ApprovalRecord, OperationRecord
+from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
 from pollwarden.schedule import PacingStep
 from pollwarden.store import plans
-from pollwarden.store.plans import Append, CountRefusal, Flush, Plan, SetPace, Update
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, SetPace, Update
 from pollwarden.vocabulary import (
     ApprovalKind,
     ApprovalStatus,
@@ -405,7 +405,12 @@ def test_an_extension_is_granted_only_as_the_person_saw_the_operation(
     assert plan.applied is applied
     if applied:
         assert update_of(plan) == {"max_status_requests": 20, "extensions_used": 1}
-        assert kinds(plan) == ["Flush", "Update", "Append:extension_approved"]
+        assert kinds(plan) == [
+            "Flush",
+            "Update",
+            "Execute",
+            "Append:extension_approved",
+        ]  # the approval applied
 
 
 @pytest.mark.parametrize(
@@ -442,8 +447,8 @@ def test_only_an_operation_stopped_by_a_refusal_is_reopened_and_only_as_shown(
 @pytest.mark.parametrize(
     ("operation_changes", "expect_version", "expected"),
     [
-        (None, None, ["Flush", "Append:cancel_sent"]),
-        ({"status": Status.SUCCEEDED}, 7, ["Flush", "Update", "Append:cancel_sent"]),
+        (None, None, ["Flush", "Execute", "Append:cancel_sent"]),
+        ({"status": Status.SUCCEEDED}, 7, ["Flush", "Update", "Execute", "Append:cancel_sent"]),
         ({"status": Status.SUCCEEDED}, 6, ["Flush"]),  # the operation moved: nothing but the refusals
     ],
 )
@@ -451,20 +456,17 @@ def test_a_follow_up_changes_the_operation_only_if_it_is_still_as_expected(
     operation_changes: dict[str, object] | None, expect_version: int | None, expected: list[str]
 ) -> None:
     record = waiting(version=7)
+    followup = FollowupRecord(
+        "fu-1", "op", FollowupKind.CANCEL, FollowupStatus.SENT, None, NOW, NOW, 202, None, None
+    )
     plan = plans.followup_plan(
-        record,
-        followup_id="fu-1",
-        kind=FollowupKind.CANCEL,
-        status=FollowupStatus.SENT,
-        at=NOW,
-        approval_id=None,
-        http_status=202,
-        note=None,
-        operation_changes=operation_changes,
-        expect_version=expect_version,
+        record, followup, operation_changes=operation_changes, expect_version=expect_version
     )
     assert kinds(plan) == expected
     assert plan.applied is (expected != ["Flush"])
+    if plan.applied:  # the follow-up's own row, with the operation's change in one transaction
+        (insert,) = [w for w in plan.writes if isinstance(w, Execute)]
+        assert insert.params["followup_id"] == "fu-1"
 
 
 # -- the webhook wake-up ----------------------------------------------------------------------------

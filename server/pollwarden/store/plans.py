@@ -22,14 +22,13 @@ from typing import Any
 from pollwarden.audit_entry import AuditEvent, PendingRefusals, event, lease_recovered
 from pollwarden.gate import GateDecision, Step, lease_busy, may_reserve
 from pollwarden.job_identity import REOPENABLE, account_parts, duplicate_changes
-from pollwarden.records import ApprovalRecord, OperationRecord
+from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
 from pollwarden.schedule import PacingStep, pace, slot_still_held
 from pollwarden.stop import reaches_deadline
+from pollwarden.store import statements
 from pollwarden.vocabulary import (
     ApprovalStatus,
     DelaySource,
-    FollowupKind,
-    FollowupStatus,
     Outcome,
     Status,
     status_for,
@@ -39,6 +38,7 @@ from pollwarden_providers.table_limits import FleetSpec
 __all__ = [
     "Append",
     "CountRefusal",
+    "Execute",
     "Flush",
     "Plan",
     "SetPace",
@@ -104,7 +104,16 @@ class SetPace:
     tat: float
 
 
-Write = Flush | Update | Append | CountRefusal | SetPace
+@dataclass(frozen=True)
+class Execute:
+    """Run one statement of `pollwarden.store.statements` beside the operation's writes (an approval
+    settled, a follow-up recorded)."""
+
+    statement: str
+    params: Mapping[str, object]
+
+
+Write = Flush | Update | Append | CountRefusal | SetPace | Execute
 
 FLUSH = Flush()
 
@@ -366,7 +375,10 @@ def extension_plan(
     granted = {**changes, "extensions_used": record.extensions_used + 1}
     after = updated(record, granted, at)
     told = event(after, "extension_approved", at, note=approval_id, extra=payload_extra)
-    return Plan(after, (FLUSH, Update(granted, at), Append(told)))
+    applied: tuple[Write, ...] = ()
+    if approval_id is not None:
+        applied = (Execute(statements.MARK_APPROVAL_APPLIED, {"approval_id": approval_id}),)
+    return Plan(after, (FLUSH, Update(granted, at), *applied, Append(told)))
 
 
 _DECIDED_KIND = {
@@ -437,26 +449,31 @@ def reopen_plan(
 
 def followup_plan(
     record: OperationRecord,
+    followup: FollowupRecord,
     *,
-    followup_id: str,
-    kind: FollowupKind,
-    status: FollowupStatus,
-    at: float,
-    approval_id: str | None,
-    http_status: int | None,
-    note: str | None,
     operation_changes: Mapping[str, object] | None,
     expect_version: int | None,
 ) -> Plan:
-    """One follow-up's story, and the operation's change with it (not applied: not still at `expect_version`)."""
+    """One follow-up recorded with its story, the operation changed with it (not applied: the operation
+    is no longer at `expect_version`), and the approval it used marked so."""
     writes: list[Write] = [FLUSH]
+    at = followup.requested_at
     if operation_changes:
         if record.version != expect_version:
             return refused(record)
         writes.append(Update(operation_changes, at))
         record = updated(record, operation_changes, at)
-    extra = {"followup_id": followup_id, "http_status": http_status, "approval_id": approval_id}
-    writes.append(Append(event(record, f"{kind}_{status}", at, note=note, extra=extra)))
+    writes.append(Execute(statements.INSERT_FOLLOWUP, followup.__dict__))
+    if followup.approval_id is not None:
+        used = {"note": f"used by {followup.followup_id}", "approval_id": followup.approval_id}
+        writes.append(Execute(statements.MARK_APPROVAL_USED, used))
+    extra = {
+        "followup_id": followup.followup_id,
+        "http_status": followup.http_status,
+        "approval_id": followup.approval_id,
+    }
+    kind = f"{followup.kind}_{followup.status}"
+    writes.append(Append(event(record, kind, at, note=followup.note, extra=extra)))
     return Plan(record, tuple(writes))
 
 

@@ -7,15 +7,18 @@ and `engine` itself) are built on.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+from pollwarden.records import OperationRecord
 from pollwarden.store.location import DatabaseLocation
+from pollwarden.store.planned import PlannedWrites
+from pollwarden.store.plans import Plan
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
-from pollwarden.store.postgres.executor import Writer
-from pollwarden.store.reads import Row, StoreReads
+from pollwarden.store.postgres.executor import Writer, operation
+from pollwarden.store.reads import Row
 from pollwarden.store.rows import StoredOperation
 from pollwarden.vocabulary import Status
 
@@ -25,7 +28,7 @@ RESERVED_KEPT = 256
 KNOWN_KEPT = 4096
 
 
-class PostgresBase(StoreReads):
+class PostgresBase(PlannedWrites):
     """One process's store on a PostgreSQL database: what every group of its methods shares."""
 
     def __init__(self, pool: Pool, location: DatabaseLocation, audit_key: bytes | None) -> None:
@@ -41,6 +44,14 @@ class PostgresBase(StoreReads):
     per_operation_chains = True
     byte_order = ' COLLATE "C"'  # `audit.at` compared byte by byte, whatever the database's collation
     followup_order = "inserted"
+
+    async def _carry_out_on(self, operation_id: str, plan_of: Callable[[OperationRecord], Plan]) -> Plan:
+        """One transaction on the operation row locked first: `plan_of` the row as read, carried out."""
+        async with self._locked(operation_id) as (writer, tx, cursor):
+            current = operation(await tx.read(cursor), operation_id)
+            plan = plan_of(current.record)
+            await writer.carry_out(current, plan)
+            return plan
 
     async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
         """One read statement outside a transaction (autocommit)."""

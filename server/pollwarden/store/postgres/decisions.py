@@ -15,7 +15,6 @@ from pollwarden.audit_entry import (
 )
 from pollwarden.records import (
     ApprovalRecord,
-    FollowupRecord,
     OperationRecord,
 )
 from pollwarden.store import plans, statements
@@ -26,41 +25,11 @@ from pollwarden.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
     ApprovalKind,
     ApprovalStatus,
-    FollowupKind,
-    FollowupStatus,
 )
 
 
 class Decisions(PostgresBase):
     """Approvals, extensions, reopening, follow-ups and audit rows (that part of `pollwarden.store.Store`)."""
-
-    async def apply_extension(
-        self,
-        operation_id: str,
-        *,
-        bound_version: int,
-        changes: Mapping[str, object],
-        at: float,
-        approval_id: str | None,
-        payload_extra: Mapping[str, object],
-    ) -> OperationRecord | None:
-        """Grant a new authorization, only if the operation is still as it was when asked."""
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            plan = plans.extension_plan(
-                current.record,
-                bound_version=bound_version,
-                changes=changes,
-                at=at,
-                approval_id=approval_id,
-                payload_extra=payload_extra,
-            )
-            granted = await writer.carry_out(current, plan)
-            if not plan.applied:
-                return None
-            if approval_id is not None:
-                await tx.queue(statements.MARK_APPROVAL_APPLIED, {"approval_id": approval_id})
-            return granted
 
     async def open_approval(
         self,
@@ -187,82 +156,3 @@ class Decisions(PostgresBase):
             return approval
 
     # -- follow-ups and the audit ------------------------------------------------------------------
-
-    async def record_followup(
-        self,
-        *,
-        followup_id: str,
-        operation_id: str,
-        kind: str,
-        status: str,
-        at: float,
-        approval_id: str | None = None,
-        http_status: int | None = None,
-        answer: str | None = None,
-        note: str | None = None,
-        operation_changes: Mapping[str, object] | None = None,
-        expect_version: int | None = None,
-    ) -> FollowupRecord | None:
-        """Record one follow-up and its audit row; optionally change the operation (if still `expect_version`)."""
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            plan = plans.followup_plan(
-                current.record,
-                followup_id=followup_id,
-                kind=FollowupKind(kind),
-                status=FollowupStatus(status),
-                at=at,
-                approval_id=approval_id,
-                http_status=http_status,
-                note=note,
-                operation_changes=operation_changes,
-                expect_version=expect_version,
-            )
-            await writer.carry_out(current, plan)
-            if not plan.applied:
-                return None
-            followup = FollowupRecord(
-                followup_id,
-                operation_id,
-                FollowupKind(kind),
-                FollowupStatus(status),
-                approval_id,
-                at,
-                at,
-                http_status,
-                answer,
-                note,
-            )
-            await tx.queue(statements.INSERT_FOLLOWUP, followup.__dict__)
-            if approval_id is not None:
-                await tx.queue(
-                    statements.MARK_APPROVAL_USED,
-                    {"note": f"used by {followup_id}", "approval_id": approval_id},
-                )
-            return followup
-
-    async def audit_event(
-        self, operation_id: str, *, kind: str, at: float, note: str | None, extra: Mapping[str, object]
-    ) -> None:
-        """Append one audit row about an operation."""
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            await writer.carry_out(current, plans.note_plan(current.record, kind, at, note=note, extra=extra))
-
-    async def reopen(
-        self,
-        operation_id: str,
-        *,
-        bound_version: int,
-        next_check_at: float,
-        at: float,
-        extra: Mapping[str, object],
-    ) -> OperationRecord | None:
-        """An operator's reopen after a refusal, only if the operation is still as shown (None otherwise)."""
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            plan = plans.reopen_plan(
-                current.record, bound_version=bound_version, next_check_at=next_check_at, at=at, extra=extra
-            )
-            record = await writer.carry_out(current, plan)
-            return record if plan.applied else None

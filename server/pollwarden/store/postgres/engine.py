@@ -145,23 +145,6 @@ class PostgresStore(CheckProcedure, Decisions):
         row = await cursor.fetchone()
         return None if row is None else stored(row)
 
-    async def claim_submission(
-        self, operation_id: str, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str
-    ) -> OperationRecord | None:
-        """Take the submission lease before the submit request is sent (None: not free); committed first."""
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            plan = plans.claim_plan(
-                current.record,
-                owner=owner,
-                now=now,
-                lease_seconds=lease_seconds,
-                allow_stale=allow_stale,
-                note=note,
-            )
-            record = await writer.carry_out(current, plan)
-            return record if plan.applied else None
-
     async def finish_submission(
         self,
         operation_id: str,

@@ -43,7 +43,7 @@ from pollwarden.audit_entry import (
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
 from pollwarden.store import statements
-from pollwarden.store.plans import Append, CountRefusal, Flush, Plan, Update
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Row, Tx
 from pollwarden.store.rows import StoredOperation, stored
@@ -216,6 +216,8 @@ class Writer:
                 await self.append(write.entry, on=current)
             elif isinstance(write, CountRefusal):
                 await self._count_refusal(current, write.outcome, write.at)
+            elif isinstance(write, Execute):
+                await self.tx.queue(write.statement, write.params)
             else:  # SetPace
                 await self.tx.queue(sql.SET_FLEET_TAT, {"provider": write.provider, "tat": write.tat})
         return plan.record

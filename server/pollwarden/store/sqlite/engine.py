@@ -18,16 +18,18 @@ import anyio
 
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
-from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
+from pollwarden.records import ApprovalRecord, CheckStart, OperationRecord, WakeResult
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.reads import Row, StoreReads
-from pollwarden.store.sqlite import check_procedure, wakes, writes
-from pollwarden.store.sqlite.connection import Database, EngineStats, connect
-from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
+from pollwarden.store.planned import PlannedWrites
+from pollwarden.store.plans import Plan
+from pollwarden.store.reads import Row
+from pollwarden.store.sqlite import check_procedure, executor, wakes, writes
+from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
+from pollwarden.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden_providers.table_limits import FleetSpec
 
 
-class SQLiteStore(StoreReads):
+class SQLiteStore(PlannedWrites):
     """One process's store on a SQLite file (implements `pollwarden.store.Store`)."""
 
     def __init__(self, db: Database, location: DatabaseLocation, audit_key: bytes | None) -> None:
@@ -44,6 +46,18 @@ class SQLiteStore(StoreReads):
     def stats(self) -> EngineStats:
         """Hops to the database thread and commits by durability, since the store opened."""
         return self._db.stats
+
+    async def _carry_out_on(self, operation_id: str, plan_of: Callable[[OperationRecord], Plan]) -> Plan:
+        """One transaction in one hop, under the write lock: `plan_of` the row as read, carried out."""
+
+        def work(s: Session) -> Plan:
+            with s.transaction() as conn:
+                current = executor.must_fetch(conn, operation_id)
+                plan = plan_of(current.record)
+                executor.carry_out(conn, current, plan, self._key)
+                return plan
+
+        return await self._db.run(work)
 
     async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
         """One read statement in one hop, outside any transaction."""
@@ -117,23 +131,6 @@ class SQLiteStore(StoreReads):
             partial(writes.create_operation, values=values, kind=kind, at=at, key=self._key)
         )
 
-    async def claim_submission(
-        self, operation_id: str, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str
-    ) -> OperationRecord | None:
-        """Take the submission lease before the submit request is sent (None: not free)."""
-        return await self._db.run(
-            partial(
-                writes.claim_submission,
-                operation_id=operation_id,
-                owner=owner,
-                now=now,
-                lease_seconds=lease_seconds,
-                allow_stale=allow_stale,
-                note=note,
-                key=self._key,
-            )
-        )
-
     async def finish_submission(
         self,
         operation_id: str,
@@ -161,30 +158,6 @@ class SQLiteStore(StoreReads):
         )
 
     # -- extensions and approvals ---------------------------------------------------------------
-
-    async def apply_extension(
-        self,
-        operation_id: str,
-        *,
-        bound_version: int,
-        changes: Mapping[str, object],
-        at: float,
-        approval_id: str | None,
-        payload_extra: Mapping[str, object],
-    ) -> OperationRecord | None:
-        """Grant a new authorization, only if the operation is still as it was when asked."""
-        return await self._db.run(
-            partial(
-                writes.apply_extension,
-                operation_id=operation_id,
-                bound_version=bound_version,
-                changes=changes,
-                at=at,
-                approval_id=approval_id,
-                payload_extra=payload_extra,
-                key=self._key,
-            )
-        )
 
     async def open_approval(
         self,
@@ -254,78 +227,6 @@ class SQLiteStore(StoreReads):
         )
 
     # -- follow-ups and the audit ------------------------------------------------------------------
-
-    async def record_followup(
-        self,
-        *,
-        followup_id: str,
-        operation_id: str,
-        kind: str,
-        status: str,
-        at: float,
-        approval_id: str | None = None,
-        http_status: int | None = None,
-        answer: str | None = None,
-        note: str | None = None,
-        operation_changes: Mapping[str, object] | None = None,
-        expect_version: int | None = None,
-    ) -> FollowupRecord | None:
-        """Record one follow-up and its audit row; optionally change the operation (if still `expect_version`)."""
-        return await self._db.run(
-            partial(
-                writes.record_followup,
-                followup_id=followup_id,
-                operation_id=operation_id,
-                kind=FollowupKind(kind),
-                status=FollowupStatus(status),
-                at=at,
-                approval_id=approval_id,
-                http_status=http_status,
-                answer=answer,
-                note=note,
-                operation_changes=operation_changes,
-                expect_version=expect_version,
-                key=self._key,
-            )
-        )
-
-    async def audit_event(
-        self, operation_id: str, *, kind: str, at: float, note: str | None, extra: Mapping[str, object]
-    ) -> None:
-        """Append one audit row about an operation."""
-        await self._db.run(
-            partial(
-                writes.audit_event,
-                operation_id=operation_id,
-                kind=kind,
-                at=at,
-                note=note,
-                extra=extra,
-                key=self._key,
-            )
-        )
-
-    async def reopen(
-        self,
-        operation_id: str,
-        *,
-        bound_version: int,
-        next_check_at: float,
-        at: float,
-        extra: Mapping[str, object],
-    ) -> OperationRecord | None:
-        """An operator's reopen after a refusal, only if the operation is still as shown (None otherwise)."""
-        return await self._db.run(
-            partial(
-                writes.reopen,
-                operation_id=operation_id,
-                bound_version=bound_version,
-                next_check_at=next_check_at,
-                at=at,
-                extra=extra,
-                key=self._key,
-            )
-        )
 
     async def wake(
         self,

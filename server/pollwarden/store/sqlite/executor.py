@@ -24,7 +24,7 @@ from pollwarden.audit_entry import (
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
 from pollwarden.store import statements
-from pollwarden.store.plans import Append, CountRefusal, Flush, Plan, Update
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import sql
 from pollwarden.vocabulary import Outcome
@@ -87,6 +87,8 @@ def carry_out(
         elif isinstance(write, CountRefusal):
             if count_refusal(conn, current, write.outcome, write.at, key, durable=durable) is None:
                 raise StaleRow(f"operation {op_id!r} changed since it was read")
+        elif isinstance(write, Execute):
+            conn.execute(write.statement, dict(write.params))
         else:  # SetPace
             conn.execute(sql.UPSERT_FLEET_TAT, {"provider": write.provider, "tat": write.tat})
     return plan.record

@@ -12,7 +12,7 @@ import json
 import sqlite3
 from collections.abc import Mapping
 
-from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.records import ApprovalRecord, OperationRecord
 from pollwarden.store import plans, statements
 from pollwarden.store.rows import new_operation_values
 from pollwarden.store.sqlite import executor, sql
@@ -21,8 +21,6 @@ from pollwarden.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
     ApprovalKind,
     ApprovalStatus,
-    FollowupKind,
-    FollowupStatus,
 )
 
 
@@ -76,32 +74,6 @@ def _job_owner(
     return None if row is None else executor.stored(row).record
 
 
-def claim_submission(
-    session: Session,
-    operation_id: str,
-    *,
-    owner: str,
-    now: float,
-    lease_seconds: float,
-    allow_stale: bool,
-    note: str,
-    key: bytes | None,
-) -> OperationRecord | None:
-    """Take the submission lease before the submit request is sent (None: not free; `plans.claim_plan`)."""
-    with session.transaction() as conn:
-        current = executor.must_fetch(conn, operation_id)
-        plan = plans.claim_plan(
-            current.record,
-            owner=owner,
-            now=now,
-            lease_seconds=lease_seconds,
-            allow_stale=allow_stale,
-            note=note,
-        )
-        record = executor.carry_out(conn, current, plan, key)
-        return record if plan.applied else None
-
-
 def finish_submission(
     session: Session,
     operation_id: str,
@@ -134,36 +106,6 @@ def finish_submission(
         )
         record = executor.carry_out(conn, current, plan, key)
         return record if plan.applied else None
-
-
-def apply_extension(
-    session: Session,
-    operation_id: str,
-    *,
-    bound_version: int,
-    changes: Mapping[str, object],
-    at: float,
-    approval_id: str | None,
-    payload_extra: Mapping[str, object],
-    key: bytes | None,
-) -> OperationRecord | None:
-    """Grant a new authorization, only if the operation is still as it was when the person was asked."""
-    with session.transaction() as conn:
-        current = executor.must_fetch(conn, operation_id)
-        plan = plans.extension_plan(
-            current.record,
-            bound_version=bound_version,
-            changes=changes,
-            at=at,
-            approval_id=approval_id,
-            payload_extra=payload_extra,
-        )
-        record = executor.carry_out(conn, current, plan, key)
-        if not plan.applied:
-            return None
-        if approval_id is not None:
-            conn.execute(statements.MARK_APPROVAL_APPLIED, {"approval_id": approval_id})
-        return record
 
 
 def open_approval(
@@ -264,72 +206,6 @@ def close_approval(
         return approval
 
 
-def record_followup(
-    session: Session,
-    *,
-    followup_id: str,
-    operation_id: str,
-    kind: FollowupKind,
-    status: FollowupStatus,
-    at: float,
-    approval_id: str | None,
-    http_status: int | None,
-    answer: str | None,
-    note: str | None,
-    operation_changes: Mapping[str, object] | None,
-    expect_version: int | None,
-    key: bytes | None,
-) -> FollowupRecord | None:
-    """Record one follow-up and its audit row; optionally change the operation in the same transaction.
-
-    With `operation_changes`, the operation is updated only if its version is
-    still `expect_version`; otherwise nothing is written and None is returned.
-    """
-    with session.transaction() as conn:
-        current = executor.must_fetch(conn, operation_id)
-        plan = plans.followup_plan(
-            current.record,
-            followup_id=followup_id,
-            kind=kind,
-            status=status,
-            at=at,
-            approval_id=approval_id,
-            http_status=http_status,
-            note=note,
-            operation_changes=operation_changes,
-            expect_version=expect_version,
-        )
-        executor.carry_out(conn, current, plan, key)
-        if not plan.applied:
-            return None
-        followup = FollowupRecord(
-            followup_id, operation_id, kind, status, approval_id, at, at, http_status, answer, note
-        )
-        conn.execute(statements.INSERT_FOLLOWUP, followup.__dict__)
-        if approval_id is not None:
-            used = {"note": f"used by {followup_id}", "approval_id": approval_id}
-            conn.execute(statements.MARK_APPROVAL_USED, used)
-        return followup
-
-
-def audit_event(
-    session: Session,
-    operation_id: str,
-    *,
-    kind: str,
-    at: float,
-    note: str | None,
-    extra: Mapping[str, object],
-    key: bytes | None,
-) -> None:
-    """Append one audit row about an operation (follow-ups, answers that matter)."""
-    with session.transaction() as conn:
-        current = executor.must_fetch(conn, operation_id)
-        executor.carry_out(
-            conn, current, plans.note_plan(current.record, kind, at, note=note, extra=extra), key
-        )
-
-
 def flush_refusals(session: Session, operation_id: str | None, key: bytes | None) -> int:
     """Write the pending summaries of refused calls (one operation's, or every one's); how many.
 
@@ -347,23 +223,3 @@ def flush_refusals(session: Session, operation_id: str | None, key: bytes | None
     with session.transaction():
         executor.flush_refusals(conn, operation_id, key)
         return 1
-
-
-def reopen(
-    session: Session,
-    operation_id: str,
-    *,
-    bound_version: int,
-    next_check_at: float,
-    at: float,
-    extra: Mapping[str, object],
-    key: bytes | None,
-) -> OperationRecord | None:
-    """An operator's reopen: back to waiting, same budget and deadline, only as it was shown (None: it changed)."""
-    with session.transaction() as conn:
-        current = executor.must_fetch(conn, operation_id)
-        plan = plans.reopen_plan(
-            current.record, bound_version=bound_version, next_check_at=next_check_at, at=at, extra=extra
-        )
-        record = executor.carry_out(conn, current, plan, key)
-        return record if plan.applied else None
