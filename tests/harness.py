@@ -145,6 +145,7 @@ class Harness:
     operator: OperatorPolicy = field(default_factory=OperatorPolicy)  # operator public keys, key required
     busy_timeout_seconds: float = 5.0  # how long a write waits for another session's lock
     database_override: DatabaseLocation | None = None  # another location than the test's own
+    tasks: bool = False  # serve MCP Tasks (`serve --tasks`)
 
     @property
     def database(self) -> DatabaseLocation:
@@ -174,7 +175,7 @@ class Harness:
         factory = controller_factory(
             self.config(), clock=self.clock, rng=self.rng, environ=self.environ, http_limits=self.http_limits
         )
-        return build_server(factory)
+        return build_server(factory, tasks=self.tasks)
 
     @asynccontextmanager
     async def client(self, **client_kwargs: Any) -> AsyncGenerator[Client]:

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 from pollwarden.canonical import canonical_json
 from pollwarden.errors import AuditError, AuditKeyError
 from pollwarden.files import write_private_file
+from pollwarden.operation_names import owner_pattern
 from pollwarden.timefmt import rfc3339 as format_timestamp
 
 if TYPE_CHECKING:
@@ -380,6 +381,17 @@ def read_rows(db_path: Path | str | DatabaseLocation, operation_id: str | None =
     where = location_of(db_path)
     with open_read_only(where) as conn:
         return list(iter_rows(conn, where, operation_id))
+
+
+def audit_operation_ids(db_path: Path | str | DatabaseLocation, name: str) -> list[str]:
+    """The operation ids in the audit that an operator's `name` may mean: itself, and ``@ANY/name``."""
+    where = location_of(db_path)
+    with open_read_only(where) as conn:
+        cursor = conn.execute(
+            "SELECT DISTINCT operation_id FROM audit WHERE operation_id = ? OR operation_id LIKE ? ESCAPE '\\'",
+            (name, owner_pattern(name)),
+        )
+        return [str(row[0]) for row in cursor]
 
 
 # The last row of the one chain (what an anchor records), without and with per-operation chains.

@@ -28,6 +28,7 @@ from pollwarden.audit import (
     AuditError,
     AuditKeyError,
     audit_key_from_env,
+    audit_operation_ids,
     export_jsonl,
     read_anchor,
     read_rows,
@@ -42,6 +43,7 @@ from pollwarden.cli_options import (
     with_examples,
 )
 from pollwarden.files import prepare_database_file, write_private_file
+from pollwarden.operation_names import resolve_name
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.sqlite.offline import flush_refusals_before_reading
 from pollwarden.untrusted import quoted
@@ -95,9 +97,19 @@ def _bring_story_up_to_date(args: argparse.Namespace, db: DatabaseLocation) -> N
         )
 
 
+def _named(db: DatabaseLocation, name: str) -> str | None:
+    """The stored id an operator's name means (`@NAME/ID`, or an unambiguous `ID`); None, said why, if none."""
+    named = resolve_name(name, audit_operation_ids(db, name))
+    if named.problem is not None:
+        print(f"pollwarden audit: {named.problem} in the audit", file=sys.stderr)
+    return named.operation_id
+
+
 def _show(args: argparse.Namespace, db: DatabaseLocation) -> int:
-    operation_id: str = args.operation
     _bring_story_up_to_date(args, db)
+    operation_id = _named(db, args.operation)
+    if operation_id is None:
+        return EXIT_FAILED
     rows = read_rows(db, operation_id)
     if not rows:
         print(f"pollwarden audit: no audit rows for operation {quoted(operation_id)}", file=sys.stderr)
@@ -111,6 +123,12 @@ def _export(args: argparse.Namespace, db: DatabaseLocation) -> int:
     operation_id: str | None = args.operation
     out: str | None = args.out
     _bring_story_up_to_date(args, db)
+    if operation_id is not None:
+        named = resolve_name(operation_id, audit_operation_ids(db, operation_id))
+        if named.ambiguous:
+            print(f"pollwarden audit: {named.problem}", file=sys.stderr)
+            return EXIT_FAILED
+        operation_id = named.operation_id or operation_id  # none: exports nothing, as before
     if out is None or out == "-":
         export_jsonl(db, sys.stdout, operation_id)
         sys.stdout.flush()

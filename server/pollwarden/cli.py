@@ -107,7 +107,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "key on every instance",
             STATE_KEY_ENV,
         )
-    server = build_server(factory, state_keys=state_keys, auth=settings, token_verifier=verifier)
+    server = build_server(
+        factory, state_keys=state_keys, auth=settings, token_verifier=verifier, tasks=args.tasks
+    )
     log.info("pollwarden serving (%s), database %s", args.transport, config.database)
     if http is not None:
         run_http(server, http, wrap=serve_wrapper(config, tables))  # with POST /webhooks/{provider}
@@ -289,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--approval",
         choices=["elicitation", "tool-confirmation"],
         help="how extensions are approved (env POLLWARDEN_APPROVAL); see README before using tool-confirmation",
+    )
+    serve.add_argument(
+        "--tasks",
+        action="store_true",
+        help="serve MCP Tasks (io.modelcontextprotocol/tasks) to 2026-07-28 clients that declare it: "
+        "start_operation answers with a task, tasks/get is check_status with its enforced poll interval",
     )
     serve.add_argument(
         "--operator-pubkeys",

@@ -19,11 +19,12 @@ import re
 import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from pollwarden import approvals, resubmission, stop, submission
 from pollwarden.approval_flow import NOT_ASKED, Answer
@@ -31,8 +32,9 @@ from pollwarden.audit import REKEY_OPERATION
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
-from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound
+from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound, StoreError
 from pollwarden.gate import Step
+from pollwarden.held_answers import HeldAnswer, HeldAnswers, answer_held_message
 from pollwarden.job_identity import (
     account_context_of,
     already_tracked_message,
@@ -143,6 +145,9 @@ class Controller:
     config: ServerConfig
     # Called at each boundary of a status check (see steps.py); the crash tests stop the process there.
     on_step: StepHook = ignore_step
+    # Answers the database could not record yet, and where they are retried (issue 29; `held_answers`).
+    held_answers: HeldAnswers = field(default_factory=HeldAnswers)
+    background: TaskGroup | None = None
 
     # -- helpers -------------------------------------------------------------
 
@@ -487,6 +492,8 @@ class Controller:
         last_progress: list[float] = []  # when the last progress notification went out
         # A bounded number of rounds: each is one transaction that either answers or sleeps toward wait_until.
         for _ in range(1000):
+            if operation_id in self.held_answers:  # an answer this process holds goes first
+                await self.held_answers.record(self.store, operation_id)
             now = self.clock.now()
             start = await self.store.begin_check(
                 operation_id,
@@ -586,9 +593,24 @@ class Controller:
                 "rejected_hints": [h.as_record() for h in transition.rejected_hints],
                 "note": transition.note or transition.location,
             }
-            updated, applied = await self.store.apply_answer(
-                record.operation_id, owner=owner, changes=changes, at=answer.received_at, payload_extra=extra
-            )
+            try:
+                updated, applied = await self.store.apply_answer(
+                    record.operation_id,
+                    owner=owner,
+                    changes=changes,
+                    at=answer.received_at,
+                    payload_extra=extra,
+                )
+            except StoreError as exc:
+                # Sent, and answered: hold the answer and record it when the database returns.
+                held = HeldAnswer(record.operation_id, owner, changes, answer.received_at, extra)
+                self.held_answers.keep(held)
+                if self.background is not None:
+                    self.background.start_soon(
+                        self.held_answers.record_in_background, self.store, self.clock, record.operation_id
+                    )
+                log.warning("answer for %s held: %s", record.operation_id, exc)
+                raise StoreError(answer_held_message(record.operation_id, exc)) from exc
             if not applied:
                 log.warning(
                     "answer for %s arrived after the lease was lost; recorded, not applied",

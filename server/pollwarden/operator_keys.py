@@ -49,6 +49,7 @@ __all__ = [
     "METHOD_CONSOLE",
     "METHOD_ELICITATION",
     "METHOD_HTTP_OPERATOR",
+    "METHOD_TASK_INPUT",
     "METHOD_TOOL_CONFIRMATION",
     "METHOD_TTY",
     "PUBKEYS_ENV",
@@ -76,6 +77,8 @@ METHOD_TOOL_CONFIRMATION = "tool-confirmation"
 METHOD_TTY = "tty"
 METHOD_CONSOLE = "console"
 METHOD_HTTP_OPERATOR = "http-operator"  # an authenticated pollwarden:operator over HTTP (issue 19)
+# A person's answer to a task's input request (MCP tasks): the client's trust, as elicitation.
+METHOD_TASK_INPUT = "task-input"
 _KEY_METHOD = "operator-key:"
 _PUBLIC_KEY_TYPE = "pollwarden-ed25519"
 _SIGNED_FORMAT = "pollwarden-decision/1"
@@ -221,7 +224,7 @@ def authenticate(
     if claimed == METHOD_ELICITATION:
         # A person's answer that reached this server after the client stopped waiting.
         return Verdict(True, f"{METHOD_ELICITATION} (answered after the client stopped waiting)")
-    known = (METHOD_TTY, METHOD_CONSOLE, METHOD_HTTP_OPERATOR)
+    known = (METHOD_TTY, METHOD_CONSOLE, METHOD_HTTP_OPERATOR, METHOD_TASK_INPUT)
     return Verdict(True, claimed if claimed in known else f"cli ({claimed})")
 
 

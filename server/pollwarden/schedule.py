@@ -122,26 +122,3 @@ def pace(tat: float | None, *, now: float, rate: float, burst: int) -> PacingSte
     if earliest <= now:
         return PacingStep(True, now, current + interval)
     return PacingStep(False, earliest, current + interval)
-
-
-# A booked slot is used only on time: at most a quarter of the pacing interval after it, and
-# never more than this. A caller that comes later gives the slot up and paces again like any
-# other (it is booked the next free slot, or admitted if the bucket has room): used late, its
-# request would reach the provider bunched with the next slot's. A caller waiting with
-# wait_seconds wakes within milliseconds of its slot.
-FLEET_SLOT_ON_TIME_SECONDS = 0.05
-
-
-def slot_on_time_seconds(rate: float) -> float:
-    """How late after its time a booked slot may still be used."""
-    return min(0.25 / rate, FLEET_SLOT_ON_TIME_SECONDS)
-
-
-def slot_still_held(slot_at: float, *, now: float, rate: float) -> bool:
-    """Whether a booked slot may still be used at `now` without pacing again.
-
-    Only on time (see `slot_on_time_seconds`): a slot missed by more is gone (the
-    bucket already spent it), so requests leave at most that much after their
-    slots and the provider never sees them bunched — also when agents come back late.
-    """
-    return now <= slot_at + slot_on_time_seconds(rate)

@@ -81,6 +81,7 @@ from pollwarden.schedule import (
 )
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import open_store
+from pollwarden.tasks_extension import OperationTasks
 from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
 from pollwarden.views import OperationView
 from pollwarden.watch import WATCH_INTERVAL_SECONDS, Reader, Subscriptions, run_watcher
@@ -156,15 +157,19 @@ def controller_factory(
             ) as store:
                 if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
-                yield Controller(
-                    store=store,
-                    tables=loaded,
-                    http=http,
-                    clock=real_clock,
-                    rng=rng or system_random(),
-                    config=config,
-                    on_step=on_step,
-                )
+                # Held answers are retried here while the process lives (`pollwarden.held_answers`).
+                async with anyio.create_task_group() as background:
+                    yield Controller(
+                        store=store,
+                        tables=loaded,
+                        http=http,
+                        clock=real_clock,
+                        rng=rng or system_random(),
+                        config=config,
+                        on_step=on_step,
+                        background=background,
+                    )
+                    background.cancel_scope.cancel()
         finally:
             await http.aclose()
 
@@ -411,6 +416,7 @@ def build_server(
     state_keys: Sequence[bytes] = (),
     auth: AuthSettings | None = None,
     token_verifier: TokenVerifier | None = None,
+    tasks: bool = False,
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
 
@@ -421,7 +427,7 @@ def build_server(
     a key of this process only.
 
     With `auth` and `token_verifier`, streamable HTTP needs a bearer token (the SDK's middleware
-    and RFC 9728 metadata route); stdio is unaffected.
+    and RFC 9728 metadata route); stdio is unaffected. `tasks` serves MCP Tasks (`tasks_extension`).
     """
     bus = InMemorySubscriptionBus()
     subscriptions = Subscriptions()
@@ -458,6 +464,7 @@ def build_server(
         request_state_security=security,
         auth=auth,
         token_verifier=token_verifier,
+        extensions=[OperationTasks()] if tasks else None,
     )
     mcp.middleware.append(surface_middleware)
 

@@ -267,3 +267,41 @@ async def test_a_session_cookie_of_one_console_does_not_open_another_console_on_
                 forged = await forger.get(base_b + "/", headers={"Cookie": f"{name}={session_id}"})
                 assert forged.status_code == 401
                 assert "op-mine" not in forged.text
+
+
+async def test_the_operation_page_takes_the_id_an_agent_chose_and_names_the_owners_when_several_chose_it(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    from functools import partial
+
+    from pollwarden.ownership import stored_id
+    from pollwarden.principals import Principal
+    from pollwarden.server import controller_factory
+
+    h = harness(tmp_path, fake)
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)
+    async with factory() as controller:
+        for who, name, job in (("alice", "mine", "ja"), ("bob", "mine", "jb"), ("alice", "solo", "jc")):
+            fake.script(job, [pending("running")])
+            principal = Principal(who, authenticated=True)
+            await controller.start_operation(
+                provider="acme",
+                operation_id=name,
+                provider_job_id=job,
+                owner=who,
+                stored_id=partial(stored_id, principal),
+            )
+    async with session(h) as (client, base):
+        solo = await client.get(base + "/operation", params={"id": "solo"})
+        assert solo.status_code == 200
+        assert "@alice/solo" in solo.text
+        owned = await client.get(base + "/operation", params={"id": "@bob/mine"})
+        assert owned.status_code == 200
+        both = await client.get(base + "/operation", params={"id": "mine"})
+        assert both.status_code == 404
+        assert "2 principals have an operation" in both.text
+        assert "@alice/mine" in both.text
+        assert "@bob/mine" in both.text
+        none = await client.get(base + "/operation", params={"id": "nothing"})
+        assert none.status_code == 404
+        assert "No operation" in none.text

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.client import Client
 
-from harness import base_table, error_text, make_operator, merge, write_table
+from harness import base_table, error_text, make_harness, make_operator, merge, track, view, write_table
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig
 from pollwarden.controller import Controller
 from pollwarden.provider_http import ProviderHTTP
+from pollwarden.server import build_server, controller_factory
 from pollwarden.store import DatabaseLocation, open_store
 from pollwarden_providers.table import ProviderTable
 from tests.support.fake_provider import FakeProvider, pending
@@ -242,3 +244,41 @@ async def test_a_missing_database_directory_is_a_clear_error_for_agent_and_opera
     )
     assert not db.parent.exists()
     assert fake.status_requests("gone-job") == []
+
+
+async def test_an_answer_the_locked_file_cannot_take_is_held_and_recorded_by_the_next_check_never_sent_again(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("held", [pending("running"), pending("running")])
+    h = make_harness(tmp_path, fake)
+    h.busy_timeout_seconds = BUSY_TIMEOUT
+    write_table(h.tables_dir, h.table)
+    db = h.database.path
+    holding: list[Any] = []
+
+    def lock_before_the_answer_is_recorded(step: str) -> None:
+        if step == "before_persist" and not holding:
+            holder = _lock_held_by_another_process(db)
+            holder.__enter__()  # the request was sent and answered; now the file is locked
+            holding.append(holder)
+
+    factory = controller_factory(
+        h.config(), clock=h.clock, rng=h.rng, environ=h.environ, on_step=lock_before_the_answer_is_recorded
+    )
+    async with Client(build_server(factory)) as client:
+        await track(client, "held")
+        h.clock.advance(10)
+        try:
+            told = await client.call_tool("check_status", {"operation_id": "op-held"})
+        finally:
+            holding[0].__exit__(None, None, None)
+        text = error_text(told)
+        assert "the status request for 'op-held' was sent and the provider answered" in text
+        assert "nothing was sent" not in text
+        assert len(fake.status_requests("held")) == 1
+        after = view(await client.call_tool("check_status", {"operation_id": "op-held"}))
+        assert (after["outcome"], after["state"], after["status_requests_used"]) == ("not_yet", "running", 1)
+        h.clock.advance(after["retry_after_seconds"])
+        again = view(await client.call_tool("check_status", {"operation_id": "op-held"}))
+        assert (again["outcome"], again["status_requests_used"]) == ("polled", 2)
+    assert len(fake.status_requests("held")) == 2

@@ -14,11 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
+from mcp.client import Client
 
-from harness import error_text, make_harness, track, view
+from harness import error_text, make_harness, merge, track, view, write_table
 from pg_support import Cluster, with_options
+from pollwarden.server import build_server, controller_factory
 from pollwarden.store import DatabaseLocation
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -67,6 +71,51 @@ async def test_the_server_stopped_mid_run_is_a_clear_error_nothing_is_sent_and_c
     assert len(fake.status_requests("down")) == 1
 
 
+async def test_an_answer_that_arrives_while_the_server_is_down_is_recorded_when_it_returns_never_sent_twice(
+    tmp_path: Path, fake: FakeProvider, own_postgres_cluster: Cluster
+) -> None:
+    cluster = own_postgres_cluster
+    fake.script("blip", [pending("running"), pending("running")])
+    h = make_harness(tmp_path, fake)
+    h.database_override = DatabaseLocation.postgres(cluster.url())
+    write_table(h.tables_dir, h.table)
+    armed = [False]
+
+    def stop_after_the_answer(step: str) -> None:
+        if step == "after_response" and armed[0]:
+            armed[0] = False
+            cluster.stop()  # the request was sent and answered; the database goes away before it is recorded
+
+    factory = controller_factory(
+        h.config(), clock=h.clock, rng=h.rng, environ=h.environ, on_step=stop_after_the_answer
+    )
+    async with Client(build_server(factory)) as client:
+        await track(client, "blip")
+        h.clock.advance(10)
+        armed[0] = True
+        try:
+            told = await client.call_tool("check_status", {"operation_id": "op-blip"})
+        finally:
+            cluster.start()
+        text = error_text(told)
+        assert "the status request for 'op-blip' was sent and the provider answered" in text
+        assert "records it when the database returns" in text
+        assert "nothing was sent" not in text
+        assert len(fake.status_requests("blip")) == 1
+        # Back: the held answer is recorded (here by the next check, or already by the retry), not sent again.
+        after = view(await client.call_tool("check_status", {"operation_id": "op-blip"}))
+        assert after["outcome"] == "not_yet"
+        assert after["state"] == "running"
+        assert after["status_requests_used"] == 1
+        assert after["retry_after_seconds"] > 0
+        assert len(fake.status_requests("blip")) == 1
+        # The lease was released with the answer: the next allowed check sends at once, no 30 s wait.
+        h.clock.advance(after["retry_after_seconds"])
+        again = view(await client.call_tool("check_status", {"operation_id": "op-blip"}))
+        assert (again["outcome"], again["status_requests_used"]) == ("polled", 2)
+    assert len(fake.status_requests("blip")) == 2
+
+
 async def test_a_row_locked_past_lock_timeout_is_a_clear_error_and_changes_nothing(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -81,13 +130,63 @@ async def test_a_row_locked_past_lock_timeout_is_a_clear_error_and_changes_nothi
             refused = await client.call_tool("check_status", {"operation_id": "op-locked"})
             before = view(await client.call_tool("get_operation", {"operation_id": "op-locked"}))
         text = error_text(refused)
-        assert "stayed locked by another session for more than 0.3 s (lock_timeout)" in text
+        assert "an operation's row (operations) stayed locked by session " in text
+        assert "for more than 0.3 s (lock_timeout)" in text
         assert "nothing was changed and no request was sent" in text
         assert before["status_requests_used"] == 0
         assert fake.status_requests("locked") == []
         assert (
             view(await client.call_tool("check_status", {"operation_id": "op-locked"}))["outcome"] == "polled"
         )
+
+
+async def test_a_held_pace_row_costs_only_its_own_provider_and_the_error_names_the_row_and_its_holder(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    paced = [f"paced-{i:02d}" for i in range(12)]  # more checks than the pool has connections
+    for job in [*paced, "free"]:
+        fake.script(job, [pending("running")])
+    h = make_harness(tmp_path, fake, table={"fleet": {"max_requests_per_second": 100, "burst": 100}})
+    h.busy_timeout_seconds = 2.0
+    write_table(h.tables_dir, merge(h.table, {"name": "other", "fleet": None}))
+    done: list[str] = []
+    errors: dict[str, str] = {}
+    async with h.client() as client:
+        for job in paced:
+            await track(client, job)
+        await client.call_tool(
+            "start_operation", {"provider": "other", "operation_id": "op-free", "provider_job_id": "free"}
+        )
+        h.clock.advance(10)
+        with psycopg.connect(h.database.dsn, application_name="holder") as holder:
+            holder.execute("INSERT INTO fleet_buckets (provider) VALUES ('acme') ON CONFLICT DO NOTHING")
+            holder.commit()
+            holder.execute("SELECT 1 FROM fleet_buckets WHERE provider = 'acme' FOR UPDATE")
+            pid = holder.info.backend_pid
+
+            async def check(op: str) -> None:
+                result = await client.call_tool("check_status", {"operation_id": op})
+                if result.is_error:
+                    errors[op] = error_text(result)
+                done.append(op)
+
+            async with anyio.create_task_group() as tg:
+                for job in paced:
+                    tg.start_soon(check, f"op-{job}")
+                await anyio.lowlevel.checkpoint()
+                tg.start_soon(check, "op-free")
+    # The other provider's check went out while every acme check was still waiting for the row.
+    assert done[0] == "op-free"
+    assert "op-free" not in errors
+    assert len(fake.status_requests("free")) == 1
+    assert sorted(errors) == sorted(f"op-{job}" for job in paced)
+    for text in errors.values():
+        assert ("pace row" in text and "'acme'" in text) or "pace row (fleet_buckets)" in text, text
+        assert "nothing was changed and no request was sent" in text
+        assert "check that the server is up" not in text
+    named = [t for t in errors.values() if f"session {pid} (application 'holder'" in t]
+    assert named, next(iter(errors.values()))
+    assert all(fake.status_requests(job) == [] for job in paced)
 
 
 async def test_a_statement_cancelled_by_statement_timeout_is_a_clear_error_and_changes_nothing(

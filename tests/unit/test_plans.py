@@ -12,9 +12,9 @@ import pytest
 
 from harness import operation_record
 from pollwarden.audit_entry import NO_REFUSALS, PendingRefusals
+from pollwarden.fleet_pace import PaceBucket, PaceVerdict
 from pollwarden.gate import GateDecision, Step
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
-from pollwarden.schedule import PacingStep
 from pollwarden.store import plans
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, SetPace, Update
 from pollwarden.vocabulary import (
@@ -139,6 +139,9 @@ def test_only_a_count_that_writes_no_audit_row_is_quiet(
 # -- pacing and fair shares -------------------------------------------------------------------------
 
 
+NO_ROW = PaceBucket(None, None)
+
+
 @pytest.mark.parametrize(
     ("record", "decision", "fleet", "taken"),
     [
@@ -146,33 +149,34 @@ def test_only_a_count_that_writes_no_audit_row_is_quiet(
         (waiting(), RESERVE, None, False),  # no [fleet] pace
         (waiting(), GateDecision(Step.NOT_YET), FLEET, False),  # no reservation
         (waiting(next_check_at=NOW + 1), RESERVE, FLEET, False),  # its guard would not hold
-        (waiting(fleet_slot_at=NOW), RESERVE, FLEET, False),  # its booked slot, on time
-        (waiting(fleet_slot_at=NOW - 5), RESERVE, FLEET, True),  # a slot missed: paces again
+        (waiting(fleet_slot_at=NOW), RESERVE, FLEET, True),  # its own slot: the sends' clock still decides
     ],
 )
-def test_the_pace_is_taken_only_by_a_reservation_that_holds_no_slot_on_time(
+def test_the_pace_is_read_only_by_a_reservation_whose_guard_holds_on_a_paced_provider(
     record: OperationRecord, decision: GateDecision, fleet: FleetSpec | None, taken: bool
 ) -> None:
-    assert (plans.pace_step(record, decision, fleet, None, now=NOW) is not None) is taken
     assert plans.needs_pace(record, decision, fleet, now=NOW) is taken
+    assert (plans.pace_step(record, decision, fleet, NO_ROW, now=NOW) is not None) is taken
 
 
-def test_an_admitted_request_moves_the_pace_and_is_reserved() -> None:
+def test_an_admitted_request_moves_both_clocks_and_is_reserved() -> None:
     record = waiting()
-    step = plans.pace_step(record, RESERVE, FLEET, None, now=NOW)
-    assert step == PacingStep(True, NOW, NOW + 1.0)
-    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step)
+    step = plans.pace_step(record, RESERVE, FLEET, NO_ROW, now=NOW)
+    assert step is not None
+    assert step.send
+    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=NO_ROW)
     assert kinds(plan) == ["SetPace", "Update"]
-    assert plan.writes[0] == SetPace("acme", NOW + 1.0)
+    assert plan.writes[0] == SetPace("acme", NOW + 1.0, NOW + 1.0)
     assert plan.decision == RESERVE
 
 
 def test_a_used_up_pace_books_the_next_free_slot_and_counts_nothing() -> None:
     record = waiting()
-    step = plans.pace_step(record, RESERVE, FLEET, NOW + 3.0, now=NOW)
+    bucket = PaceBucket(NOW + 3.0, NOW + 3.0)
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
-    assert not step.admitted
-    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step)
+    assert (step.send, step.new_booking) == (False, True)
+    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
     assert kinds(plan) == ["SetPace", "Update"]
     assert update_of(plan) == {
         "fleet_slot_at": NOW + 3.0,
@@ -181,6 +185,17 @@ def test_a_used_up_pace_books_the_next_free_slot_and_counts_nothing() -> None:
     }
     assert plan.decision == GateDecision(Step.PACED, allowed_at=NOW + 3.0)
     assert plan.record.status_requests_used == record.status_requests_used
+
+
+def test_a_slot_held_for_its_agent_is_kept_without_moving_the_pace() -> None:
+    record = waiting(fleet_slot_at=NOW + 2.0, next_check_at=NOW - 1)
+    bucket = PaceBucket(NOW + 3.0, NOW)
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert step is not None
+    assert (step.send, step.new_booking, step.at) == (False, False, NOW + 2.0)
+    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
+    assert kinds(plan) == ["Update"]  # the pace row is as read
+    assert plan.decision == GateDecision(Step.PACED, allowed_at=NOW + 2.0)
 
 
 @pytest.mark.parametrize(
@@ -197,7 +212,8 @@ def test_fair_shares_a_principal_holding_its_share_of_slots_waits_for_its_earlie
     booked: tuple[int, float | None], fleet_slots: int | None, waits_for: float | None
 ) -> None:
     record = waiting()
-    step = PacingStep(False, NOW + 3.0, NOW + 4.0)
+    bucket = PaceBucket(NOW + 3.0, NOW + 3.0)
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert plans.needs_booked_slots(step, fleet_slots) is (fleet_slots is not None)
     plan = plans.check_plan(
         record,
@@ -206,6 +222,7 @@ def test_fair_shares_a_principal_holding_its_share_of_slots_waits_for_its_earlie
         owner="me",
         lease_seconds=30,
         step=step,
+        bucket=bucket,
         booked=booked,
         fleet_slots=fleet_slots,
     )
@@ -222,11 +239,15 @@ def test_fair_shares_a_principal_holding_its_share_of_slots_waits_for_its_earlie
         assert plan.decision == GateDecision(Step.PACED, allowed_at=waits_for)
 
 
-def test_booked_slots_are_read_only_when_the_pace_is_used_up_and_fair_shares_apply() -> None:
+def test_booked_slots_are_read_only_for_a_new_booking_under_fair_shares() -> None:
+    sends = PaceVerdict(True, NOW, NO_ROW, new_booking=False)
+    kept = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=False)
+    booking = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=True)
     assert not plans.needs_booked_slots(None, 2)
-    assert not plans.needs_booked_slots(PacingStep(True, NOW, NOW + 1), 2)
-    assert plans.needs_booked_slots(PacingStep(False, NOW + 1, NOW + 2), 2)
-    assert not plans.needs_booked_slots(PacingStep(False, NOW + 1, NOW + 2), None)
+    assert not plans.needs_booked_slots(sends, 2)
+    assert not plans.needs_booked_slots(kept, 2)
+    assert plans.needs_booked_slots(booking, 2)
+    assert not plans.needs_booked_slots(booking, None)
 
 
 # -- the answer -------------------------------------------------------------------------------------

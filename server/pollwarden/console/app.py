@@ -45,12 +45,13 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pollwarden.approvals import describe_request
-from pollwarden.audit import Anchor, AuditError, export_jsonl, read_anchor
+from pollwarden.audit import Anchor, AuditError, audit_operation_ids, export_jsonl, read_anchor
 from pollwarden.audit_story import render_story
 from pollwarden.audit_verify import VerifyResult, describe_mode, verify_chain
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console import bearer, charts
+from pollwarden.operation_names import resolve_name
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_CONSOLE, METHOD_HTTP_OPERATOR, OperatorKey
 from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
@@ -357,6 +358,17 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         operation_id = request.query_params.get("id", "")
         store = state.the_store()
         record = await store.get(operation_id) if operation_id else None
+        if record is None and operation_id:
+            # An id as the agent chose it: the one principal's operation of that id (issue 29).
+            found = await anyio.to_thread.run_sync(audit_operation_ids, database, operation_id)
+            named = resolve_name(operation_id, found)
+            if named.operation_id is not None and named.operation_id != operation_id:
+                operation_id = named.operation_id
+                record = await store.get(operation_id)
+            elif named.ambiguous:
+                return page(
+                    request, "missing.html", status_code=404, operation_id=operation_id, problem=named.problem
+                )
         if record is None:
             return page(request, "missing.html", status_code=404, operation_id=operation_id)
         await store.flush_refusals(operation_id)

@@ -27,6 +27,7 @@ __all__ = [
     "polled_sql",
     "polled_times_from",
     "search",
+    "search_sync",
 ]
 
 
@@ -130,6 +131,16 @@ def first_seq_at_or_after(since: str, low: int, high: int) -> Generator[int, str
         else:
             low = mid + 1
     return low
+
+
+def search_sync(search: Generator[int, str | None, int], probe: Callable[[int], str | None]) -> int:
+    """Run `first_seq_at_or_after` with a blocking probe."""
+    try:
+        seq = next(search)
+        while True:
+            seq = search.send(probe(seq))
+    except StopIteration as done:
+        return int(done.value)
 
 
 async def search(

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pollwarden.audit_entry import AuditEvent, PendingRefusals, event, lease_recovered
+from pollwarden.fleet_pace import PaceBucket, PaceVerdict, decide_pace
 from pollwarden.gate import GateDecision, Step, lease_busy, may_reserve
 from pollwarden.job_identity import REOPENABLE, account_parts, duplicate_changes
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
-from pollwarden.schedule import PacingStep, pace, slot_still_held
 from pollwarden.stop import reaches_deadline
 from pollwarden.store import statements
 from pollwarden.vocabulary import (
@@ -98,10 +98,11 @@ class CountRefusal:
 
 @dataclass(frozen=True)
 class SetPace:
-    """Move the provider's shared pace (its bucket's theoretical arrival time)."""
+    """Move the provider's shared pace: its row's two clocks (`pollwarden.fleet_pace`)."""
 
     provider: str
     tat: float
+    sent_tat: float | None
 
 
 @dataclass(frozen=True)
@@ -153,33 +154,34 @@ def quiet_refusal(refusals: PendingRefusals, decision: GateDecision) -> bool:
     return not (refusals.must_flush_before(outcome) or refusals.full_after_one_more(outcome))
 
 
-def pace_step(
-    record: OperationRecord, decision: GateDecision, fleet: FleetSpec | None, tat: float | None, *, now: float
-) -> PacingStep | None:
-    """The provider's shared pace for the gate's reservation now; None when no pace is taken.
-
-    None: the verdict is no reservation, the provider has no [fleet] pace, the
-    reservation's guard would not hold, or the operation still holds a booked
-    slot it may use now (on time). `tat`: the pace as read (None: never taken).
-    """
-    if decision.step != Step.RESERVE or fleet is None or not may_reserve(record, now):
-        return None
-    rate = fleet.max_requests_per_second
-    if record.fleet_slot_at is not None and slot_still_held(record.fleet_slot_at, now=now, rate=rate):
-        return None
-    return pace(tat, now=now, rate=rate, burst=fleet.burst)
-
-
 def needs_pace(
     record: OperationRecord, decision: GateDecision, fleet: FleetSpec | None, *, now: float
 ) -> bool:
-    """Whether carrying out the verdict reads the provider's pace (`pace_step` takes it)."""
-    return pace_step(record, decision, fleet, None, now=now) is not None
+    """Whether carrying out the verdict reads the provider's pace row: a reservation whose guard holds,
+    on a provider with a [fleet] pace."""
+    return decision.step == Step.RESERVE and fleet is not None and may_reserve(record, now)
 
 
-def needs_booked_slots(step: PacingStep | None, fleet_slots: int | None) -> bool:
-    """Whether the principal's booked slots decide the check (the pace is used up, fair shares apply)."""
-    return step is not None and not step.admitted and fleet_slots is not None
+def pace_step(
+    record: OperationRecord,
+    decision: GateDecision,
+    fleet: FleetSpec | None,
+    bucket: PaceBucket,
+    *,
+    now: float,
+) -> PaceVerdict | None:
+    """What the provider's pace says for the gate's reservation now (`fleet_pace.decide_pace`, with the
+    operation's held slot); None when no pace is taken (`needs_pace`). `bucket`: the pace row as read."""
+    if fleet is None or not needs_pace(record, decision, fleet, now=now):
+        return None
+    return decide_pace(
+        bucket, now=now, held_slot=record.fleet_slot_at, rate=fleet.max_requests_per_second, burst=fleet.burst
+    )
+
+
+def needs_booked_slots(step: PaceVerdict | None, fleet_slots: int | None) -> bool:
+    """Whether the principal's booked slots decide the check (a new slot would be booked, fair shares apply)."""
+    return step is not None and step.new_booking and fleet_slots is not None
 
 
 def check_plan(
@@ -189,7 +191,8 @@ def check_plan(
     now: float,
     owner: str,
     lease_seconds: float,
-    step: PacingStep | None = None,
+    step: PaceVerdict | None = None,
+    bucket: PaceBucket | None = None,
     booked: tuple[int, float | None] | None = None,
     fleet_slots: int | None = None,
 ) -> Plan:
@@ -230,28 +233,26 @@ def check_plan(
             Append(event(stopped, "stopped", now, outcome=Outcome.STOPPED)),
         )
         return Plan(stopped, writes, decision)
-    if step is not None and not step.admitted:
-        if (
-            fleet_slots is not None
-            and booked is not None
-            and booked[0] >= fleet_slots
-            and booked[1] is not None
-        ):
-            wait = {
-                "fleet_slot_at": None,
-                "next_check_at": booked[1],
-                "delay_source": DelaySource.FLEET_PACING,
-            }
-            waiting = updated(record, wait, now)
-            return Plan(waiting, (Update(wait, now),), GateDecision(Step.PACED, allowed_at=booked[1]))
-        slot = {
-            "fleet_slot_at": step.slot_at,
-            "next_check_at": step.slot_at,
-            "delay_source": DelaySource.FLEET_PACING,
-        }
-        paced = (SetPace(record.provider, step.next_tat), Update(slot, now))
-        return Plan(updated(record, slot, now), paced, GateDecision(Step.PACED, allowed_at=step.slot_at))
-    taken: tuple[Write, ...] = () if step is None else (SetPace(record.provider, step.next_tat),)
+    share_used = fleet_slots is not None and booked is not None and booked[0] >= fleet_slots
+    if needs_booked_slots(step, fleet_slots) and share_used and booked is not None and booked[1] is not None:
+        wait = {"fleet_slot_at": None, "next_check_at": booked[1], "delay_source": DelaySource.FLEET_PACING}
+        waiting = updated(record, wait, now)
+        return Plan(waiting, (Update(wait, now),), GateDecision(Step.PACED, allowed_at=booked[1]))
+    taken: tuple[Write, ...] = ()
+    if step is not None and step.bucket != bucket:
+        # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.
+        taken = (
+            SetPace(
+                record.provider, now if step.bucket.tat is None else step.bucket.tat, step.bucket.sent_tat
+            ),
+        )
+    if step is not None and not step.send:
+        slot = {"fleet_slot_at": step.at, "next_check_at": step.at, "delay_source": DelaySource.FLEET_PACING}
+        return Plan(
+            updated(record, slot, now),
+            (*taken, Update(slot, now)),
+            GateDecision(Step.PACED, allowed_at=step.at),
+        )
     reserve = {
         "status_requests_used": record.status_requests_used + 1,
         "fleet_slot_at": None,

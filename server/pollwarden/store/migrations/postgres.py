@@ -299,6 +299,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # PostgreSQL's own step 13 (SQLite has none: one writer at a time, its one chain costs nothing).
     Migration(13, "per-operation audit chains under the one chain", PER_OPERATION_CHAINS),
+    # SQLite step 16 (issue 29): the pace row's second clock, of the requests that really left.
+    Migration(
+        16,
+        "fleet pace: the sends' clock",
+        ("ALTER TABLE fleet_buckets ADD COLUMN sent_tat double precision",),
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)

@@ -415,6 +415,15 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE operations ADD COLUMN submit_sent_at REAL;
     """,
     ),
+    # Issue 29: the pace row keeps a second clock, of the requests that really left
+    # (`pollwarden.fleet_pace`); NULL until the first request after this step.
+    Migration(
+        16,
+        "fleet pace: the sends' clock",
+        """
+    ALTER TABLE fleet_buckets ADD COLUMN sent_tat REAL;
+    """,
+    ),
 )
 
 LATEST = max(step.number for step in MIGRATIONS)

@@ -11,6 +11,9 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+
+from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.planned import PlannedWrites
@@ -20,6 +23,7 @@ from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
 from pollwarden.store.postgres.executor import Writer, operation
 from pollwarden.store.reads import Row
 from pollwarden.store.rows import StoredOperation
+from pollwarden.tool_errors import shown
 from pollwarden.vocabulary import Status
 
 # Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
@@ -40,6 +44,29 @@ class PostgresBase(PlannedWrites):
         self._reserved: dict[tuple[str, str], StoredOperation] = {}
         # Each operation's row as this process last read or wrote it (see `_known_row`).
         self._known: OrderedDict[str, StoredOperation] = OrderedDict()
+        # One transaction per provider at a time waits for its pace row (see `_pace_turn`).
+        self._pace_turns: dict[str, anyio.Lock] = {}
+
+    @asynccontextmanager
+    async def _pace_turn(self, provider: str) -> AsyncGenerator[None]:
+        """This process's turn at a provider's pace row: a lock held on it costs one connection, not the pool.
+
+        The others wait here, holding no connection, at most lock_timeout (then the same error).
+        """
+        turn = self._pace_turns.setdefault(provider, anyio.Lock())
+        with anyio.move_on_after(self._pool.lock_timeout) as waited:
+            await turn.acquire()
+        if waited.cancelled_caught:
+            raise StoreError(
+                f"PostgreSQL ({self.location.display}): the [fleet] pace row of provider {shown(provider)} "
+                f"(fleet_buckets) stayed locked for more than {self._pool.lock_timeout:g} s (another check "
+                "of this server was still waiting for it); nothing was changed and no request was sent — "
+                "try again shortly, or end the session holding it (pg_stat_activity, pg_terminate_backend)"
+            )
+        try:
+            yield
+        finally:
+            turn.release()
 
     per_operation_chains = True
     byte_order = ' COLLATE "C"'  # `audit.at` compared byte by byte, whatever the database's collation

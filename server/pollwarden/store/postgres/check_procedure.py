@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
 
 from pollwarden.audit_entry import (
     NO_REFUSALS,
     PendingRefusals,
 )
+from pollwarden.fleet_pace import PaceBucket, bucket_from_row
 from pollwarden.gate import GateDecision, Step, decide_check
 from pollwarden.records import (
     CheckStart,
@@ -93,14 +95,21 @@ class CheckProcedure(PostgresBase):
         # Anything else (a pace, a stop, a recovered lease, a summary row due, or a peer moved first):
         # decide again on the locked row, where nothing can change.
         fleet = fleets.get(current.record.provider)
-        async with self._locked(operation_id) as (writer, tx, cursor):
+        async with (
+            self._pace_turn_if(fleet, current.record.provider),
+            self._locked(operation_id) as (
+                writer,
+                tx,
+                cursor,
+            ),
+        ):
             pace_cursor = None
             if fleet is not None:
                 await tx.queue(sql.ENSURE_FLEET_ROW, {"provider": current.record.provider})
                 pace_cursor = await tx.queue(sql.LOCK_FLEET_ROW, {"provider": current.record.provider})
             current = operation(await tx.read(cursor), operation_id)
-            tat_row = None if pace_cursor is None else await tx.read(pace_cursor)
-            tat = None if tat_row is None or tat_row[0] is None else float(tat_row[0])
+            pace_row = None if pace_cursor is None else await tx.read(pace_cursor)
+            bucket = bucket_from_row(pace_row)
             now = clock() if clock is not None else now
             decision = await self._decide(
                 tx, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
@@ -108,8 +117,12 @@ class CheckProcedure(PostgresBase):
             if not decision.writes:
                 return CheckStart(current.record, decision)
             return await _carry_out(
-                writer, current, decision, now, owner, lease_seconds, fleet, tat, fleet_slots
+                writer, current, decision, now, owner, lease_seconds, fleet, bucket, fleet_slots
             )
+
+    def _pace_turn_if(self, fleet: FleetSpec | None, provider: str) -> AbstractAsyncContextManager[None]:
+        """`_pace_turn` for a provider with a [fleet] pace; nothing to wait for without one."""
+        return self._pace_turn(provider) if fleet is not None else nullcontext()
 
     async def _decide(
         self,
@@ -263,12 +276,12 @@ async def _carry_out(
     owner: str,
     lease_seconds: float,
     fleet: FleetSpec | None,
-    tat: float | None,
+    bucket: PaceBucket,
     fleet_slots: int | None = None,
 ) -> CheckStart:
     """Write what the gate decided on the locked row (and the locked pace row): `plans.check_plan`."""
     record = current.record
-    step = plans.pace_step(record, decision, fleet, tat, now=now)
+    step = plans.pace_step(record, decision, fleet, bucket, now=now)
     booked = None
     if plans.needs_booked_slots(step, fleet_slots):
         params = {
@@ -286,6 +299,7 @@ async def _carry_out(
         owner=owner,
         lease_seconds=lease_seconds,
         step=step,
+        bucket=bucket,
         booked=booked,
         fleet_slots=fleet_slots,
     )

@@ -27,13 +27,14 @@ from enum import Enum
 from typing import Any, LiteralString, cast
 
 import psycopg
+import psycopg.errors
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pollwarden.errors import StoreError
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.postgres.errors import describe
+from pollwarden.store.postgres.errors import describe, locked_table
 from pollwarden.store.postgres.sql import dialect
 
 Connection = AsyncConnection[TupleRow]
@@ -70,6 +71,19 @@ def plain(params: Params) -> Params:
 def _query(text: str) -> LiteralString:
     # Every statement is a constant of `statements` or `sql`, or built there from validated column names.
     return cast("LiteralString", dialect(text))
+
+
+# A read waits for a connection of its own pool, never for one a lock waiter holds; a write waits
+# for a connection longer than any lock wait lasts (lock_timeout), so it gets one when they end.
+READ_POOL_SHARE = 2  # the read pool has half as many connections as the writers' (at least 2)
+POOL_WAIT_MARGIN_SECONDS = 5.0
+# The sessions that hold a row lock on a table (a row lock takes RowShareLock on its table), oldest first.
+LOCK_HOLDERS = (
+    "SELECT a.pid, a.application_name, a.state, extract(epoch from now() - a.xact_start) "
+    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.relation = to_regclass(%s) "
+    "AND l.granted AND a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL "
+    "ORDER BY a.xact_start LIMIT 1"
+)
 
 
 class Tx:
@@ -123,9 +137,21 @@ class Pool:
             max_size=max_size,
             kwargs={"autocommit": True, "application_name": "pollwarden"},
             configure=self._configure,
-            timeout=max(lock_timeout, 5.0),
+            timeout=lock_timeout + POOL_WAIT_MARGIN_SECONDS,
             open=False,
             name="pollwarden",
+        )
+        # Reads (autocommit snapshots) never wait for a row lock; with a pool of their own they never
+        # wait behind writers that do, either: a lock held on one provider's row costs reads nothing.
+        self._reads: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            location.dsn,
+            min_size=0,
+            max_size=max(2, max_size // READ_POOL_SHARE),
+            kwargs={"autocommit": True, "application_name": "pollwarden"},
+            configure=self._configure,
+            timeout=lock_timeout + POOL_WAIT_MARGIN_SECONDS,
+            open=False,
+            name="pollwarden-reads",
         )
 
     async def _configure(self, conn: Connection) -> None:
@@ -147,6 +173,7 @@ class Pool:
         except (PoolTimeout, psycopg.Error) as exc:
             await self._pool.close()
             raise self.describe(await self._why_not(exc)) from None
+        await self._reads.open(wait=False)
 
     async def _why_not(self, exc: BaseException) -> BaseException:
         # The pool says only that it timed out; one direct attempt names the cause (refused, auth, …).
@@ -159,6 +186,7 @@ class Pool:
 
     async def close(self) -> None:
         """Close every connection."""
+        await self._reads.close()
         await self._pool.close()
 
     def describe(self, exc: BaseException) -> StoreError:
@@ -170,6 +198,27 @@ class Pool:
         # so the next call connects afresh instead of failing on the next dead one.
         with suppress(psycopg.Error, PoolTimeout):
             await self._pool.check()
+        with suppress(psycopg.Error, PoolTimeout):
+            await self._reads.check()
+
+    async def lock_holder(self, exc: BaseException) -> str | None:
+        """For a lock_timeout: the oldest open transaction holding row locks on that table, described."""
+        table = locked_table(exc)
+        if not isinstance(exc, psycopg.errors.LockNotAvailable) or table is None:
+            return None
+        try:
+            async with self._reads.connection(timeout=1.0) as conn:
+                cur = await conn.execute(_query(LOCK_HOLDERS), (table,))
+                row = await cur.fetchone()
+        except (psycopg.Error, PoolTimeout):
+            return None
+        if row is None:
+            return None
+        pid, application, state, seconds = row
+        return (
+            f"session {pid} (application {application or 'unnamed'!r}, {state}, "
+            f"its transaction open {float(seconds or 0):.0f} s)"
+        )
 
     @asynccontextmanager
     async def transaction(self, *, durable: bool = True) -> AsyncGenerator[Tx]:
@@ -201,7 +250,7 @@ class Pool:
         except (psycopg.Error, PoolTimeout) as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 await self._forget_broken()
-            raise self.describe(exc) from None
+            raise describe(exc, self.location, self.lock_timeout, await self.lock_holder(exc)) from None
 
     async def write_one(self, sql: str, params: Params = (), *, durable: bool = True) -> Row | None:
         """One statement as a transaction of its own, in one trip; its first row.
@@ -223,13 +272,13 @@ class Pool:
         except (psycopg.Error, PoolTimeout) as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 await self._forget_broken()
-            raise self.describe(exc) from None
+            raise describe(exc, self.location, self.lock_timeout, await self.lock_holder(exc)) from None
 
     async def read(self, sql: str, params: Params = ()) -> list[Row]:
         """One statement outside a transaction (autocommit snapshot); retried once on a dead connection."""
         for attempt in (1, 2):
             try:
-                async with self._pool.connection() as conn:
+                async with self._reads.connection() as conn:
                     self.stats.trips += 1
                     cur = await conn.execute(_query(sql), plain(params))
                     return await cur.fetchall()

@@ -17,14 +17,40 @@ class GuardFailed(StoreError):
     """A guarded write found the row other than it was read; the transaction was rolled back."""
 
 
-def describe(exc: BaseException, location: DatabaseLocation, lock_timeout: float) -> StoreError:
-    """A driver error as the problem and its fix; the transaction was rolled back (nothing changed)."""
+# What each table's locked row is, for the lock_timeout message (issue 29).
+LOCKED_ROWS = {
+    "fleet_buckets": "a provider's [fleet] pace row",
+    "operations": "an operation's row",
+    "audit_head": "the audit chain's head",
+    "approvals": "an approval's row",
+}
+
+
+def locked_table(exc: BaseException) -> str | None:
+    """The table whose row a lock_timeout error waited for (from its CONTEXT line), if it says."""
+    context = getattr(getattr(exc, "diag", None), "context", None) or ""
+    for table in LOCKED_ROWS:
+        if f'relation "{table}"' in context:
+            return table
+    return None
+
+
+def describe(
+    exc: BaseException, location: DatabaseLocation, lock_timeout: float, holder: str | None = None
+) -> StoreError:
+    """A driver error as the problem and its fix; the transaction was rolled back (nothing changed).
+
+    `holder`: for a lock_timeout, the session that holds the lock, as `Pool.lock_holder` found it.
+    """
     where = location.display
     if isinstance(exc, psycopg.errors.LockNotAvailable):
+        table = locked_table(exc)
+        what = "a row this call needed" if table is None else f"{LOCKED_ROWS[table]} ({table})"
+        by = "another session" if holder is None else holder
         return StoreError(
-            f"PostgreSQL ({where}): a row this call needed stayed locked by another session for more "
-            f"than {lock_timeout:g} s (lock_timeout); nothing was changed and no request was sent — try "
-            "again shortly, or find the session holding it (pg_stat_activity)"
+            f"PostgreSQL ({where}): {what} stayed locked by {by} for more than {lock_timeout:g} s "
+            "(lock_timeout); nothing was changed and no request was sent — try again shortly, or end "
+            "the session holding it (pg_stat_activity, pg_terminate_backend)"
         )
     if isinstance(exc, psycopg.errors.QueryCanceled):
         return StoreError(

@@ -219,7 +219,10 @@ class Writer:
             elif isinstance(write, Execute):
                 await self.tx.queue(write.statement, write.params)
             else:  # SetPace
-                await self.tx.queue(sql.SET_FLEET_TAT, {"provider": write.provider, "tat": write.tat})
+                await self.tx.queue(
+                    sql.SET_FLEET_TAT,
+                    {"provider": write.provider, "tat": write.tat, "sent_tat": write.sent_tat},
+                )
         return plan.record
 
     async def _count_refusal(self, current: StoredOperation, outcome: Outcome, at: float) -> None:

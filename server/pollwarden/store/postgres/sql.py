@@ -133,8 +133,10 @@ def move_chain(reset_refusals: bool) -> str:
 ENSURE_FLEET_ROW = (
     "INSERT INTO fleet_buckets (provider, tat) VALUES (%(provider)s, NULL) ON CONFLICT DO NOTHING"
 )
-LOCK_FLEET_ROW = "SELECT tat FROM fleet_buckets WHERE provider = %(provider)s FOR UPDATE"
-SET_FLEET_TAT = "UPDATE fleet_buckets SET tat = %(tat)s WHERE provider = %(provider)s"
+LOCK_FLEET_ROW = "SELECT tat, sent_tat FROM fleet_buckets WHERE provider = %(provider)s FOR UPDATE"
+SET_FLEET_TAT = (
+    "UPDATE fleet_buckets SET tat = %(tat)s, sent_tat = %(sent_tat)s WHERE provider = %(provider)s"
+)
 
 # -- approvals --------------------------------------------------------------------------------------
 

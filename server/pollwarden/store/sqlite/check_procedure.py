@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from pollwarden.fleet_pace import bucket_from_row
 from pollwarden.gate import GateDecision, decide_check
 from pollwarden.records import CheckStart, OperationRecord
 from pollwarden.store import plans, statements
@@ -120,10 +121,10 @@ def _carry_out(
     conn = session.conn
     record = current.record
     fleet = fleets.get(record.provider)
-    step = booked = None
+    step = bucket = booked = None
     if plans.needs_pace(record, decision, fleet, now=now):
-        row = conn.execute(sql.SELECT_FLEET_TAT, {"provider": record.provider}).fetchone()
-        step = plans.pace_step(record, decision, fleet, None if row is None else float(row[0]), now=now)
+        bucket = bucket_from_row(conn.execute(sql.SELECT_FLEET_TAT, {"provider": record.provider}).fetchone())
+        step = plans.pace_step(record, decision, fleet, bucket, now=now)
         if plans.needs_booked_slots(step, fleet_slots):
             held = {
                 "provider": record.provider,
@@ -140,6 +141,7 @@ def _carry_out(
         owner=owner,
         lease_seconds=lease_seconds,
         step=step,
+        bucket=bucket,
         booked=booked,
         fleet_slots=fleet_slots,
     )

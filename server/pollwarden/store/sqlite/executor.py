@@ -90,7 +90,10 @@ def carry_out(
         elif isinstance(write, Execute):
             conn.execute(write.statement, dict(write.params))
         else:  # SetPace
-            conn.execute(sql.UPSERT_FLEET_TAT, {"provider": write.provider, "tat": write.tat})
+            conn.execute(
+                sql.UPSERT_FLEET_TAT,
+                {"provider": write.provider, "tat": write.tat, "sent_tat": write.sent_tat},
+            )
     return plan.record
 
 

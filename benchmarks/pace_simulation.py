@@ -1,0 +1,358 @@
+"""Agents on one fleet pace, on virtual time: is the pace used, and shared? (issue 29)
+
+    python benchmarks/pace_simulation.py          # every scenario, old rule and new, a second or two
+
+Pure: no database, no sleeping. Operations wait on one provider whose table has a
+[fleet] pace; their agents call `check_status` the way real agents do:
+
+- `exact`: `wait_seconds=0`, then sleep exactly the `retry_after_seconds` told;
+- `jitter`: the same, plus a uniform 0.1-0.5 s of its own (the issue's livelock run);
+- `tight`: call again 50 ms after every answer, whatever it said;
+- `wait`: call with `wait_seconds=20` (the server waits for the allowed time);
+- `mix`: the four above, one after the other across the operations.
+
+Each operation belongs to a principal and reaches the database through one of the
+server instances, each with its own round-trip time (0, 30, 200 ms). A call's
+decision is taken at its time plus two round trips (the read, then the locked
+transaction, where the time is read again), its answer reaches the agent one
+round trip later (the commit), and a request reaches the provider then. The
+store's decision is modelled as the engines take it: the gate's "too early"
+(`next_check_at`), fair shares per principal (`PRINCIPAL_BOOKED_SLOTS`), and the
+pace rule: `pollwarden.fleet_pace.decide_pace` (new), or `old_rule` below, the
+rule before issue 29 (a booked slot used only within 50 ms of its time, a later
+caller books again at the tail).
+
+Goals (`Result.failures`): the pace never exceeded at the moment of the decision
+(`burst + rate·w` in every window; at the provider, the spread of round trips is
+added); at least 90 % of it used while demand exceeds it; no operation reaching
+its deadline without a request; each principal and each instance within 10 % of
+its fair share. The tests in tests/unit/test_pace_simulation.py run them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if not __package__:  # run as `python benchmarks/pace_simulation.py`: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pollwarden.fleet_pace import PaceBucket, PaceVerdict, decide_pace
+from pollwarden.schedule import pace
+
+Rule = Callable[..., PaceVerdict]
+
+TIGHT_LOOP_SECONDS = 0.05
+WAIT_SECONDS = 20.0
+JITTER = (0.1, 0.5)
+FIRST_CHECK_SECONDS = 0.5  # every operation's first check is due at once: the worst case
+PROVIDER_SECONDS = 0.05  # the provider's answer time
+OWN_INTERVAL_SECONDS = 1.0  # each operation wants a request every second: demand far above the pace
+BEHAVIOURS = ("exact", "jitter", "tight", "wait")
+OLD_ON_TIME_SECONDS = 0.05
+
+
+def old_rule(
+    bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int
+) -> PaceVerdict:
+    """The rule before issue 29: a slot is used only on time (within min(¼ interval, 50 ms)), else booked again."""
+    if held_slot is not None and now <= held_slot + min(0.25 / rate, OLD_ON_TIME_SECONDS):
+        if now < held_slot:
+            return PaceVerdict(False, held_slot, bucket, new_booking=False)
+        return PaceVerdict(True, now, bucket, new_booking=False)
+    step = pace(bucket.tat, now=now, rate=rate, burst=burst)
+    after = PaceBucket(step.next_tat, bucket.sent_tat)
+    if step.admitted:
+        return PaceVerdict(True, now, after, new_booking=False)
+    return PaceVerdict(False, step.slot_at, after, new_booking=True)
+
+
+RULES: dict[str, Rule] = {"old": old_rule, "new": decide_pace}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Who waits on the pace, how they call, and how far each instance is from the database."""
+
+    name: str
+    behaviour: str  # one of BEHAVIOURS, or "mix"
+    operations: int = 20
+    rate: float = 5.0
+    burst: int = 3
+    round_trips: tuple[float, ...] = (0.0,)  # one per instance; operation i uses instance i % n
+    principals: tuple[int, ...] = (20,)  # operations per principal, in order
+    fleet_slots: int | None = None
+    deadline_seconds: float = 40.0
+    seed: int = 29
+
+    def behaviour_of(self, i: int) -> str:
+        """Operation i's agent behaviour."""
+        return BEHAVIOURS[i % len(BEHAVIOURS)] if self.behaviour == "mix" else self.behaviour
+
+    def principal_of(self, i: int) -> int:
+        """Operation i's principal (index into `principals`)."""
+        total = 0
+        for p, count in enumerate(self.principals):
+            total += count
+            if i < total:
+                return p
+        raise ValueError(f"operation {i} has no principal: principals cover {total}")
+
+
+@dataclass
+class _Op:
+    principal: int
+    instance: int
+    behaviour: str
+    next_check_at: float
+    fleet_slot_at: float | None = None
+    requests: int = 0
+
+
+@dataclass
+class Result:
+    """What the provider saw and who got it."""
+
+    scenario: Scenario
+    rule: str
+    decided: list[float] = field(default_factory=list[float])  # the pace's time of every request
+    arrived: list[float] = field(default_factory=list[float])  # when each reached the provider
+    by_principal: Counter[int] = field(default_factory=Counter[int])
+    by_instance: Counter[int] = field(default_factory=Counter[int])
+    starved: int = 0  # operations that reached their deadline without a request
+    calls: int = 0
+
+    @property
+    def used(self) -> float:
+        """The share of the pace used from the first check due to the deadline."""
+        s = self.scenario
+        span = s.deadline_seconds - FIRST_CHECK_SECONDS
+        return len(self.decided) / (s.burst - 1 + s.rate * span)
+
+    @property
+    def excess(self) -> float:
+        """How far the busiest window exceeds `burst + rate·w` at the decision (<= 0: never)."""
+        return envelope_excess(self.decided, rate=self.scenario.rate, burst=self.scenario.burst)
+
+    @property
+    def excess_at_provider(self) -> float:
+        """The same at the provider, each window widened by the spread of the instances' round trips."""
+        trips = self.scenario.round_trips
+        spread = max(trips) - min(trips)
+        return envelope_excess(self.arrived, rate=self.scenario.rate, burst=self.scenario.burst, slack=spread)
+
+    def share_errors(self) -> dict[str, float]:
+        """Each principal's and instance's relative distance from its fair share."""
+        s = self.scenario
+        total = len(self.decided)
+        errors: dict[str, float] = {}
+        if total == 0:
+            return errors
+        for p, count in enumerate(s.principals):
+            fair = total / len(s.principals) if s.fleet_slots is not None else total * count / s.operations
+            errors[f"principal {p}"] = abs(self.by_principal[p] - fair) / fair
+        n = len(s.round_trips)
+        for k in range(n):
+            ops = len(range(k, s.operations, n))
+            # With fair shares per principal, an instance's share is its operations' principals' shares.
+            fair = (
+                sum(
+                    total / len(s.principals) / s.principals[s.principal_of(i)]
+                    for i in range(k, s.operations, n)
+                )
+                if s.fleet_slots is not None
+                else total * ops / s.operations
+            )
+            errors[f"instance {k}"] = abs(self.by_instance[k] - fair) / fair
+        return errors
+
+    def failures(self) -> list[str]:
+        """Every goal missed, as a sentence (empty: all met)."""
+        out: list[str] = []
+        if self.excess > 1e-9:
+            out.append(f"the pace was exceeded by {self.excess:.2f} requests at the decision")
+        if self.excess_at_provider > 1e-9:
+            out.append(f"the pace was exceeded by {self.excess_at_provider:.2f} requests at the provider")
+        if self.used < 0.9:
+            out.append(f"only {self.used:.0%} of the pace was used")
+        if self.starved:
+            out.append(f"{self.starved} operations reached their deadline without a request")
+        for who, error in self.share_errors().items():
+            if error > 0.10:
+                out.append(f"{who} is {error:.0%} from its fair share")
+        return out
+
+    def summary(self) -> str:
+        """One line of numbers."""
+        shares = self.share_errors()
+        worst = max(shares.values()) if shares else float("nan")
+        return (
+            f"{self.scenario.name:<38} {self.rule:>3}  requests {len(self.decided):>4}  "
+            f"{len(self.decided) / (self.scenario.deadline_seconds - FIRST_CHECK_SECONDS):5.2f}/s  "
+            f"used {self.used:5.0%}  starved {self.starved:>2}  worst share error {worst:5.1%}  "
+            f"excess {max(self.excess, 0):.2f}/{max(self.excess_at_provider, 0):.2f}"
+        )
+
+
+def envelope_excess(times: Sequence[float], *, rate: float, burst: int, slack: float = 0.0) -> float:
+    """How far the busiest window of the sorted times exceeds `burst + rate·(w + slack)`."""
+    ts = sorted(times)
+    worst = float("-inf")
+    lo = 0
+    for hi in range(len(ts)):
+        # Only windows starting within (burst + 1) / rate can exceed; scan those.
+        while ts[hi] - ts[lo] > (burst + 1) / rate + slack + 1.0:
+            lo += 1
+        for i in range(lo, hi + 1):
+            worst = max(worst, (hi - i + 1) - (burst + rate * (ts[hi] - ts[i] + slack)))
+    return worst
+
+
+def simulate(scenario: Scenario, rule: str = "new") -> Result:
+    """Run the scenario until the deadline with the named rule ("old" or "new")."""
+    decide = RULES[rule]
+    s = scenario
+    rng = random.Random(s.seed)
+    ops = [
+        _Op(s.principal_of(i), i % len(s.round_trips), s.behaviour_of(i), FIRST_CHECK_SECONDS)
+        for i in range(s.operations)
+    ]
+    bucket = [PaceBucket(None, None)]  # the provider's pace row
+    result = Result(s, rule)
+    # (time of the decision, sequence, operation, the time its call started, its wait_until)
+    events: list[tuple[float, int, int, float, float]] = []
+    seq = 0
+
+    def call(i: int, at: float) -> None:
+        """Operation i's agent calls check_status at `at`."""
+        nonlocal seq
+        rtt = s.round_trips[ops[i].instance]
+        wait_until = at + (WAIT_SECONDS if ops[i].behaviour == "wait" else 0.0)
+        heapq.heappush(events, (at + 2 * rtt, seq, i, at, wait_until))
+        seq += 1
+
+    def again(i: int, answered_at: float, retry_after: float) -> None:
+        """The agent's next call after an answer, by its behaviour."""
+        match ops[i].behaviour:
+            case "exact":
+                call(i, answered_at + retry_after)
+            case "jitter":
+                call(i, answered_at + retry_after + rng.uniform(*JITTER))
+            case "tight":
+                call(i, answered_at + TIGHT_LOOP_SECONDS)
+            case _:
+                call(i, answered_at)  # `wait`: the server did the waiting; call again at once
+
+    for i in range(s.operations):
+        call(
+            i,
+            FIRST_CHECK_SECONDS
+            if ops[i].behaviour != "jitter"
+            else FIRST_CHECK_SECONDS + rng.uniform(*JITTER),
+        )
+    while events:
+        now, _, i, started, wait_until = heapq.heappop(events)
+        op = ops[i]
+        rtt = s.round_trips[op.instance]
+        if now >= s.deadline_seconds:
+            continue  # stopped at its deadline: no more calls
+        result.calls += 1
+        if started < op.next_check_at:  # the gate, on the time the call started with
+            allowed = op.next_check_at
+        else:
+            allowed = _store_check(s, decide, ops, i, now, bucket)
+            if allowed is None:  # sent
+                result.decided.append(now)
+                result.arrived.append(now + rtt)
+                result.by_principal[op.principal] += 1
+                result.by_instance[op.instance] += 1
+                op.requests += 1
+                # The answer comes 50 ms after the request left; the next check is planned from it,
+                # and the agent is told once it is recorded (two more trips).
+                received = now + rtt + PROVIDER_SECONDS
+                op.next_check_at = received + OWN_INTERVAL_SECONDS
+                answered = received + 2 * rtt
+                again(i, answered, max(0.0, op.next_check_at - answered))
+                continue
+        if allowed <= wait_until:  # the server waits (holding nothing) and looks again at the time
+            heapq.heappush(events, (allowed + 2 * rtt, seq, i, allowed, wait_until))
+            seq += 1
+            continue
+        answered = now + rtt
+        again(i, answered, max(0.0, allowed - answered))
+    result.starved = sum(1 for op in ops if op.requests == 0)
+    return result
+
+
+def _store_check(
+    s: Scenario, decide: Rule, ops: list[_Op], i: int, now: float, bucket: list[PaceBucket]
+) -> float | None:
+    """The locked transaction: None when the request goes out now, else the time it may."""
+    op = ops[i]
+    verdict = decide(bucket[0], now=now, held_slot=op.fleet_slot_at, rate=s.rate, burst=s.burst)
+    if verdict.new_booking and s.fleet_slots is not None:
+        own = [
+            o.fleet_slot_at
+            for k, o in enumerate(ops)
+            if k != i
+            and o.principal == op.principal
+            and o.fleet_slot_at is not None
+            and o.fleet_slot_at > now
+        ]
+        if len(own) >= s.fleet_slots:
+            op.fleet_slot_at = None
+            op.next_check_at = min(own)
+            return op.next_check_at
+    bucket[0] = verdict.bucket
+    if verdict.send:
+        op.fleet_slot_at = None
+        return None
+    op.fleet_slot_at = verdict.at
+    op.next_check_at = verdict.at
+    return verdict.at
+
+
+# The issue's runs, and every behaviour on instances 0, 30 and 200 ms from the database.
+LIVELOCK = Scenario("livelock: 20 agents, retry_after + 0.1-0.5 s", "jitter")
+SLOW_PATH = Scenario("slow path: instances at 0 ms and 50 ms", "exact", round_trips=(0.0, 0.05))
+SCENARIOS: tuple[Scenario, ...] = (
+    LIVELOCK,
+    SLOW_PATH,
+    *(
+        Scenario(f"{behaviour}, instances at 0/30/200 ms", behaviour, round_trips=(0.0, 0.03, 0.2))
+        for behaviour in (*BEHAVIOURS, "mix")
+    ),
+    Scenario("mix, two principals 10/10, 0/200 ms", "mix", round_trips=(0.0, 0.2), principals=(10, 10)),
+    Scenario(
+        "mix, principals 15/5, one slot each",
+        "mix",
+        round_trips=(0.0, 0.03),
+        principals=(15, 5),
+        fleet_slots=1,
+    ),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Every scenario under the old rule and the new; print the numbers and the goals missed."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.parse_args(argv)
+    for scenario in SCENARIOS:
+        for rule in ("old", "new"):
+            result = simulate(scenario, rule)
+            print(result.summary())
+            for failure in result.failures():
+                print(f"    missed: {failure}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
