@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import anyio
+from playwright.async_api import Page
 from tests.support.browser import chromium
 
 from pollwarden.config import ServerConfig, load_provider_tables
@@ -43,28 +44,39 @@ async def _shoot(db: Path, tables: Path) -> None:
         allowed_hosts=tuple(transport_security(options).allowed_hosts or ()),
         tables=load_provider_tables(config),
     )
-    async with running_console(create_app(settings), options) as root, chromium(1280, 900) as browser:
+    async with running_console(create_app(settings), options) as root, chromium(1440, 900) as browser:
         base = root + settings.prefix
         page = await browser.new_page()
         await page.goto(f"{base}/login?token={token}")
-        shots = [
-            ("operations", "/"),
-            ("operation", "/operation?id=demo-export-ok"),
-            ("escalated", "/operation?id=demo-export-stuck"),
-            ("approvals", "/approvals"),
-            ("providers", "/providers"),
-            ("audit", "/audit"),
-        ]
-        for name, path in shots:
-            started = time.perf_counter()
-            await page.goto(base + path)
-            elapsed = (time.perf_counter() - started) * 1000
-            await page.screenshot(path=str(RESULTS / f"console-{name}.png"), full_page=True)
-            print(f"{name:<11} {path:<34} loaded in {elapsed:6.1f} ms")
+        await page.screenshot(path=str(RESULTS / "console-login.png"), full_page=True)
+        async with page.expect_navigation(url=f"{base}/"):
+            await page.click("#log-in")
+        await _pages(page, base, "", 1440)
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await _pages(page, base, "-phone", 390)
+        await page.set_viewport_size({"width": 1440, "height": 900})
         await page.goto(base + "/approvals")
         await page.click("button.approve")
         await page.screenshot(path=str(RESULTS / "console-approved.png"), full_page=True)
         print(f"approved in the browser: {await page.inner_text('.flash')}")
+
+
+async def _pages(page: Page, base: str, suffix: str, width: int) -> None:
+    shots = [
+        ("operations", "/"),
+        ("operation", "/operation?id=demo-export-ok"),
+        ("escalated", "/operation?id=demo-export-stuck"),
+        ("approvals", "/approvals"),
+        ("providers", "/providers"),
+        ("audit", "/audit"),
+    ]
+    for name, path in shots:
+        started = time.perf_counter()
+        await page.goto(base + path)
+        elapsed = (time.perf_counter() - started) * 1000
+        await page.screenshot(path=str(RESULTS / f"console-{name}{suffix}.png"), full_page=True)
+        scroll = await page.evaluate("() => document.documentElement.scrollWidth")
+        print(f"{name + suffix:<17} {path:<34} loaded in {elapsed:6.1f} ms, {scroll} px wide at {width} px")
 
 
 def main() -> int:

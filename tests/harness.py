@@ -142,6 +142,7 @@ class Harness:
     environ: dict[str, str] = field(default_factory=dict[str, str])
     http_limits: HttpLimits | None = None  # caps on provider requests (None: the defaults)
     approval_mode: str = "elicitation"
+    app_channel: bool = False  # Approve/Deny on the MCP App card (`--approval app`)
     operator: OperatorPolicy = field(default_factory=OperatorPolicy)  # operator public keys, key required
     busy_timeout_seconds: float = 5.0  # how long a write waits for another session's lock
     database_override: DatabaseLocation | None = None  # another location than the test's own
@@ -166,6 +167,7 @@ class Harness:
             database=self.database,
             provider_dirs=(self.tables_dir,),
             approval_mode=self.approval_mode,  # type: ignore[arg-type]
+            app_channel=self.app_channel,
             operator=self.operator,
             busy_timeout_seconds=self.busy_timeout_seconds,
         )
@@ -308,6 +310,21 @@ def operation_record(**changes: Any) -> OperationRecord:
         fleet_slot_at=None,
     )
     return replace(base, **changes)
+
+
+def polling_record(now: float = 1500.0, **changes: Any) -> OperationRecord:
+    """A waiting `operation_record` as `decide_after_response` sees it: reloaded under the lease, this
+    request counted (3 used, 2 polls completed), the lease held until `now` + 60."""
+    base: dict[str, Any] = {
+        "status": Status.WAITING,
+        "stop_reason": None,
+        "stopped_at": None,
+        "status_requests_used": 3,
+        "polls_completed": 2,
+        "lease_owner": "me",
+        "lease_expires_at": now + 60,
+    }
+    return operation_record(**{**base, **changes})
 
 
 def _connect(db: Path | DatabaseLocation) -> Any:

@@ -169,6 +169,29 @@ def check_shared_credentials(tables: Sequence[ProviderTable]) -> None:
                 f'shared_with_origins = ["{other.origin}"] under [auth]',
             )
         first_by_env.setdefault(table.auth.env, []).append(table)
+    check_webhook_secrets_are_no_credentials(tables)
+
+
+def check_webhook_secrets_are_no_credentials(tables: Sequence[ProviderTable]) -> None:
+    """Refuse a table whose credential variable is a webhook signing secret (its own or another table's).
+
+    A signing secret proves a webhook came from the provider; sent as a
+    credential it would reach the table's origin, and whoever reads it there
+    could sign webhooks. Checked in both directions: a [webhook] secret_env
+    naming a variable that some table sends as its credential is refused too.
+    """
+    secrets = {t.webhook.secret_env: t for t in tables if t.webhook is not None}
+    for table in tables:
+        if table.auth is None or (owner := secrets.get(table.auth.env)) is None:
+            continue
+        whose = "its own" if owner is table else f"the one of {owner.name!r} ({owner.source})"
+        raise TableError(
+            table.source,
+            "auth.env",
+            f"${table.auth.env} is a webhook signing secret ({whose} [webhook] secret_env); this table would "
+            f"send it to {table.origin} as a credential",
+            "give the credential and the webhook signing secret variables of their own",
+        )
 
 
 def load_tables(dirs: Sequence[Path], include_shipped: bool = True) -> dict[str, ProviderTable]:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, PrivateAttr, StrictStr, field_validator, 
 
 from pollwarden_providers.category import CATEGORIES, Category
 from pollwarden_providers.table_common import MODEL_CONFIG, PLACEHOLDER_RE, check_dotted_path, refuse
+from pollwarden_providers.table_job_id import JobIdSpec, canonical_job_id, check_job_id_spec
 from pollwarden_providers.table_limits import (
     ApprovalSpec,
     FleetSpec,
@@ -86,6 +87,11 @@ class ProviderTable(BaseModel):
         default=("job_id",),
         description='placeholder names a job id is made of, e.g. ["owner", "repo", "run_id"]; '
         'the agent writes the id as the parts joined by "/"',
+    )
+    job_id: JobIdSpec = Field(
+        default=JobIdSpec(),
+        description="a [job_id] table naming parts compared without case or as integers, e.g. "
+        'case_insensitive = ["owner", "repo"], integer = ["run_id"]',
     )
     headers: dict[str, StrictStr] = Field(
         default_factory=dict[str, str],
@@ -167,6 +173,7 @@ class ProviderTable(BaseModel):
     def _parts_states_and_headers_agree(self) -> Self:
         """Checks that need more than one section: placeholders, refined states, header ownership."""
         parts = self.job_id_parts
+        check_job_id_spec(self.job_id, parts)
         check_placeholders(self.status_path, parts, key="status_path", names_the_job=True)
         if self.cancel is not None:
             check_placeholders(self.cancel.path, parts, key="cancel.path", names_the_job=True)
@@ -350,6 +357,10 @@ class ProviderTable(BaseModel):
         ``"unknown"``. Reading a whole body is ``interpret.read_status_body``.
         """
         return self.states.category_of(state)
+
+    def canonical_job_id(self, job_id: str) -> str:
+        """`job_id` as this table compares it (`[job_id]`): one job, however the agent or provider wrote it."""
+        return canonical_job_id(self.job_id_parts, self.job_id, job_id)
 
     def states_of(self, category: Category) -> tuple[str, ...]:
         """Every state in ``category`` as pollwarden reports it, refined ones as ``state/value``."""

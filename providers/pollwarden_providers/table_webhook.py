@@ -49,6 +49,11 @@ class WebhookSpec(BaseModel):
     events: Annotated[tuple[StrictStr, ...], Field(strict=False)] = Field(
         description='the event types that wake an operation, e.g. ["batch.completed", "batch.failed"]'
     )
+    timestamp_field: str | None = Field(
+        default=None,
+        description="a dotted path to an RFC 3339 time inside the signed event, for a scheme that signs no "
+        'timestamp (github), e.g. "workflow_run.updated_at": an event older than 5 minutes is refused as a replay',
+    )
     max_body_bytes: int = Field(
         default=256 * 1024, gt=0, le=25 * 1024 * 1024, description="a whole number of bytes, at most 26214400"
     )
@@ -77,6 +82,13 @@ class WebhookSpec(BaseModel):
     @classmethod
     def _event_type_field_is_dotted(cls, value: str) -> str:
         check_dotted_path(value)
+        return value
+
+    @field_validator("timestamp_field")
+    @classmethod
+    def _timestamp_field_is_dotted(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_dotted_path(value)
         return value
 
     @field_validator("event_type_header")

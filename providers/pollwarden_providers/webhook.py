@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pollwarden_providers.interpret import get_field, truncate_text
+from pollwarden_providers.interpret import get_field, parse_timestamp, truncate_text
 from pollwarden_providers.table_webhook import WebhookSpec
 
-__all__ = ["MAX_EVENT_TEXT", "WebhookEvent", "read_event"]
+__all__ = ["MAX_EVENT_TEXT", "WebhookEvent", "event_time", "read_event"]
 
 # Event types and job ids are stored and shown: longer ones are not real.
 MAX_EVENT_TEXT = 512
@@ -68,3 +68,11 @@ def read_event(spec: WebhookSpec, body: Mapping[str, object], headers: Mapping[s
             return WebhookEvent(event_type, True, None, f"no job id at {path!r} (found {shown})")
         pieces.append(piece)
     return WebhookEvent(event_type, True, "/".join(pieces), None)
+
+
+def event_time(spec: WebhookSpec, body: Mapping[str, object]) -> float | None:
+    """The signed time of the event at the table's `timestamp_field` (epoch seconds), or None when unreadable."""
+    if spec.timestamp_field is None:
+        return None
+    when = parse_timestamp(get_field(body, spec.timestamp_field))
+    return None if when is None else when.timestamp()

@@ -12,6 +12,8 @@ each answer does; `settle` takes the steps in one order:
 2. the operator trusts the client's own prompt (``tool-confirmation``): approved;
 3. the person answered in this call (elicitation, either protocol era):
    approved, or denied / dismissed (nothing happens);
+   Steps 2 and 3 count only when the database's approval policy counts their
+   channel (`pollwarden.approval_policy`), read when the flow settles;
 4. nobody could be asked (the client cannot show a prompt): an operator decides
    outside the chat (`pollwarden approve`, the console), and the agent's next
    call applies that decision.
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from pollwarden.approval_policy import CHANNEL_ELICITATION, CHANNEL_TOOL_CONFIRMATION
 from pollwarden.operator_keys import METHOD_ELICITATION, METHOD_TOOL_CONFIRMATION
 
 if TYPE_CHECKING:
@@ -125,9 +128,10 @@ async def settle(flow: Flow[Any, S, R], controller: Controller, subject: S, answ
         return known
     if answer.operator_only:
         return await flow.ask_operator(controller, subject)  # nobody decides about their own operation
-    if controller.config.approval_mode == "tool-confirmation":
+    counted = (await controller.store.approval_policy()).channels  # the database's policy, as it is now
+    if controller.config.approval_mode == "tool-confirmation" and CHANNEL_TOOL_CONFIRMATION in counted:
         return await flow.approve(controller, subject, TOOL_CONFIRMATION)
-    if answer.asked:
+    if answer.asked and CHANNEL_ELICITATION in counted:
         if answer.approve:
             return await flow.approve(controller, subject, ELICITATION)
         return await flow.deny(controller, subject, "denied" if answer.approve is False else "cancelled")

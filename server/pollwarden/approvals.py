@@ -13,15 +13,18 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from pollwarden import extensions
+from pollwarden import extensions, observe, questions
 from pollwarden.approval_flow import LATE_ANSWER_BY, Approver, No
+from pollwarden.approval_policy import channel_of
 from pollwarden.errors import InvalidRequest
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult, extension_changes
 from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
+from pollwarden.policy_gate import stored_policy
+from pollwarden.principals import current_principal
 from pollwarden.records import OperationRecord
 from pollwarden.store import ApprovalRecord
-from pollwarden.timefmt import iso
+from pollwarden.timefmt import iso, parse_iso
 from pollwarden.untrusted import quoted
 from pollwarden.views import allowed_actions
 from pollwarden.vocabulary import ApprovalKind, ApprovalStatus
@@ -37,19 +40,78 @@ async def plan_extension(
     extra_seconds: float,
     extra_status_requests: int,
     reason: str,
+    new_business_deadline_at: str | None = None,
 ) -> ExtensionPlan:
     """Clip and explain a request for more time or requests (no side effects)."""
+    from pollwarden.controller import business_deadline  # the controller imports this module
+
     record = await controller.load(operation_id)
     table = controller.table_for(record.provider)
     if not math.isfinite(extra_seconds) or extra_seconds < 0 or extra_status_requests < 0:
         raise InvalidRequest("extra_seconds and extra_status_requests must be zero or more")
-    return extensions.plan_extension(
+    now = controller.clock.now()
+    new_business = (
+        business_deadline(new_business_deadline_at, now=now, name="new_business_deadline_at")
+        if new_business_deadline_at is not None
+        else None
+    )
+    plan = extensions.plan_extension(
         record,
         table,
         controller.config.caps,
         extra_seconds=extra_seconds,
         extra_status_requests=extra_status_requests,
         reason=reason,
+        new_business_deadline_at=new_business,
+        now=now,
+    )
+    if not plan.allowed:
+        return plan
+    verdict = await ask_verdict(controller, record)
+    if verdict.open_approval_id is not None:
+        approval = await controller.store.get_approval(verdict.open_approval_id)
+        return plan.model_copy(
+            update={
+                "open_approval_id": verdict.open_approval_id,
+                "open_approval_expires_at": approval.expires_at if approval else None,
+            }
+        )
+    if not verdict.allowed:
+        return plan.model_copy(update={"allowed": False, "refusal": verdict.refusal})
+    return plan
+
+
+async def ask_verdict(controller: Controller, record: OperationRecord) -> questions.AskVerdict:
+    """Whether a person may be asked about more time for `record` now (`pollwarden.questions`)."""
+    asks: list[questions.Ask] = []
+    open_questions: list[questions.OpenQuestion] = []
+    for approval in await controller.store.list_approvals(operation_id=record.operation_id):
+        if approval.kind != ApprovalKind.EXTENSION:
+            continue
+        declined = approval.status == ApprovalStatus.DENIED or (
+            approval.status == ApprovalStatus.APPLIED and approval.note == "denied"
+        )
+        asks.append(questions.Ask(approval.decided_at or approval.asked_at, declined))
+        if approval.status != ApprovalStatus.PENDING:
+            continue
+        if approval.bound_version != record.version:
+            # Asked about the operation as it was: it could no longer apply, so it leaves the pending list.
+            await controller.store.close_approval(
+                approval.approval_id,
+                status=ApprovalStatus.VOID,
+                at=controller.clock.now(),
+                note="the operation changed after the question",
+                audit_kind="approval_void",
+            )
+            continue
+        open_questions.append(questions.OpenQuestion(approval.approval_id, approval.expires_at))
+    # Questions answered in the chat (elicitation) leave no approval, only their audit rows.
+    for row in await controller.store.audit_rows(record.operation_id):
+        elicited_yes = row.kind == "extension_approved" and not row.payload_obj.get("note")
+        if row.kind in ("extension_denied", "extension_cancelled") or elicited_yes:
+            asks.append(questions.Ask(parse_iso(row.at), declined=not elicited_yes))
+    return questions.may_ask(
+        asks, open_questions, now=controller.clock.now(), last_answer_at=record.last_http_at
     )
 
 
@@ -91,6 +153,9 @@ async def apply_extension(
         payload_extra={
             "extra_seconds": plan.extra_seconds,
             "extra_status_requests": plan.extra_status_requests,
+            # What the person was shown they grant (the question's "Would change" lines), kept beside it.
+            "grants": extensions.allowance_changes(record, table, plan),
+            "new_business_deadline_at": plan.new_business_deadline_at,
             "approved_by": by,
             "authenticated_by": method,
             "delay_source": "manual_extension",
@@ -109,7 +174,12 @@ async def apply_extension(
         updated,
         "approved",
         f"Approved by {quoted(by)} ({method}): deadline now {iso(updated.deadline_at)}, "
-        f"budget {updated.max_status_requests} "
+        + (
+            f"business deadline now {iso(updated.business_deadline_at)}, "
+            if plan.new_business_deadline_at is not None
+            else ""
+        )
+        + f"budget {updated.max_status_requests} "
         f"status requests ({updated.status_requests_used} used). Call check_status; the next check's "
         "delay source is manual_extension.",
         approval_id=approval_id,
@@ -135,7 +205,14 @@ async def record_answer(
         if decision == "denied"
         else "The question was dismissed without an answer (cancelled)"
     )
-    return _extension_result(controller, record, decision, f"{text}; nothing changed. " + _after_no(record))
+    return _without_asking(
+        _extension_result(
+            controller,
+            record,
+            decision,
+            f"{text}; nothing changed. " + _after_no(record, controller.clock.now()),
+        )
+    )
 
 
 async def record_late_answer(
@@ -193,8 +270,8 @@ class ExtensionFlow:
     yes = "approve"
 
     def asks(self, plan: ExtensionPlan) -> bool:
-        """A person is asked only about an allowed extension."""
-        return plan.allowed
+        """A person is asked only about an allowed extension, and not while a question already waits."""
+        return plan.allowed and plan.open_approval_id is None
 
     def question(self, plan: ExtensionPlan) -> str:
         """The plan's facts, clipped to the operator caps."""
@@ -214,17 +291,28 @@ class ExtensionFlow:
         )
 
     async def settled(self, controller: Controller, plan: ExtensionPlan) -> ExtensionResult | None:
-        """A structured refusal when the extension is not allowed."""
+        """A structured refusal when the extension is not allowed; the question already open, if one is."""
+        if plan.open_approval_id is not None:
+            return _extension_result(
+                controller,
+                await controller.load(plan.operation_id),
+                "pending_approval",
+                questions.open_question_message(plan.open_approval_id, plan.open_approval_expires_at or 0.0),
+                approval_id=plan.open_approval_id,
+            )
         return None if plan.allowed else refused(controller, plan, await controller.load(plan.operation_id))
 
     async def approve(
         self, controller: Controller, plan: ExtensionPlan, approver: Approver
     ) -> ExtensionResult:
         """Apply the approved plan."""
+        observe.approval_decided(approver.method, approve=True)
         return await apply_extension(controller, plan, by=approver.by, method=approver.method)
 
     async def deny(self, controller: Controller, plan: ExtensionPlan, no: No) -> ExtensionResult:
         """Audit the denial (or dismissal); nothing changes."""
+        if no == "denied":
+            observe.approval_decided(METHOD_ELICITATION, approve=False)
         return await record_answer(controller, plan, no, method=METHOD_ELICITATION)
 
     async def ask_operator(self, controller: Controller, plan: ExtensionPlan) -> ExtensionResult:
@@ -255,9 +343,14 @@ async def open_question(
 
 
 def operator_must_decide(approval_id: str, expires_at: float) -> str:
-    """What the agent is told when a person must decide outside the chat: who and where, never a command."""
+    """What the agent is told when a person must decide outside the chat: who, where and why, never a command."""
+    why = (
+        "on this server an operator decides every approval (an agent's own client never answers one)"
+        if current_principal().authenticated
+        else "this client cannot show them the question"
+    )
     return (
-        f"A person must decide, and this client cannot show them the question. It waits as approval "
+        f"A person must decide, and {why}. It waits as approval "
         f"{approval_id} for an operator, who reads it and decides at the operator's own terminal or console "
         f"(not in this chat, and not by an agent) before {iso(expires_at)}."
     )
@@ -293,12 +386,17 @@ def decision_facts(approval: ApprovalRecord) -> DecisionFacts:
 
 async def check_operator_decision(controller: Controller, approval: ApprovalRecord) -> Verdict:
     """Authenticate a decision recorded outside the client before it is used; void and audit a refused one."""
+    config, stored = await stored_policy(controller.store, controller.config)  # as the database says now
     verdict = authenticate(
         decision_facts(approval),
         approval.decided_method,
         approval.decision_signature,
-        controller.config.operator,
+        config.operator,
     )
+    if verdict.ok and (channel := channel_of(approval.decided_method or "")) not in stored.channels:
+        verdict = Verdict(
+            False, verdict.method, f"the database's approval policy does not count the {channel} channel"
+        )
     if not verdict.ok:
         now = controller.clock.now()
         await controller.store.close_approval(
@@ -410,12 +508,29 @@ def _extension_result(
 
 
 def refused(controller: Controller, plan: ExtensionPlan, record: OperationRecord) -> ExtensionResult:
-    """A structured refusal naming why and what is allowed."""
-    return _extension_result(controller, record, "refused", f"Refused: {plan.refusal}.")
+    """A structured refusal naming why and what is allowed (never request_extension while it is refused)."""
+    return _without_asking(_extension_result(controller, record, "refused", f"Refused: {plan.refusal}."))
 
 
-def _after_no(record: OperationRecord) -> str:
-    return "Allowed next: " + (", ".join(record_allowed(record)) or "nothing; a person takes over") + "."
+def _without_asking(result: ExtensionResult) -> ExtensionResult:
+    """`result` with request_extension left out of its allowed actions: asking again now would be refused."""
+    allowed = [a for a in result.operation.allowed_actions if a != "request_extension"]
+    return result.model_copy(
+        update={"operation": result.operation.model_copy(update={"allowed_actions": allowed})}
+    )
+
+
+def _after_no(record: OperationRecord, now: float) -> str:
+    """After a denial: what may come next; request_extension only with something new (`pollwarden.questions`)."""
+    others = [a for a in record_allowed(record) if a != "request_extension"]
+    text = "Allowed next: " + (", ".join(others) or "nothing; a person takes over") + "."
+    if "request_extension" in record_allowed(record):
+        text += (
+            f" A denial is an answer: request_extension again only with something new — a new answer from the "
+            f"provider, or from {iso(now + questions.ASK_AGAIN_AFTER_SECONDS)} — and at most "
+            f"{questions.MAX_QUESTIONS_PER_OPERATION} questions per operation."
+        )
+    return text
 
 
 def record_allowed(record: OperationRecord) -> list[str]:

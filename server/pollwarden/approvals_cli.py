@@ -32,10 +32,12 @@ from pollwarden.errors import ConfigError
 from pollwarden.operator_decision import decide, header, not_found, refusal
 from pollwarden.operator_keys import METHOD_TTY, PUBKEYS_ENV, generate_key_file, load_operator_key
 from pollwarden.person_gate import SERVER_VERIFIES, Deciding, operator_key_for, require_person
+from pollwarden.policy_cli import deciding_config
 from pollwarden.store import ApprovalRecord, open_store
+from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
 
-__all__ = ["add_approval_commands", "question_lines"]
+__all__ = ["add_approval_commands", "decided_line", "question_lines"]
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
@@ -65,9 +67,20 @@ async def _list(config: ServerConfig, show_all: bool) -> int:
         return 0
     for approval in approvals:
         print(header(approval))
+        if approval.decided_by is not None:
+            print(f"    {decided_line(approval)}")
         for line in question_lines(approval):
             print(line)
     return 0
+
+
+def decided_line(approval: ApprovalRecord) -> str:
+    """Who decided an approval, how it was authenticated, and when."""
+    method = approval.decided_method or "not recorded"
+    return (
+        f"{approval.status} by {quoted(approval.decided_by)} at {iso(approval.decided_at)}, "
+        f"authenticated by {quoted(method)}"
+    )
 
 
 def _deciding(verb: str) -> Deciding:
@@ -90,6 +103,7 @@ async def _decide(
     config: ServerConfig, approval_id: str, approve: bool, by: str, key_path: str | None
 ) -> int:
     verb = "approve" if approve else "deny"
+    config = await deciding_config(config)  # the stricter of this command's policy and the database's
     key = operator_key_for(config, key_path, _deciding(verb)) if key_path else None
     writable_existing_database(config.database)
     async with open_store(

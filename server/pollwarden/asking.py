@@ -24,6 +24,7 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel
 
 from pollwarden.approval_flow import DISMISSED, NOT_ASKED, OPERATOR_DECIDES, Answer, Flow, settle
+from pollwarden.approval_policy import CHANNEL_ELICITATION
 from pollwarden.controller import Controller
 from pollwarden.errors import PollwardenError
 from pollwarden.principals import current_principal
@@ -169,6 +170,8 @@ async def ask(ctx: Ctx, flow: Flow[P, Any, Any], plan: P) -> Elicit[Any] | Answe
         return None  # over authenticated HTTP the agent's own client never answers: an operator decides
     if not client_can_elicit(ctx):
         return None
+    if CHANNEL_ELICITATION not in (await controller.store.approval_policy()).channels:
+        return None  # the database's policy does not count the client's prompt: an operator decides
     question = flow.question(plan)
     if not has_back_channel(ctx):
         return Elicit(question, flow.schema)

@@ -74,6 +74,7 @@ __all__ = [
     "AuditError",
     "AuditKeyError",
     "AuditRow",
+    "anchor_from_text",
     "audit_key_from_env",
     "audit_rows_sql",
     "canonical_json",
@@ -427,8 +428,17 @@ def write_anchor(db_path: Path | str | DatabaseLocation, out: Path) -> Anchor:
 def read_anchor(path: Path) -> Anchor:
     """Load an anchor written by :func:`write_anchor`; raises :class:`AuditError` if it is malformed."""
     try:
-        document: object = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, ValueError) as exc:
+        raise AuditError(f"cannot read anchor file {path}: {exc}") from exc
+    return anchor_from_text(text, path)
+
+
+def anchor_from_text(text: str, path: object) -> Anchor:
+    """An anchor from the text of an anchor file (`path` names it in errors); raises :class:`AuditError`."""
+    try:
+        document: object = json.loads(text)
+    except ValueError as exc:
         raise AuditError(f"cannot read anchor file {path}: {exc}") from exc
     doc = as_object_dict(document)
     if doc is None:

@@ -202,19 +202,28 @@ def _story_line(row: AuditRow) -> str:
             details.append(f"deadline {_hms(p.get('deadline_at'))}")
         if p.get("max_status_requests") is not None:
             details.append(f"budget {_number(p.get('max_status_requests'))}")
-        return f"{at} " + " ".join(parts) + (" " + ", ".join(details) if details else "")
+        text = f"{at} " + " ".join(parts) + (" " + ", ".join(details) if details else "")
+        by = p.get("approved_by")
+        return text + (f" by {_value(by)}" if by else "") + _how(p)
     if kind == "woken_by_webhook":
         what = f"{_value(p.get('event_type'))} (event {_value(p.get('event_id'))})"
         return f"{at} woken by webhook {what}{_next_poll(p)}"
     if kind == "extension_denied":
-        return f"{at} extension denied"
+        note = p.get("note")
+        return f"{at} extension denied" + (f": {_note(note)}" if note else "") + _how(p)
     if kind == "approval_pending":
         note = p.get("note")
         request = as_object_dict(p.get("request")) or {}
         what = _pending_kind(p.get("approval_kind"), request)
         return f"{at} {what} awaiting operator approval" + (f" {_note(note)}" if note else "")
     detail = p.get("note") or p.get("decision")
-    return f"{at} {_value(kind)}" + (f": {_note(detail)}" if detail else "")
+    return f"{at} {_value(kind)}" + (f": {_note(detail)}" if detail else "") + _how(p)
+
+
+def _how(p: Mapping[str, object]) -> str:
+    """How a person's decision was authenticated (tty, console, operator-key:…), when the row says."""
+    method = p.get("authenticated_by")
+    return f", authenticated by {_value(method)}" if method else ""
 
 
 def _pending_kind(recorded: object, request: Mapping[str, object]) -> str:

@@ -45,11 +45,12 @@ from mcp.server.auth.settings import AuthSettings
 
 from pollwarden.cli_options import with_examples
 from pollwarden.errors import ConfigError
-from pollwarden.files import write_private_file
+from pollwarden.files import trust_file_problem, write_private_file
 from pollwarden.principals import (
     KNOWN_SCOPES,
     SCOPE_AGENT,
     SCOPE_OPERATOR,
+    jwt_principal,
     principal_name_problem,
 )
 
@@ -143,7 +144,9 @@ def parse_token_file(path: Path, text: str) -> list[TokenEntry]:
 
 
 def read_token_file(path: Path) -> list[TokenEntry]:
-    """The entries of the token file at `path` (an absent file has none)."""
+    """The entries of the token file at `path` (an absent file has none; an unsafe one is refused)."""
+    if (problem := trust_file_problem(path, "the token file", "could add a token of any scope")) is not None:
+        raise ConfigError(f"refusing {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -306,8 +309,9 @@ class JwtVerifier(TokenVerifier):
         if nbf is not None and (not isinstance(nbf, int | float) or now + self.leeway_seconds < nbf):
             log.debug("bearer token refused: not valid yet")
             return None
-        name = claims.get(self.principal_claim)
-        if not isinstance(name, str) or principal_name_problem(name) is not None:
+        claim = claims.get(self.principal_claim)
+        name = jwt_principal(claim) if isinstance(claim, str) else None  # "jwt:<claim>": never a token file's
+        if name is None:
             log.debug("bearer token refused: claim %r does not name a usable principal", self.principal_claim)
             return None
         raw_scope = claims.get("scope", claims.get("scp", ""))

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
+from pollwarden import decision_log
 from pollwarden.approvals_cli import add_approval_commands
 from pollwarden.audit_cli import add_audit_commands
 from pollwarden.auth import (
@@ -27,17 +28,24 @@ from pollwarden.auth import (
 )
 from pollwarden.cli_options import add_database_options, database_from, with_examples
 from pollwarden.config import (
+    APPROVAL_CHOICES,
     STATE_KEY_ENV,
     ServerConfig,
+    default_db_path,
     load_config,
     load_provider_tables,
     state_keys_from_env,
 )
 from pollwarden.console.cli import add_console_command
+from pollwarden.decision_log import JsonLinesFormatter
+from pollwarden.doctor import add_doctor_command
 from pollwarden.errors import ConfigError, PollwardenError
 from pollwarden.files import ensure_private_dir
 from pollwarden.http_serve import HttpOptions, is_loopback, run_http, transport_security
+from pollwarden.metrics import add_metrics_arguments, metrics_options_from
+from pollwarden.metrics_cli import add_metrics_command
 from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from pollwarden.policy_cli import add_policy_commands, check_serving_policy
 from pollwarden.principals import PrincipalLimits, PrincipalLogFilter
 from pollwarden.providers_cli import add_provider_commands
 from pollwarden.reopen_cli import add_reopen_command
@@ -52,6 +60,7 @@ log = logging.getLogger("pollwarden")
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141
+LOG_FORMAT_ENV = "POLLWARDEN_LOG_FORMAT"
 
 
 def serve_config(args: argparse.Namespace) -> ServerConfig:
@@ -65,10 +74,19 @@ def serve_config(args: argparse.Namespace) -> ServerConfig:
         require_operator_key=True if args.require_operator_key else None,
         busy_timeout=args.busy_timeout,
     )
-    if database_from(args).is_default:
+    if database_from(args).is_default or in_data_directory(config):
         # The default lives in the user's data directory, which may not exist yet: create it private.
+        # So does a --db naming a file there (as the client examples do). Any other missing
+        # directory is refused: a typo must not start an empty database somewhere unexpected.
         ensure_private_dir(config.db_path.parent)
     return config
+
+
+def in_data_directory(config: ServerConfig) -> bool:
+    """Whether the database is a SQLite file directly in the user's data directory (where the default is)."""
+    if not config.database.is_sqlite:
+        return False
+    return config.db_path.expanduser().parent == default_db_path().parent
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -96,6 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = auth_settings(auth, resource_url=resource)
             verifier = build_verifier(auth, resource_url=resource)
     config = serve_config(args)
+    check_serving_policy(config)  # a weaker policy than the database's is refused before serving
     config = replace(config, limits=_principal_limits(args))
     tables = load_provider_tables(config)  # refuses a wrong provider table before serving
     factory = controller_factory(config, tables=tables)
@@ -108,11 +127,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
             STATE_KEY_ENV,
         )
     server = build_server(
-        factory, state_keys=state_keys, auth=settings, token_verifier=verifier, tasks=args.tasks
+        factory,
+        state_keys=state_keys,
+        auth=settings,
+        token_verifier=verifier,
+        tasks=args.tasks,
+        provider_names=sorted(tables),
     )
     log.info("pollwarden serving (%s), database %s", args.transport, config.database)
     if http is not None:
-        run_http(server, http, wrap=serve_wrapper(config, tables))  # with POST /webhooks/{provider}
+        run_http(
+            server, http, wrap=serve_wrapper(config, tables, metrics_options_from(args))
+        )  # with POST /webhooks/{provider}
     else:
         server.run()
     return 0
@@ -222,6 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pollwarden", description="Bounded waiting on external jobs, as an MCP server."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (to stderr)")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get(LOG_FORMAT_ENV, "text"),
+        help=f"text lines for people, or JSON lines with one event per decision for a log collector "
+        f"(env {LOG_FORMAT_ENV}; default text)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
@@ -235,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     add_http_arguments(serve, default_port=8000)
+    add_metrics_arguments(serve)
     serve.add_argument(
         "--auth-tokens",
         metavar="FILE",
@@ -289,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--approval",
-        choices=["elicitation", "tool-confirmation"],
-        help="how extensions are approved (env POLLWARDEN_APPROVAL); see README before using tool-confirmation",
+        choices=APPROVAL_CHOICES,
+        help="how extensions are approved (env POLLWARDEN_APPROVAL); 'app' adds Approve/Deny on the MCP App "
+        "card to elicitation; see docs/approvals.md before using tool-confirmation",
     )
     serve.add_argument(
         "--tasks",
@@ -337,23 +372,43 @@ def build_parser() -> argparse.ArgumentParser:
     add_console_command(sub)
     add_provider_commands(sub)
     add_token_commands(sub)
+    add_policy_commands(sub)
     add_webhook_commands(sub)
+    add_metrics_command(sub)
+    add_doctor_command(sub)
     return parser
 
 
-def setup_logging(*, verbose: bool, stream: TextIO | None = None) -> None:
-    """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines."""
+def log_handler(*, stream: TextIO | None = None, json_lines: bool = False) -> logging.Handler:
+    """The stderr handler: one line per record (text, escaped; or JSON), naming the principal."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.addFilter(PrincipalLogFilter())  # every line names whom it was for (never a token)
-    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s [%(principal)s]: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    if json_lines:
+        handler.setFormatter(JsonLinesFormatter())
+    else:
+        handler.setFormatter(
+            OneLineFormatter("%(asctime)s %(levelname)s %(name)s [%(principal)s]: %(message)s")
+        )
+    return handler
+
+
+def setup_logging(*, verbose: bool, stream: TextIO | None = None, json_lines: bool = False) -> None:
+    """Log to stderr, one line per record: logged values (ids, provider text) cannot forge log lines.
+
+    `json_lines`: one JSON object per line, and one event per decision (`pollwarden.decision_log`).
+    """
+    decision_log.use_json(json_lines)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        handlers=[log_handler(stream=stream, json_lines=json_lines)],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pollwarden` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(verbose=bool(args.verbose))
+    setup_logging(verbose=bool(args.verbose), json_lines=args.log_format == "json")
     # One line per provider request is noise at INFO; pollwarden logs its own decisions.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:

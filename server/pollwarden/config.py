@@ -17,14 +17,18 @@ from pollwarden.store.location import DatabaseLocation
 from pollwarden_providers.loader import TableError, load_tables
 from pollwarden_providers.table import ProviderTable
 
-# Clients time out long tool calls; 50 s keeps a waiting check_status under a minute.
-MAX_WAIT_SECONDS = 50.0
+# The longest wait_seconds a check_status call honours, and the tool schema's maximum: what the call budget
+# leaves with the default 20 s request cap (55 s − 20 s − the 5 s margin, `schedule.wait_bound`). A server
+# with a longer request cap waits less (the call budget wins); tests/unit/test_call_budget.py holds them equal.
+MAX_WAIT_SECONDS = 30.0
 # How long a write waits for another process's lock before giving up with a clear error.
 BUSY_TIMEOUT_SECONDS = 5.0
 BUSY_TIMEOUT_ENV = "POLLWARDEN_BUSY_TIMEOUT_SECONDS"
 DB_ENV = "POLLWARDEN_DB"
 
 ApprovalMode = Literal["elicitation", "tool-confirmation"]
+# What `--approval` accepts: a mode, or "app" (elicitation, plus Approve/Deny on the MCP App card).
+APPROVAL_CHOICES = ("elicitation", "tool-confirmation", "app", "elicitation,app")
 
 # The key(s) sealing the 2026-07-28 era's request state, comma-separated (the first seals, all unseal).
 STATE_KEY_ENV = "POLLWARDEN_STATE_KEY"
@@ -77,6 +81,8 @@ class ServerConfig:
     provider_dirs: tuple[Path, ...] = ()
     approval_mode: ApprovalMode = "elicitation"
     approval_ttl_seconds: float = 900.0
+    # Approve/Deny on the MCP App card (`--approval app`, issue 32); subject to `app_card.app_channel_refusal`.
+    app_channel: bool = False
     caps: ExtensionCaps = field(default_factory=ExtensionCaps)
     max_wait_seconds: float = MAX_WAIT_SECONDS
     progress_interval_seconds: float = 5.0
@@ -169,10 +175,12 @@ def load_config(
     if not providers and environ.get("POLLWARDEN_PROVIDERS"):
         dirs.extend(Path(p).expanduser() for p in environ["POLLWARDEN_PROVIDERS"].split(os.pathsep) if p)
     mode = approval or environ.get("POLLWARDEN_APPROVAL") or "elicitation"
-    if mode not in ("elicitation", "tool-confirmation"):
+    if mode not in APPROVAL_CHOICES:
         raise ConfigError(
-            f"approval mode {mode!r} is unknown; use 'elicitation' (default) or 'tool-confirmation'"
+            f"approval mode {mode!r} is unknown; use 'elicitation' (default), 'tool-confirmation', or 'app' "
+            "(elicitation, and Approve/Deny on the MCP App card)"
         )
+    app_channel = mode in ("app", "elicitation,app")
     caps = ExtensionCaps(
         max_extensions_per_operation=_int_env(environ, "POLLWARDEN_MAX_EXTENSIONS", 3),
         max_extra_seconds=_float_env(environ, "POLLWARDEN_MAX_EXTRA_SECONDS", 3600.0),
@@ -181,7 +189,8 @@ def load_config(
     return ServerConfig(
         database=database.location,
         provider_dirs=tuple(dirs),
-        approval_mode=mode,  # type: ignore[arg-type]
+        approval_mode="elicitation" if app_channel else mode,  # type: ignore[arg-type]
+        app_channel=app_channel,
         approval_ttl_seconds=_float_env(environ, "POLLWARDEN_APPROVAL_TTL_SECONDS", 900.0),
         caps=caps,
         busy_timeout_seconds=database.busy_timeout_seconds,

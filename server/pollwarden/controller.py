@@ -20,19 +20,20 @@ import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from pollwarden import approvals, resubmission, stop, submission
+from pollwarden import approvals, decision_log, observe, resubmission, stop, submission
 from pollwarden.approval_flow import NOT_ASKED, Answer
 from pollwarden.audit import REKEY_OPERATION
 from pollwarden.clock import Clock, RandomSource
 from pollwarden.config import ServerConfig
 from pollwarden.decide import NoAnswer, ProviderAnswer, Transition, UnusableAnswer, decide_after_response
 from pollwarden.errors import InvalidRequest, OperationConflict, OperationNotFound, StoreError
+from pollwarden.extensions import offered_extension_refusal
 from pollwarden.gate import Step
 from pollwarden.held_answers import HeldAnswer, HeldAnswers, answer_held_message
 from pollwarden.job_identity import (
@@ -41,10 +42,11 @@ from pollwarden.job_identity import (
     expected_terminal_state_of,
     fingerprint,
     payload_in_flight_message,
+    tracked_by_another_principal,
 )
 from pollwarden.provider_http import ProviderHTTP
 from pollwarden.records import OperationRecord
-from pollwarden.schedule import first_check_at, wait_bound
+from pollwarden.schedule import deadline_too_short, first_check_at, wait_bound
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import Store, new_lease_owner
 from pollwarden.stored_result import encode_result
@@ -112,8 +114,8 @@ def operation_id_problem(value: str) -> str | None:
     return invisible_text_problem(value)
 
 
-def business_deadline(value: str, *, now: float) -> float:
-    """`business_deadline_at` as epoch seconds, if it is a real time after now and within the horizon."""
+def business_deadline(value: str, *, now: float, name: str = "business_deadline_at") -> float:
+    """`business_deadline_at` (or the argument `name`) as epoch seconds, if a real time after now within the horizon."""
     latest = now + MAX_BUSINESS_HORIZON_SECONDS
     accepted = (
         f"give an RFC 3339 time with an offset between now ({iso(now)}) and "
@@ -122,14 +124,14 @@ def business_deadline(value: str, *, now: float) -> float:
     try:
         at = parse_iso(value)
     except (ValueError, OverflowError) as exc:
-        raise InvalidRequest(f"business_deadline_at: {exc}; {accepted}") from exc
+        raise InvalidRequest(f"{name}: {exc}; {accepted}") from exc
     if at <= now:
         raise InvalidRequest(
-            f"business_deadline_at {shown(value)} has already passed (now is {iso(now)}); "
+            f"{name} {shown(value)} has already passed (now is {iso(now)}); "
             f"a future time is needed: {accepted}"
         )
     if at > latest:
-        raise InvalidRequest(f"business_deadline_at {shown(value)} is too far ahead; {accepted}")
+        raise InvalidRequest(f"{name} {shown(value)} is too far ahead; {accepted}")
     return at
 
 
@@ -158,7 +160,7 @@ class Controller:
             known = ", ".join(sorted(self.tables)) or "(none loaded)"
             raise InvalidRequest(
                 f"unknown provider {shown(provider)}; known providers: {known}. "
-                "Add a table with --providers DIR (see README 'Writing a provider table')"
+                "Add a table with --providers DIR (see docs/writing-tables.md)"
             )
         return table
 
@@ -230,8 +232,15 @@ class Controller:
         table = self.tables.get(record.provider)
         caps = self.config.caps
         suggestion = suggested_extension(caps.max_extra_seconds, caps.max_extra_status_requests)
+        now = self.clock.now()
         shown = operation_view(
-            record, table, now=self.clock.now(), outcome=outcome, suggestion=suggestion, retry_at=retry_at
+            record,
+            table,
+            now=now,
+            outcome=outcome,
+            suggestion=suggestion,
+            retry_at=retry_at,
+            extension_check=partial(offered_extension_refusal, table=table, caps=caps, now=now),
         )
         if requested_operation_id is not None and requested_operation_id != record.operation_id:
             why = payload_in_flight_message if same_payload else already_tracked_message
@@ -244,8 +253,13 @@ class Controller:
         return shown
 
     async def _job_holder_view(self, record: OperationRecord, requested: str) -> OperationView:
-        """The view of the operation holding the job `record` (a duplicate) names, as start_operation answers."""
+        """The view of the operation holding the job `record` (a duplicate) names, as start_operation answers.
+
+        Another principal's holder is never shown: `record` itself is, its stop saying the job is tracked.
+        """
         holder = await self.store.get(record.duplicate_of) if record.duplicate_of else None
+        if holder is not None and holder.owner != record.owner:
+            return self.view(record)
         return self.view(holder or record, requested_operation_id=requested)
 
     @property
@@ -302,6 +316,9 @@ class Controller:
                 f"provider_job_id cannot be used: {problem}; pass the provider's job id exactly as "
                 f"{job_id_form(table)}, 1 to {MAX_JOB_ID_LENGTH} characters"
             )
+        if provider_job_id is not None:
+            # Kept and compared in the table's canonical form ([job_id]): Octo-Org/Hello/042 is octo-org/hello/42.
+            provider_job_id = table.canonical_job_id(provider_job_id)
         if submit is not None and table.submit is None:
             raise InvalidRequest(
                 f"provider {provider!r} has no [submit] section, so pollwarden cannot submit to it; "
@@ -331,6 +348,22 @@ class Controller:
         business_at: float | None = None
         if business_deadline_at is not None:
             business_at = business_deadline(business_deadline_at, now=now)
+        for name, seconds in (
+            ("deadline_seconds", deadline_seconds),
+            ("business_deadline_at", None if business_at is None else business_at - now),
+        ):
+            too_short = (
+                None
+                if seconds is None
+                else deadline_too_short(
+                    name,
+                    seconds,
+                    base=table.schedule.base_delay_seconds,
+                    maximum=table.schedule.max_delay_seconds,
+                )
+            )
+            if too_short is not None:
+                raise InvalidRequest(too_short)
         if idempotency_key is not None and (
             submit is None or not table.submit or not table.submit.idempotency_header
         ):
@@ -405,6 +438,9 @@ class Controller:
         record, created = await self.store.create_operation(
             values, kind="tracking" if submit is None else "submission_recorded", at=now
         )
+        if not created and record.operation_id != operation_id and record.owner != owner:
+            # One job, one budget across principals (issue 30): told that it is tracked, never by which operation.
+            raise OperationConflict(tracked_by_another_principal(name))
         if not created and record.operation_id != operation_id:
             # One job, one budget: the job (or the payload, in flight) is another operation's; nothing was created.
             log.info("start_operation %s: answered with %s", operation_id, record.operation_id)
@@ -472,6 +508,32 @@ class Controller:
         progress: ProgressCallback | None = None,
         person_approved: bool = False,
     ) -> OperationView:
+        """One bounded status check (README "How a check decides"), observed: a span, a metric, a log event."""
+        with observe.check_span() as seen:
+            view = await self._check_status(
+                operation_id, wait_seconds=wait_seconds, progress=progress, person_approved=person_approved
+            )
+            outcome = str(view.outcome or "")
+            seen.decided(
+                outcome=outcome,
+                status=str(view.status),
+                stop_reason=view.stop_reason,
+                delay_source=view.delay_source,
+                provider=view.provider,
+            )
+            if view.outcome != Outcome.POLLED:
+                observe.refused(outcome)
+            decision_log.decided("check_status", view)
+            return view
+
+    async def _check_status(
+        self,
+        operation_id: str,
+        *,
+        wait_seconds: float = 0.0,
+        progress: ProgressCallback | None = None,
+        person_approved: bool = False,
+    ) -> OperationView:
         """One bounded status check (README "How a check decides"). Never sends more than one request.
 
         For a provider whose table requires a person for every status request,
@@ -527,9 +589,11 @@ class Controller:
                     shown = self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
                     return shown.model_copy(update={"message": NEEDS_PERSON_MESSAGE.format(record.provider)})
                 case Step.WAIT | Step.PACED:
-                    # Too early (or the provider's shared pace is used up and a slot is booked).
+                    # Too early (or the provider's shared pace is used up and a slot is booked). The call
+                    # waits toward the allowed time, or to the end of its own wait, whichever comes first,
+                    # and looks again each round: a wake-up (a webhook) may move the allowed time earlier.
                     allowed_at = decision.allowed_at or now
-                    if allowed_at > wait_until:
+                    if decision.step == Step.PACED and allowed_at > wait_until:
                         return self.view(record, Outcome.NOT_YET)
                     await self._wait(
                         allowed_at,
@@ -555,7 +619,7 @@ class Controller:
         lease_busy: bool,
         last_progress: list[float],
     ) -> None:
-        """Sleep toward the allowed time in short slices (holding no lease), reporting progress.
+        """Sleep toward the allowed time or the wait's end, whichever is sooner, in short slices (no lease held).
 
         Each slice is at most `WAKE_RECHECK_SECONDS`, so the next round re-reads
         the record and a webhook that brought the check forward (in any process
@@ -563,7 +627,8 @@ class Controller:
         `progress_interval_seconds`.
         """
         remaining = max(0.0, allowed_at - now)
-        step = min(remaining, WAKE_RECHECK_SECONDS) if remaining > 0 else 0.05
+        until = max(0.0, min(allowed_at, wait_until) - now)
+        step = min(until, WAKE_RECHECK_SECONDS) if until > 0 else 0.05
         due = not last_progress or now - last_progress[-1] >= self.config.progress_interval_seconds
         if progress is not None and due:
             why = "another check is in flight" if lease_busy else "waiting for the next allowed check"
@@ -586,7 +651,7 @@ class Controller:
             sent_at = self.clock.now()
             answer = await self.http.get_status(table, record.provider_job_id)
             self.on_step("after_response")
-            transition = decide_after_response(record, table, answer, rng=self.rng)
+            transition = decide_after_response(record, table, answer, rng=self.rng, sent_at=sent_at)
             self.on_step("before_persist")
             changes = transition_changes(record, transition, answer, sent_at=sent_at)
             extra: dict[str, object] = {
@@ -660,6 +725,7 @@ def transition_changes(
         "last_http_at": answer.received_at,
         "provider_request_id": t.provider_request_id,
         "retry_after_seconds": t.retry_after_seconds,
+        "not_before_at": t.not_before_at,
     }
     if sent_at is not None:
         changes["request_sent_at"] = sent_at

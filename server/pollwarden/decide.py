@@ -21,7 +21,7 @@ from pollwarden import stop
 from pollwarden.clock import RandomSource
 from pollwarden.job_identity import terminal_state_mismatch
 from pollwarden.records import OperationRecord
-from pollwarden.schedule import plan_next_check
+from pollwarden.schedule import earliest_allowed, plan_next_check
 from pollwarden.stop import Stop
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import Category, DelaySource, Status, StopReason, status_for
@@ -70,6 +70,8 @@ class NoAnswer:
     # False only when the request provably never left (connection refused):
     # a submission may then be retried without risk of a second job.
     sent: bool = True
+    # A timeout's length: how long the request was waited for before it was given up (the limit that fired).
+    waited_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class Transition:
     next_check_at: float | None = None
     delay_source: DelaySource | None = None
     retry_after_seconds: float | None = None
+    # The operation's earliest allowed request time after this answer (schedule.earliest_allowed).
+    not_before_at: float | None = None
     transport_failure: bool = False
     rate_limited: bool = False
     http_status: int | None = None
@@ -168,23 +172,16 @@ def _keep_waiting(
     poll_hint: HintCheck,
     rate_limited_without_guidance: bool,
     base: Transition,
+    timed_out_after: float | None = None,
 ) -> Transition:
     """Schedule the next check, or stop when the budget or the deadline leaves no room.
 
     `base.rejected_hints` already holds every rejected hint. A valid poll hint
-    that lands at or after the deadline is a suggestion that cannot be honoured:
-    it is recorded as ignored and the local backoff is used instead.
+    that lands at or after the deadline is honoured up to it (DESIGN §1.7): the
+    next check is planned at the deadline, where waiting stops unless a webhook
+    wakes the operation first; the provider is never polled sooner than it asked.
     """
     rejected = base.rejected_hints
-    if poll_hint.seconds is not None and stop.reaches_deadline(record, now + poll_hint.seconds):
-        rejected += (
-            RejectedHint(
-                poll_hint.source or "poll_after",
-                f"{poll_hint.seconds:g} s",
-                f"ends after the {record.deadline_name}; local backoff used instead",
-            ),
-        )
-        poll_hint = HintCheck()
     if (used := stop.budget_used(record, unfinished=True)) is not None:
         # Retry-After kept so that an approved extension still waits for it (a minimum; README
         # "How a check decides").
@@ -198,8 +195,11 @@ def _keep_waiting(
         retry_after=retry_after.seconds,
         poll_hint=poll_hint.seconds,
         rate_limited_without_guidance=rate_limited_without_guidance,
+        deadline=record.effective_deadline,
+        timed_out_after=timed_out_after,
     )
-    if (late := stop.no_check_fits(record, now, plan.at, mandatory=plan.mandatory)) is not None:
+    late = None if plan.until_deadline else stop.no_check_fits(record, now, plan.at, mandatory=plan.mandatory)
+    if late is not None:
         return _halt(base, late, retry_after_seconds=retry_after.seconds, rejected_hints=rejected)
     return replace(
         base,
@@ -315,20 +315,56 @@ def _person_must_act(table: ProviderTable, state: str | None, job_id: str | None
     return f"state {state!r}: a person must act at the provider: {where_person_acts(table, state, job_id)}"
 
 
+def timed_out_after(
+    answer: ProviderAnswer | NoAnswer | UnusableAnswer, sent_at: float | None
+) -> float | None:
+    """How long a request that timed out was waited for (its answer may still be in work), or None."""
+    if not (isinstance(answer, NoAnswer) and answer.sent and answer.kind in ("timeout", "response_too_slow")):
+        return None
+    measured = answer.received_at - sent_at if sent_at is not None else 0.0
+    return max(0.0, measured, answer.waited_seconds or 0.0)
+
+
 def decide_after_response(
     record: OperationRecord,
     table: ProviderTable,
     answer: ProviderAnswer | NoAnswer | UnusableAnswer,
     *,
     rng: RandomSource,
+    sent_at: float | None = None,
 ) -> Transition:
-    """Apply the documented rule for one status answer (README "How a check decides", "Stop reasons")."""
+    """Apply the documented rule for one status answer (README "How a check decides", "Stop reasons").
+
+    `sent_at` is when the request went out: after a timeout, the next one waits
+    at least as long again. The transition carries the operation's earliest
+    allowed request time (`not_before_at`), which no other path goes before.
+    """
+    timed_out = timed_out_after(answer, sent_at)
+    decided = _decide(record, table, answer, rng=rng, timed_out=timed_out)
+    not_before_at = earliest_allowed(
+        record.not_before_at,
+        received_at=answer.received_at,
+        retry_after=decided.retry_after_seconds,
+        timed_out_after=timed_out,
+    )
+    return replace(decided, not_before_at=not_before_at)
+
+
+def _decide(
+    record: OperationRecord,
+    table: ProviderTable,
+    answer: ProviderAnswer | NoAnswer | UnusableAnswer,
+    *,
+    rng: RandomSource,
+    timed_out: float | None,
+) -> Transition:
     now = answer.received_at
     max_hint = table.limits.max_deadline_seconds
 
     if isinstance(answer, NoAnswer):
         base = Transition(status=Status.WAITING, transport_failure=True, note=answer.detail)
-        if (used_up := stop.transport_failures_used_up(record, f"no answer ({answer.detail})")) is not None:
+        failure = stop.StatusReadFailure.NO_ANSWER if answer.sent else stop.StatusReadFailure.UNREACHABLE
+        if (used_up := stop.transport_failures_used_up(record, answer.detail, failure)) is not None:
             return _halt(base, used_up)
         return _keep_waiting(
             record,
@@ -339,6 +375,7 @@ def decide_after_response(
             poll_hint=HintCheck(),
             rate_limited_without_guidance=False,
             base=base,
+            timed_out_after=timed_out,
         )
 
     if isinstance(answer, UnusableAnswer):
@@ -367,7 +404,8 @@ def decide_after_response(
     sorted_as = sort_status(code, rate_limit_403=limit_signal is not None)
     if sorted_as == StatusClass.SERVER_ERROR:
         base = replace(answered, transport_failure=True)
-        if (used_up := stop.transport_failures_used_up(record, f"HTTP {code}")) is not None:
+        used_up = stop.transport_failures_used_up(record, f"HTTP {code}", stop.StatusReadFailure.SERVER_ERROR)
+        if used_up is not None:
             return _halt(base, used_up, retry_after_seconds=retry_after.seconds)
         return _keep_waiting(
             record,

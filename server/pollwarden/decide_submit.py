@@ -25,7 +25,7 @@ from pollwarden.decide import (
     sort_status,
 )
 from pollwarden.records import OperationRecord
-from pollwarden.schedule import first_check_at, local_backoff
+from pollwarden.schedule import earliest_allowed, first_check_at, local_backoff
 from pollwarden.stop import Stop
 from pollwarden.timefmt import iso
 from pollwarden.vocabulary import DelaySource, Status, StopReason
@@ -224,6 +224,7 @@ def decide_after_submit(
     if isinstance(found, Stop):
         return stopped(found)
     job_id, where = found
+    job_id = table.canonical_job_id(job_id)  # one job however the provider wrote it ([job_id])
     first = first_check_at(now, table.schedule.base_delay_seconds, table.schedule.max_delay_seconds, rng)
     next_at, source = first, DelaySource.LOCAL_BACKOFF
     if retry_after.seconds is not None and now + retry_after.seconds > first:
@@ -237,6 +238,9 @@ def decide_after_submit(
         "next_check_at": next_at,
         "delay_source": source,
         "retry_after_seconds": retry_after.seconds,
+        "not_before_at": earliest_allowed(
+            record.not_before_at, received_at=now, retry_after=retry_after.seconds
+        ),
         "stop_detail": None,
     }
     return SubmitOutcome("submitted", now, changes, f"HTTP {code}, job id from the {where}", rejected)
@@ -359,6 +363,7 @@ def _submit_later(
         "next_check_at": retry_at,
         "delay_source": source,
         "retry_after_seconds": retry_after,
+        "not_before_at": earliest_allowed(None, received_at=at, retry_after=retry_after),
         "stop_detail": detail,
     }
     return SubmitOutcome("submit_unanswered", at, values, detail, rejected)

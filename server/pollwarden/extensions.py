@@ -8,6 +8,7 @@ turns an approved plan into the columns to update. Counters are never reset.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -15,9 +16,15 @@ from pydantic import BaseModel, Field
 from pollwarden.config import ExtensionCaps
 from pollwarden.job_identity import REOPENABLE
 from pollwarden.records import OperationRecord
-from pollwarden.timefmt import iso, to_datetime
+from pollwarden.timefmt import iso, parse_iso, to_datetime
 from pollwarden.untrusted import quoted
-from pollwarden.views import OperationView, allowed_actions, elapsed_until_stop, human_duration
+from pollwarden.views import (
+    OperationView,
+    allowed_actions,
+    business_deadline_passed,
+    elapsed_until_stop,
+    human_duration,
+)
 from pollwarden_providers.table import ProviderTable
 
 EXTENDABLE = (
@@ -51,6 +58,12 @@ class ExtensionPlan(BaseModel):
     bound_version: int = 0
     question: str = ""
     reason: str = ""
+    # A new business deadline (epoch seconds) a person sets with the approval: the way forward once the
+    # old one passed (README "Stop reasons"); None keeps the recorded one.
+    new_business_deadline_at: float | None = None
+    # A question about this operation already waits for an operator (pollwarden.questions): answered with it.
+    open_approval_id: str | None = None
+    open_approval_expires_at: float | None = None
 
 
 def _hhmm(at: float) -> str:
@@ -65,8 +78,15 @@ def plan_extension(
     extra_seconds: float,
     extra_status_requests: int,
     reason: str,
+    new_business_deadline_at: float | None = None,
+    now: float | None = None,
 ) -> ExtensionPlan:
-    """Clip the request to the caps and explain it; `allowed=False` names why not."""
+    """Clip the request to the caps and explain it; `allowed=False` names why not.
+
+    Once the business deadline has passed (at the stop, or by `now`), more waiting
+    cannot meet it: only a request that sets `new_business_deadline_at` (a person
+    decides the result is still worth having) is allowed.
+    """
     base = ExtensionPlan(
         operation_id=record.operation_id,
         allowed=False,
@@ -75,6 +95,7 @@ def plan_extension(
         requested_status_requests=extra_status_requests,
         bound_version=record.version,
         reason=reason[:300],
+        new_business_deadline_at=new_business_deadline_at,
     )
     if record.status == "waiting":
         return base.model_copy(
@@ -105,14 +126,8 @@ def plan_extension(
                 "person decides at the provider's console"
             }
         )
-    business = record.business_deadline_at
-    if business is not None and record.stopped_at is not None and record.stopped_at >= business:
-        return base.model_copy(
-            update={
-                "refusal": f"the business deadline {iso(business)} has passed; more waiting cannot meet "
-                "it — a person decides whether the result is still worth having"
-            }
-        )
+    if business_deadline_passed(record, now) and new_business_deadline_at is None:
+        return base.model_copy(update={"refusal": business_deadline_refusal(record)})
     clipped: list[str] = []
     seconds = max(0.0, float(extra_seconds))
     if seconds > caps.max_extra_seconds:
@@ -163,13 +178,98 @@ def plan_extension(
             "clipped": clipped,
         }
     )
-    return plan.model_copy(update={"question": extension_question(record, plan)})
+    return plan.model_copy(update={"question": extension_question(record, table, plan)})
 
 
-def extension_question(record: OperationRecord, plan: ExtensionPlan) -> str:
+def offered_extension_refusal(
+    record: OperationRecord,
+    arguments: Mapping[str, object],
+    *,
+    table: ProviderTable | None,
+    caps: ExtensionCaps,
+    now: float,
+) -> str | None:
+    """Why request_extension with the escalation's `arguments` would be refused now, or None (`views.ExtensionCheck`)."""
+    if table is None:
+        return None  # nothing is decided without the table: the call names the loaded ones
+    seconds, requests = arguments.get("extra_seconds"), arguments.get("extra_status_requests")
+    business = arguments.get("new_business_deadline_at")
+    plan = plan_extension(
+        record,
+        table,
+        caps,
+        extra_seconds=float(seconds) if isinstance(seconds, int | float) else 0.0,
+        extra_status_requests=requests if isinstance(requests, int) else 0,
+        reason="",
+        new_business_deadline_at=parse_iso(business) if isinstance(business, str) else None,
+        now=now,
+    )
+    return None if plan.allowed else plan.refusal
+
+
+def business_deadline_refusal(record: OperationRecord) -> str:
+    """Why more waiting alone is refused after the business deadline, and the one way forward."""
+    return (
+        f"the business deadline {iso(record.business_deadline_at)} has passed, so more waiting cannot meet it. "
+        "If the result is still worth having, ask for a new business deadline: request_extension with "
+        "new_business_deadline_at (an RFC 3339 time after now) and the time and checks it needs; a person "
+        "approves it like any extension"
+    )
+
+
+def _deadline_if_approved(record: OperationRecord, table: ProviderTable, plan: ExtensionPlan) -> str:
+    """The polling deadline an approval sets, as `extension_changes` computes it, in words a person checks."""
+    stopped = record.stopped_at if record.stopped_at is not None else record.updated_at
+    cap = record.started_at + table.limits.max_deadline_seconds
+    extra = human_duration(plan.extra_seconds)
+    if record.stop_reason == "unknown_state":
+        return (
+            f"the later of the current deadline {_hhmm(record.deadline_at)} and "
+            f"{human_duration(table.schedule.max_delay_seconds)} after the pause ends"
+        )
+    if record.deadline_at > stopped:
+        # Counted from the current deadline while it is ahead: approved before it, the person grants more
+        # than "extra after approval".
+        until = min(cap, record.deadline_at + plan.extra_seconds)
+        return (
+            f"{_hhmm(until)} ({extra} after the current deadline {_hhmm(record.deadline_at)}) if approved "
+            f"before {_hhmm(record.deadline_at)}; approved later, {extra} after approval"
+            + (f", never past {_hhmm(cap)} (the table's max_deadline_seconds)" if until >= cap else "")
+        )
+    return f"{extra} after approval (at the earliest {_hhmm(min(cap, stopped + plan.extra_seconds))})"
+
+
+def allowance_changes(record: OperationRecord, table: ProviderTable, plan: ExtensionPlan) -> list[str]:
+    """Every limit an approval of `plan` changes ("Resulting …", one line each): what the question, the
+    operator views and the audit show (the same lines, so a person is never granted more than they read)."""
+    lines = [
+        f"Resulting budget: {record.max_status_requests + plan.extra_status_requests} status requests "
+        f"({record.status_requests_used} used)",
+        f"Resulting deadline: {_deadline_if_approved(record, table, plan)}",
+    ]
+    if plan.new_business_deadline_at is not None:
+        was = iso(record.business_deadline_at) if record.business_deadline_at is not None else "none"
+        lines.append(f"Resulting business deadline: {iso(plan.new_business_deadline_at)} (was {was})")
+    if record.stop_reason == "delivery_ambiguous":
+        lines.append(
+            f"Resulting transport failures allowed: {record.transport_failures_used + table.limits.max_transport_failures} "
+            f"({record.transport_failures_used} of {record.max_transport_failures} used; "
+            f"{table.limits.max_transport_failures} more)"
+        )
+    if record.stop_reason == "rate_limited":
+        lines.append(
+            f"Resulting rate-limited answers allowed: {record.rate_limited_used + table.limits.max_rate_limited} "
+            f"({record.rate_limited_used} of {record.max_rate_limited} used; {table.limits.max_rate_limited} more); "
+            f"the first check waits at least {table.schedule.base_delay_seconds:g} s after approval"
+        )
+    return lines
+
+
+def extension_question(record: OperationRecord, table: ProviderTable, plan: ExtensionPlan) -> str:
     """The facts a person needs, from recorded values only."""
     stopped = record.stopped_at if record.stopped_at is not None else record.updated_at
     earliest_deadline = max(record.deadline_at, stopped) + plan.extra_seconds
+    business = plan.new_business_deadline_at or record.business_deadline_at
     if record.stop_reason == "unknown_state":
         addition = (
             f"a pause of {human_duration(plan.extra_seconds)}, then {plan.extra_status_requests} more check(s) "
@@ -186,18 +286,16 @@ def extension_question(record: OperationRecord, plan: ExtensionPlan) -> str:
         f"Elapsed: {human_duration(elapsed_until_stop(record, stopped))}",
         f"Status requests used: {record.status_requests_used} of {record.max_status_requests}",
         f"Would add: {addition}",
-        f"Resulting budget: {record.max_status_requests + plan.extra_status_requests} status requests",
-        f"Resulting deadline: {human_duration(plan.extra_seconds)} after approval (at the earliest "
-        f"{_hhmm(earliest_deadline)})",
+        *allowance_changes(record, table, plan),
     ]
-    if record.business_deadline_at is not None:
-        if earliest_deadline > record.business_deadline_at:
+    if business is not None:
+        if earliest_deadline > business:
             lines.append(
-                f"Impact: the new deadline falls after the business deadline {_hhmm(record.business_deadline_at)}; "
+                f"Impact: the new deadline falls after the business deadline {_hhmm(business)}; "
                 "waiting stops at the business deadline"
             )
         else:
-            lines.append(f"Impact: still before the business deadline {_hhmm(record.business_deadline_at)}")
+            lines.append(f"Impact: still before the business deadline {_hhmm(business)}")
     if plan.clipped:
         lines.append("Clipped: " + "; ".join(plan.clipped))
     if plan.reason:
@@ -209,19 +307,16 @@ def extension_question(record: OperationRecord, plan: ExtensionPlan) -> str:
 def earliest_next_request(record: OperationRecord, table: ProviderTable, *, now: float) -> tuple[float, bool]:
     """The earliest a status request may follow an approval, and whether a Retry-After decides it.
 
-    Never before `now`, never before a `Retry-After` still in force (counted from
-    the answer that carried it), and never sooner than the table's base delay
-    after the last request: an approval grants more requests, not a faster pace.
+    Never before `now`, never before the operation's earliest allowed request
+    (`not_before_at`: a `Retry-After` still in force, a timed-out request), and
+    never sooner than the table's base delay after the last request: an
+    approval grants more requests, not a faster pace.
     """
     earliest = now
     last = record.last_http_at
     if last is not None:
         earliest = max(earliest, last + table.schedule.base_delay_seconds)
-    provider_says = (
-        last + record.retry_after_seconds
-        if last is not None and record.retry_after_seconds is not None
-        else None
-    )
+    provider_says = record.not_before_at
     if provider_says is not None and provider_says >= earliest:
         return provider_says, True
     return earliest, False
@@ -259,6 +354,8 @@ def extension_changes(
         )
     else:
         changes["deadline_at"] = min(max_deadline, start_from + plan.extra_seconds)
+    if plan.new_business_deadline_at is not None:
+        changes["business_deadline_at"] = plan.new_business_deadline_at
     if record.stop_reason == "delivery_ambiguous":
         changes["max_transport_failures"] = (
             record.transport_failures_used + table.limits.max_transport_failures

@@ -83,6 +83,37 @@ def private_file_problem(path: Path, st: os.stat_result) -> str | None:
     return None
 
 
+def trust_file_problem(path: Path, what: str, grants: str) -> str | None:
+    """Why a file pollwarden trusts (`what`: the token file, the operator public keys file) cannot be, or None.
+
+    The database's rules: a regular file, owned by this user (or root), not
+    writable by its group or others — whoever can write it `grants` (adds a
+    token, a key). A missing file is no problem here (its reader says so).
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot inspect {what} {path}: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{what} {path} is not a regular file"
+    if not _POSIX:
+        return None
+    uid = os.geteuid()
+    if st.st_uid not in (uid, 0):
+        return (
+            f"{what} {path} belongs to user id {st.st_uid}, not to this user (id {uid}) or root: that user "
+            f"{grants}. Keep your own copy, owned by you: cp {path} NEW && chmod 600 NEW"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (
+            f"{what} {path} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):o}): anyone who "
+            f"can write it {grants}. Make it writable by its owner only with: chmod go-w {path}"
+        )
+    return None
+
+
 def missing_directory(path: Path) -> StoreError:
     """The error for a database whose directory does not exist (nothing is created)."""
     return StoreError(

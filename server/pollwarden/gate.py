@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from pollwarden import stop
+from pollwarden.schedule import not_before
 from pollwarden.vocabulary import Outcome, Status, StopReason
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class Step(StrEnum):
     APPLY_APPROVALS = "apply_approvals"  # an operator's decision waits to be applied first
     STOPPED = "stopped"  # already finished or escalated: refused (counted), nothing sent
     STOP = "stop"  # the deadline passed or the budget is used: stop now, nothing sent
-    WAIT = "wait"  # too early, but the caller waits until `allowed_at`: nothing written
+    WAIT = "wait"  # too early, but the caller still has wait left: it sleeps and looks again, nothing written
     NOT_YET = "not_yet"  # too early: refused (counted), nothing sent
     RESERVE = "reserve"  # count the request and take the lease
     # A request may go out now (or within the caller's wait), but the provider table requires a person
@@ -108,15 +109,19 @@ def decide_check(
         ):
             if stopped is not None:
                 return GateDecision(Step.STOP, stop_reason=stopped.reason, stop_detail=stopped.detail)
-    allowed_at = record.next_check_at
+    # Whatever moved next_check_at (a webhook, an approval, a reopen), never before the earliest allowed time.
+    allowed_at = not_before(record.next_check_at, record.not_before_at)
     if busy:
         # Another request is in flight: its answer will move next_check_at, so
         # look again shortly rather than at the lease's (long) expiry.
         allowed_at = max(allowed_at, min(record.lease_expires_at or now, now + IN_FLIGHT_RECHECK_SECONDS))
     if now < allowed_at:
-        step = Step.WAIT if allowed_at <= wait_until else Step.NOT_YET
-        if step == Step.WAIT and not may_send:
-            step = Step.NEEDS_PERSON
+        if not may_send:
+            step = Step.NEEDS_PERSON if allowed_at <= wait_until else Step.NOT_YET
+        else:
+            # A caller with wait left holds on (re-reading the record each round) even when the allowed
+            # time is past its wait: a webhook may bring the check forward. not_yet only at its end.
+            step = Step.WAIT if now < wait_until else Step.NOT_YET
         return GateDecision(step, allowed_at=allowed_at, lease_busy=busy)
     if not may_send:
         return GateDecision(Step.NEEDS_PERSON, allowed_at=allowed_at)
@@ -128,7 +133,7 @@ def may_reserve(record: OperationRecord, now: float) -> bool:
     return (
         record.status == Status.WAITING
         and not stop.reaches_deadline(record, now)
-        and now >= record.next_check_at
+        and now >= not_before(record.next_check_at, record.not_before_at)
         and stop.budget_used(record) is None
         and not lease_busy(record, now)
     )

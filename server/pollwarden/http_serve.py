@@ -155,7 +155,7 @@ def transport_security(options: HttpOptions) -> TransportSecuritySettings:
         raise ConfigError(
             "--allow-non-loopback needs a bearer-token verifier, or anyone who reaches the port spends the "
             "server's provider credentials: pass --auth-tokens FILE (from `pollwarden tokens add`) or "
-            "--jwt-issuer URL, and --resource-url https://NAME/mcp (see README 'Serving a team over HTTP')"
+            "--jwt-issuer URL, and --resource-url https://NAME/mcp (see docs/http.md)"
         )
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,

@@ -51,6 +51,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pollwarden.canonical import canonical_json
+from pollwarden.schedule import not_before
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import quoted
 from pollwarden.vocabulary import Category, Status, StopReason
@@ -170,6 +171,20 @@ def payload_in_flight_message(owner: OperationRecord, requested_operation_id: st
     )
 
 
+# What a principal is told about a job another principal's operation holds: that it is tracked, and who may
+# share it — never that operation's id, state or budget.
+TRACKED_BY_ANOTHER_PRINCIPAL = (
+    "this job is already tracked on this server under another principal; a job has one budget and one "
+    "lease whoever asks (the provider sees one caller and one job), so no operation was created here and "
+    "nothing is sent for it under this principal. An operator may share that operation with you"
+)
+
+
+def tracked_by_another_principal(requested_operation_id: str) -> str:
+    """The refusal a principal gets when it starts a job another principal's operation holds."""
+    return f"No operation {quoted(requested_operation_id)} was created: {TRACKED_BY_ANOTHER_PRINCIPAL}."
+
+
 def already_tracked_message(owner: OperationRecord, requested_operation_id: str) -> str:
     """What the agent is told when it starts a job another operation already holds."""
     state = owner.status if owner.stop_reason is None else f"{owner.status}: {owner.stop_reason}"
@@ -181,16 +196,24 @@ def already_tracked_message(owner: OperationRecord, requested_operation_id: str)
     )
 
 
-def duplicate_changes(owner_id: str, job_id: str, *, at: float) -> dict[str, object]:
-    """A submission answered with a job id another operation holds: it stops, adopting nothing."""
+def duplicate_changes(
+    owner_id: str, job_id: str, *, at: float, another_principal: bool = False
+) -> dict[str, object]:
+    """A submission answered with a job id another operation holds: it stops, adopting nothing.
+
+    `another_principal`: that operation is another principal's, so it is not named (issue 30).
+    """
+    detail = (
+        f"the provider answered with job {quoted(job_id)}, which operation {quoted(owner_id)} already "
+        f"tracks; its budget and deadline hold for the job. Nothing is sent under this operation: use "
+        f"{quoted(owner_id)}"
+    )
+    if another_principal:
+        detail = f"the provider answered with job {quoted(job_id)}: {TRACKED_BY_ANOTHER_PRINCIPAL}"
     return {
         "status": Status.ESCALATED,
         "stop_reason": StopReason.JOB_ALREADY_TRACKED,
-        "stop_detail": (
-            f"the provider answered with job {quoted(job_id)}, which operation {quoted(owner_id)} already "
-            f"tracks; its budget and deadline hold for the job. Nothing is sent under this operation: use "
-            f"{quoted(owner_id)}"
-        ),
+        "stop_detail": detail,
         "duplicate_of": owner_id,
         "stopped_at": at,
         "lease_owner": None,
@@ -219,11 +242,8 @@ def account_changed_detail(recorded: str, current: str) -> str:
 
 
 def reopen_next_check_at(record: OperationRecord, now: float) -> float:
-    """When a reopened operation may send again: now, never before a `Retry-After` still in force."""
-    earliest = now
-    if record.last_http_at is not None and record.retry_after_seconds is not None:
-        earliest = max(earliest, record.last_http_at + record.retry_after_seconds)
-    return earliest
+    """When a reopened operation may send again: now, never before its earliest allowed request (`not_before_at`)."""
+    return not_before(now, record.not_before_at)
 
 
 def reopen_refusal(record: OperationRecord) -> str | None:

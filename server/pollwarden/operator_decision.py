@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pollwarden import observe
 from pollwarden.approvals import decision_facts, describe_request, what_happens_next
 from pollwarden.operator_keys import OperatorKey
 from pollwarden.store import ApprovalRecord, Store
@@ -101,6 +102,7 @@ async def decide(
     if decided is None or not mine:
         # Expired or void now, or another decision got there first: the store kept the first one.
         return Decision(False, decided or approval, refusal(decided or approval))
+    observe.approval_decided(method, approve=approve)  # the channel, never the key's id
     return Decision(
         True,
         decided,

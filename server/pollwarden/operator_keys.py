@@ -43,9 +43,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from pollwarden.canonical import canonical_json
 from pollwarden.errors import ConfigError
-from pollwarden.files import create_private_file
+from pollwarden.files import create_private_file, trust_file_problem
 
 __all__ = [
+    "METHOD_APP",
     "METHOD_CONSOLE",
     "METHOD_ELICITATION",
     "METHOD_HTTP_OPERATOR",
@@ -77,6 +78,7 @@ METHOD_TOOL_CONFIRMATION = "tool-confirmation"
 METHOD_TTY = "tty"
 METHOD_CONSOLE = "console"
 METHOD_HTTP_OPERATOR = "http-operator"  # an authenticated pollwarden:operator over HTTP (issue 19)
+METHOD_APP = "app"  # Approve/Deny on the MCP App card in the agent's chat (issue 32; app_card)
 # A person's answer to a task's input request (MCP tasks): the client's trust, as elicitation.
 METHOD_TASK_INPUT = "task-input"
 _KEY_METHOD = "operator-key:"
@@ -192,8 +194,8 @@ def authenticate(
       configured it cannot be checked and is refused: the keys file a CLI caller
       named proves nothing, since the caller may be the agent.
     * With `policy.require_key`, anything without a verified signature is refused.
-    * Otherwise a ``tty`` or ``console`` decision (or one recorded before methods were recorded)
-      is applied as what it claims to be.
+    * Otherwise a ``tty``, ``console``, ``http-operator``, ``task-input`` or ``app`` decision (or one
+      recorded before methods were recorded) is applied as what it claims to be.
     """
     claimed = method or "unrecorded"
     if claimed.startswith(_KEY_METHOD) and not policy.keys:
@@ -224,7 +226,7 @@ def authenticate(
     if claimed == METHOD_ELICITATION:
         # A person's answer that reached this server after the client stopped waiting.
         return Verdict(True, f"{METHOD_ELICITATION} (answered after the client stopped waiting)")
-    known = (METHOD_TTY, METHOD_CONSOLE, METHOD_HTTP_OPERATOR, METHOD_TASK_INPUT)
+    known = (METHOD_TTY, METHOD_CONSOLE, METHOD_HTTP_OPERATOR, METHOD_TASK_INPUT, METHOD_APP)
     return Verdict(True, claimed if claimed in known else f"cli ({claimed})")
 
 
@@ -255,6 +257,9 @@ def parse_public_keys(text: str, source: str) -> tuple[PublicKey, ...]:
 
 def load_public_keys(path: Path) -> tuple[PublicKey, ...]:
     """The operator public keys in `path` (a `ConfigError` naming the file when it cannot be used)."""
+    grants = "could add a key whose signed decisions are applied"
+    if (problem := trust_file_problem(path, "the operator public keys file", grants)) is not None:
+        raise ConfigError(f"refusing {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -19,6 +19,7 @@ from pollwarden.controller import Controller
 from pollwarden.errors import InvalidRequest
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_HTTP_OPERATOR, REQUIRE_ENV
+from pollwarden.policy_gate import stored_policy
 from pollwarden.principals import SCOPE_OPERATOR, Principal
 from pollwarden.records import ApprovalRecord
 from pollwarden.timefmt import iso
@@ -60,8 +61,9 @@ class DecisionResult(BaseModel):
 def _require_operator(principal: Principal, tool: str) -> None:
     if not (principal.authenticated and principal.operator):
         raise InvalidRequest(
-            f"{tool} needs a bearer token with the {SCOPE_OPERATOR} scope over HTTP; an agent cannot decide "
-            "approvals. The local operator decides with `pollwarden approvals list` and `pollwarden approve ID`"
+            f"{tool} is for operators (a bearer token with the {SCOPE_OPERATOR} scope over HTTP); an agent "
+            "does not decide approvals. A person decides outside this chat: in the operator console, or with "
+            "the operator's own command line at their own terminal"
         )
 
 
@@ -107,11 +109,11 @@ async def decide_approval(
             f"approval {shown(approval_id)} is about your own operation: another operator must decide it "
             "(nobody approves their own extension or cancel)"
         )
-    if controller.config.operator.require_key:
+    if (await stored_policy(controller.store, controller.config))[0].operator.require_key:
         raise InvalidRequest(
             f"this server requires every decision to be signed with an operator key ({REQUIRE_ENV}), which a "
-            f"bearer token is not; decide with `pollwarden approve {approval_id} --operator-key FILE`. "
-            "Nothing was decided"
+            "bearer token is not; decide with the operator's command line and the operator key, or in a console "
+            "started with it. Nothing was decided"
         )
     decided = await decide(
         controller.store,

@@ -23,6 +23,7 @@ __all__ = [
     "PrincipalLimits",
     "PrincipalLogFilter",
     "current_principal",
+    "jwt_principal",
     "principal_name_problem",
 ]
 
@@ -31,6 +32,10 @@ SCOPE_OPERATOR = "pollwarden:operator"
 KNOWN_SCOPES = (SCOPE_AGENT, SCOPE_OPERATOR)
 MAX_PRINCIPAL_LENGTH = 128
 LOCAL_NAME = "local"
+# Principals are namespaced by their verifier (issue 31): a JWT's principal is "jwt:" and its claim, so a
+# JWT with sub=alice is never the token file's alice. Token-file names keep their names (existing
+# databases keep working) and may not start with it.
+JWT_NAMESPACE = "jwt:"
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,16 @@ def principal_name_problem(name: str) -> str | None:
         return "must not contain '/', spaces, control or invisible format characters"
     if name == LOCAL_NAME:
         return f"{LOCAL_NAME!r} is the local user of stdio; choose another name"
+    if name.startswith(JWT_NAMESPACE):
+        return f"names starting with {JWT_NAMESPACE!r} are the JWT issuer's principals; choose another name"
     return None
+
+
+def jwt_principal(claim: str) -> str | None:
+    """The principal a JWT's principal claim names (`JWT_NAMESPACE` and the claim), or None if unusable."""
+    if principal_name_problem(claim) is not None or len(JWT_NAMESPACE + claim) > MAX_PRINCIPAL_LENGTH:
+        return None
+    return JWT_NAMESPACE + claim
 
 
 class PrincipalLogFilter(logging.Filter):

@@ -12,12 +12,15 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, cast
 
 import anyio
+from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
@@ -29,6 +32,7 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
+from pollwarden.principals import current_principal
 from pollwarden.watch import Reader, Subscriptions, parse_uri
 
 log = logging.getLogger("pollwarden")
@@ -110,18 +114,18 @@ def listen_middleware(subscriptions: Subscriptions, reader_of: ReaderOf, uri_for
         reader = reader_of(ctx.lifespan_context)
         if not uris or reader is None:
             return await call_next(ctx)
-        if not subscriptions.room_for(uris):
-            raise MCPError(
-                code=INTERNAL_ERROR,
-                message=f"this server watches at most {subscriptions.max_uris} resources; end another "
-                "subscription first",
-            )
-        subscriptions.listen(uris)
+        for uri in uris:
+            await _known(reader, uri, uri)
+        principal = current_principal().name
+        subscriptions.forget_gone()
+        if (why := subscriptions.refusal(principal, None, uris)) is not None:
+            raise MCPError(code=INTERNAL_ERROR, message=why)
+        subscriptions.listen(uris, principal)
         try:
             await subscriptions.baseline(reader, uris)
             return await call_next(ctx)
         finally:
-            subscriptions.unlisten(uris)
+            subscriptions.unlisten(uris, principal)
 
     return middleware
 
@@ -146,22 +150,36 @@ def subscribe_handlers(
         reader = reader_of(ctx.lifespan_context)
         if reader is None:
             raise MCPError(code=INTERNAL_ERROR, message="the database is unavailable; see the server's log")
-        if not subscriptions.room_for([uri]):
-            raise MCPError(
-                code=INTERNAL_ERROR,
-                message=f"this server watches at most {subscriptions.max_uris} resources; unsubscribe first",
-            )
+        await _known(reader, uri, asked)
         session = ctx.session
         key = session_key(ctx)
+        principal = current_principal().name
+        subscriptions.forget_gone()
+        if (why := subscriptions.refusal(principal, key, [uri])) is not None:
+            raise MCPError(code=INTERNAL_ERROR, message=why)
+        # The connection (the SDK's session object is per request) is held weakly: when it ends, its
+        # subscriptions are dropped, whether or not the client unsubscribed.
+        connection = cast(Connection | None, getattr(session, "_connection", None))
+        weak = weakref.ref(connection) if isinstance(connection, Connection) else None
+        if connection is not None and key not in subscriptions.by_session:
+            weakref.finalize(connection, subscriptions.gone.append, key)
+
+        fallback = session if weak is None else None  # never the session beside the weak reference
+
+        def held() -> Connection | ServerSession | None:
+            return fallback if weak is None else weak()
 
         async def notify(changed: str) -> bool:
+            alive = held()
+            if alive is None:
+                return False
             try:
-                await session.send_resource_updated(asked if changed == uri else changed)
+                await alive.send_resource_updated(asked if changed == uri else changed)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, MCPError):
                 return False
             return True
 
-        subscriptions.subscribe(uri, key, notify)
+        subscriptions.subscribe(uri, key, notify, principal)
         await subscriptions.baseline(reader, [uri])
         return EmptyResult()
 
@@ -172,6 +190,19 @@ def subscribe_handlers(
         return EmptyResult()
 
     return subscribe, unsubscribe
+
+
+async def _known(reader: Reader, uri: str, asked: str) -> None:
+    """Refuse a subscription to an operation nobody (or only another principal) has: answered as unknown."""
+    watched = parse_uri(uri)
+    shown = parse_uri(asked)
+    if watched is not None and await reader.get(watched.operation_id) is None:
+        name = shown.operation_id if shown is not None else asked
+        raise MCPError(
+            code=INVALID_PARAMS,
+            message=f"cannot subscribe to {asked!r}: no operation {name!r}; start it first (list_operations "
+            "shows yours)",
+        )
 
 
 def session_key(ctx: ServerRequestContext[Any, Any]) -> object:

@@ -10,8 +10,9 @@ A provider that echoes our credential back (in an error message, a header, a
 Location) gets it replaced by "[redacted]" before anything else reads the
 answer, so the secret cannot travel on into the database, the audit, a tool
 result or a log. The credential is found in every spelling a provider could
-use (`Redactor`): as it is, JSON-escaped character by character (``\\/``,
-``\u002b``), percent-encoded, or inside base64 at any alignment (a Basic
+use (`Redactor`): as it is, in either case, JSON-escaped character by
+character (``\\/``, ``\u002b``), percent-encoded, as HTML entities (``&#115;``,
+``&#x73;``, ``&sol;``), or inside base64 at any alignment (a Basic
 ``user:token``); then once more on the decoded values of a JSON body (where a
 JSON-escaped percent-encoding or a base64 text with ``\\/`` becomes plain). The
 HTTP libraries' own debug logs pass through the same redaction, and the
@@ -25,6 +26,7 @@ variable and shows none of its characters.
 from __future__ import annotations
 
 import base64
+import html.entities
 import json
 import logging
 import re
@@ -37,6 +39,7 @@ from urllib.parse import unquote_plus
 import anyio
 import httpx2
 
+from pollwarden import observe
 from pollwarden.decide import NoAnswer, ProviderAnswer, UnusableAnswer
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden_providers.request_building import (
@@ -67,10 +70,33 @@ _HTTP_LOGGERS = (
 logging.getLogger("aiosqlite").setLevel(logging.INFO)
 
 
+def _named_entities() -> dict[str, list[str]]:
+    """The HTML named entities of each single character (``&sol;`` for ``/``), by character."""
+    names: dict[str, list[str]] = {}
+    for name, value in html.entities.html5.items():
+        if len(value) == 1:
+            names.setdefault(value, []).append(name)
+    return names
+
+
+_NAMED = _named_entities()
+
+
 def _char_forms(ch: str) -> list[str]:
-    """Every way one credential character may be spelled in an answer (regex fragments)."""
-    code = ord(ch)
-    forms = [re.escape(ch), rf"\\u(?i:{code:04x})", rf"%(?i:{code:02x})"]
+    """Every way one credential character may be spelled in an answer (regex fragments).
+
+    Letters in either case (a provider that upper-cases what it echoes), and each
+    character also as an HTML entity: decimal, hex, or named (``&#115;``,
+    ``&#x73;``, ``&sol;``), the terminating semicolon optional as browsers read it.
+    """
+    forms: list[str] = []
+    for variant in dict.fromkeys((ch, ch.lower(), ch.upper())):
+        if len(variant) != 1:
+            continue  # a character whose other case is two characters (ß → SS): only as it is
+        code = ord(variant)
+        forms += [re.escape(variant), rf"\\u(?i:{code:04x})", rf"%(?i:{code:02x})"]
+        forms += [rf"&#0*{code}(?:;|(?![0-9]))", rf"&#(?i:x)0*(?i:{code:x})(?:;|(?![0-9a-fA-F]))"]
+        forms += [re.escape("&" + name) for name in _NAMED.get(variant, ())]
     if ch in '/"\\':
         forms.append(re.escape("\\" + ch))
     if ch == " ":
@@ -324,6 +350,23 @@ class ProviderHTTP:
     ) -> ProviderAnswer | NoAnswer | UnusableAnswer:
         all_headers = {**table.headers, **self.credentials(table), **headers}
         redactor = self._redactor(table)
+        # The span names the URL with any credential redacted; headers are never attributes.
+        with observe.provider_request(table.name, method, redactor.text(url)) as seen:
+            answer = await self._exchange(method, url, all_headers, content, redactor)
+            if isinstance(answer, NoAnswer):
+                seen.failed(answer.kind)
+            else:
+                seen.answered(answer.status_code)
+            return answer
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        all_headers: Mapping[str, str],
+        content: bytes | None,
+        redactor: Redactor,
+    ) -> ProviderAnswer | NoAnswer | UnusableAnswer:
         try:
             with anyio.fail_after(self.limits.total_timeout_seconds):
                 async with self._client.stream(method, url, headers=all_headers, content=content) as response:
@@ -334,13 +377,20 @@ class ProviderHTTP:
                 f"no complete answer within {self.limits.total_timeout_seconds:g} s",
                 self.now(),
                 sent=True,
+                waited_seconds=self.limits.total_timeout_seconds,
             )
         except httpx2.ConnectTimeout:
             return NoAnswer("timeout", "connect timeout", self.now(), sent=False)
         except httpx2.ConnectError:
             return NoAnswer("connection_error", "connection refused or failed", self.now(), sent=False)
         except httpx2.TimeoutException:
-            return NoAnswer("timeout", "timed out waiting for the provider", self.now(), sent=True)
+            return NoAnswer(
+                "timeout",
+                "timed out waiting for the provider",
+                self.now(),
+                sent=True,
+                waited_seconds=self.limits.read_timeout_seconds,
+            )
         except httpx2.TransportError as exc:
             return NoAnswer(
                 "connection_error", f"connection lost ({type(exc).__name__})", self.now(), sent=True

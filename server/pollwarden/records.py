@@ -113,6 +113,10 @@ class OperationRecord:
     # When the submission request was sent (recorded by the claim that sends it, so a call that dies
     # after sending still leaves it); request_sent_at is the status requests'.
     submit_sent_at: float | None = None
+    # The earliest the next status request may go out, whatever path schedules it (an answer, a
+    # webhook, an approval, a reopen, fleet pacing): the provider's Retry-After or documented minimum,
+    # or a timed-out request's own length again after it. Never moved earlier (pollwarden.schedule).
+    not_before_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> OperationRecord:

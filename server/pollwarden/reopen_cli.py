@@ -31,6 +31,7 @@ from pollwarden.job_identity import reopen_refusal, reopen_summary
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_TTY, PUBKEYS_ENV
 from pollwarden.person_gate import SERVER_VERIFIES, Deciding, operator_key_for, require_person
+from pollwarden.policy_cli import deciding_config
 from pollwarden.store import open_store
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
@@ -60,6 +61,7 @@ async def _reopen(config: ServerConfig, operation_id: str, reason: str, by: str,
     if not reason:
         raise ConfigError("--reason must say what was fixed, e.g. --reason 'rotated the API token'")
     reason = reason[:MAX_REASON]
+    config = await deciding_config(config)  # the stricter of this command's policy and the database's
     key = operator_key_for(config, key_path, DECIDING) if key_path else None
     writable_existing_database(config.database)
     async with open_store(

@@ -43,10 +43,20 @@ from mcp_types import (
     ToolAnnotations,
     UnsubscribeRequestParams,
 )
+from mcp_types import Tool as MCPTool
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
 
-from pollwarden import approvals, followups, operator_tools, ownership, resubmission, status_approval
+from pollwarden import (
+    app_card,
+    approvals,
+    followups,
+    operator_tools,
+    ownership,
+    questions,
+    resubmission,
+    status_approval,
+)
 from pollwarden.approval_flow import NOT_ASKED
 from pollwarden.asking import (
     MISMATCHED_ANSWER,
@@ -69,6 +79,7 @@ from pollwarden.errors import AuditKeyError, InvalidRequest, OperationNotFound, 
 from pollwarden.event_store import SessionEventStores, scope_events_by_session
 from pollwarden.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
 from pollwarden.followups import FollowUpResult
+from pollwarden.policy_gate import serving_config
 from pollwarden.principals import Principal, current_principal
 from pollwarden.protocol import listen_middleware, subscribe_handlers, surface_middleware
 from pollwarden.provider_http import HttpLimits, ProviderHTTP
@@ -79,10 +90,12 @@ from pollwarden.schedule import (
     CLIENT_REQUEST_TIMEOUT_SECONDS,
     wait_bound,
 )
+from pollwarden.schema_compact import compact_schema, with_loaded_providers, without_repeated_prose
 from pollwarden.steps import StepHook, ignore_step
 from pollwarden.store import open_store
 from pollwarden.tasks_extension import OperationTasks
 from pollwarden.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
+from pollwarden.tool_visibility import operator_tools_middleware
 from pollwarden.views import OperationView
 from pollwarden.watch import WATCH_INTERVAL_SECONDS, Reader, Subscriptions, run_watcher
 from pollwarden_providers.table import ProviderTable
@@ -157,6 +170,7 @@ def controller_factory(
             ) as store:
                 if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
+                policed = await serving_config(store, config, at=real_clock.now())  # the database's policy
                 # Held answers are retried here while the process lives (`pollwarden.held_answers`).
                 async with anyio.create_task_group() as background:
                     yield Controller(
@@ -165,7 +179,7 @@ def controller_factory(
                         http=http,
                         clock=real_clock,
                         rng=rng or system_random(),
-                        config=config,
+                        config=policed,
                         on_step=on_step,
                         background=background,
                     )
@@ -217,7 +231,12 @@ async def _within_limits(controller: Controller, principal: Principal, operation
 
 
 async def _plan(
-    operation_id: str, extra_seconds: float, extra_status_requests: int, reason: str, ctx: Ctx
+    operation_id: str,
+    extra_seconds: float,
+    extra_status_requests: int,
+    reason: str,
+    ctx: Ctx,
+    new_business_deadline_at: str | None = None,
 ) -> ExtensionPlan:
     stored = await _resolve(ctx, operation_id)
     return await run_tool(
@@ -227,6 +246,7 @@ async def _plan(
             extra_seconds=extra_seconds,
             extra_status_requests=extra_status_requests,
             reason=reason,
+            new_business_deadline_at=new_business_deadline_at,
         )
     )
 
@@ -296,6 +316,7 @@ class PollwardenServer(MCPServer[ServerContext]):
 
     _schemas: dict[str, dict[str, Any]] | None = None
     event_stores: SessionEventStores | None = None
+    provider_names: Sequence[str] = ()  # the loaded tables, named in start_operation's `provider`
 
     def add_request_handler(self, method: str, params_type: type[Any], handler: Any) -> None:
         """Serve one more protocol method (the resource subscriptions of the 2025-11-25 era)."""
@@ -340,6 +361,17 @@ class PollwardenServer(MCPServer[ServerContext]):
             if not scope_events_by_session(self.session_manager, self.event_stores):
                 log.warning("this MCP SDK has no per-session seam: SSE streams are served without resumption")
         return app
+
+    async def list_tools(self) -> list[MCPTool]:
+        """The tools, with compact output schemas (`pollwarden.schema_compact`: same meaning, fewer bytes)."""
+        tools = [with_loaded_providers(tool, self.provider_names) for tool in await super().list_tools()]
+        outputs = without_repeated_prose(
+            {tool.name: compact_schema(tool.output_schema) for tool in tools if tool.output_schema}
+        )
+        return [
+            tool.model_copy(update={"output_schema": outputs[tool.name]}) if tool.name in outputs else tool
+            for tool in tools
+        ]
 
     async def _input_schemas(self) -> dict[str, dict[str, Any]]:
         if self._schemas is None:  # the tools are fixed once the server is built
@@ -417,6 +449,8 @@ def build_server(
     auth: AuthSettings | None = None,
     token_verifier: TokenVerifier | None = None,
     tasks: bool = False,
+    subscriptions: Subscriptions | None = None,
+    provider_names: Sequence[str] = (),
 ) -> MCPServer[ServerContext]:
     """The MCP server with its tools, resources and resource subscriptions.
 
@@ -428,9 +462,11 @@ def build_server(
 
     With `auth` and `token_verifier`, streamable HTTP needs a bearer token (the SDK's middleware
     and RFC 9728 metadata route); stdio is unaffected. `tasks` serves MCP Tasks (`tasks_extension`).
+    `provider_names`: the loaded tables, named in start_operation's `provider` argument (default:
+    the shipped ones, as examples).
     """
     bus = InMemorySubscriptionBus()
-    subscriptions = Subscriptions()
+    subscriptions = subscriptions if subscriptions is not None else Subscriptions()  # tests pass small caps
 
     async def publish(uri: str) -> None:
         await bus.publish(ResourceUpdated(uri=uri))
@@ -464,9 +500,13 @@ def build_server(
         request_state_security=security,
         auth=auth,
         token_verifier=token_verifier,
-        extensions=[OperationTasks()] if tasks else None,
+        # The wait and approval card (MCP Apps, issue 32); MCP Tasks when served with --tasks.
+        extensions=[app_card.card_extension(), *([OperationTasks()] if tasks else [])],
     )
+    mcp.provider_names = tuple(provider_names)
     mcp.middleware.append(surface_middleware)
+    mcp.middleware.append(operator_tools_middleware)  # list_approvals/decide_approval: operators only
+    mcp.middleware.append(app_card.apps_middleware)
 
     def uri_for(uri: str) -> str:
         return ownership.watched_uri(current_principal(), uri)
@@ -477,6 +517,7 @@ def build_server(
     mcp.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="Record a bounded wait on an external job (exactly one of provider_job_id or submit) "
         "before any status request. Budgets default to the provider table and may only be lowered. "
         "Calling it again with the same operation_id returns the same record and never submits twice. "
@@ -514,7 +555,14 @@ def build_server(
             dict[str, Any] | None, Field(description="A JSON object pollwarden submits as a new job.")
         ] = None,
         deadline_seconds: Annotated[
-            float | None, Field(gt=0, description="Polling deadline from now.")
+            float | None,
+            Field(
+                gt=0,
+                description="Polling deadline from now, in seconds. It must be longer than the provider's first-check "
+                "delay (its table's base_delay_seconds, e.g. 30 s for openai-batch): a shorter one could pass before "
+                "any status request may go out, so it is refused with the minimum named. The same holds for "
+                "business_deadline_at.",
+            ),
         ] = None,
         business_deadline_at: Annotated[
             str | None,
@@ -557,15 +605,16 @@ def build_server(
         return _shown(view)
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="One bounded status check. Sends at most one status request, and only when the "
         "controller allows it. outcome: polled (one request sent), not_yet (too early, nothing sent: wait "
         "retry_after_seconds), stopped (finished or escalated: do not call again). wait_seconds (at most "
-        f"{MAX_WAIT_SECONDS:g}) lets the server wait for the allowed time instead of answering not_yet, "
-        f"only as long as the whole call still ends within {CALL_BUDGET_SECONDS:g} s (under a client's "
-        f"{CLIENT_REQUEST_TIMEOUT_SECONDS:g} s default timeout): the wait, a provider request of up to "
-        f"{_DEFAULT_REQUEST_TIMEOUT:g} s and a {CALL_MARGIN_SECONDS:g} s margin: at most "
-        f"{wait_bound(MAX_WAIT_SECONDS, max_wait=MAX_WAIT_SECONDS, request_timeout=_DEFAULT_REQUEST_TIMEOUT):g} s "
-        "of waiting; a later allowed time is answered not_yet at once.",
+        f"{MAX_WAIT_SECONDS:g}, the server's real maximum) holds the call up to that long, holding no lease: "
+        "it sends the one request as soon as a check is allowed (by time, or earlier when a provider webhook "
+        "wakes the operation) and answers not_yet only when the wait ends first. The whole call ends within "
+        f"{CALL_BUDGET_SECONDS:g} s (under a client's {CLIENT_REQUEST_TIMEOUT_SECONDS:g} s default timeout): "
+        f"the wait, a provider request of up to {_DEFAULT_REQUEST_TIMEOUT:g} s and a "
+        f"{CALL_MARGIN_SECONDS:g} s margin. Progress notifications report the wait.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
         ),
@@ -576,7 +625,15 @@ def build_server(
         # A provider whose table requires a person for every status request: asked before each one.
         plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)],
         decision: Annotated[ElicitationResult[status_approval.SendDecision], Resolve(_ask_status_request)],
-        wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS)] = 0.0,
+        wait_seconds: Annotated[
+            float,
+            Field(
+                ge=0,
+                le=MAX_WAIT_SECONDS,
+                description="How long the server may wait for the next allowed check before answering "
+                "(0: answer at once).",
+            ),
+        ] = 0.0,
     ) -> OperationView:
         stored = await _resolve(ctx, operation_id)
         answer = answer_of(status_approval.STATUS_REQUEST, decision)
@@ -586,11 +643,19 @@ def build_server(
         return _shown(await run_tool(work))
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="Ask a person for more time and/or status requests after waiting stopped "
         "(deadline_exceeded, request_budget_exhausted, rate_limited, delivery_ambiguous; a bounded pause for "
-        "unknown_state). The request is clipped to operator caps; the person approves or denies. Counters "
-        "are never reset. Refused while the operation is still waiting and after authorization_denied or "
-        "integration_failure.",
+        "unknown_state). The request is clipped to operator caps; the person approves or denies, and is shown "
+        "the true resulting deadline and every limit the approval changes (transport failures after "
+        "delivery_ambiguous, rate-limited answers after rate_limited). Counters are never reset. After the "
+        "business deadline passed, more waiting alone cannot meet it: give new_business_deadline_at and a "
+        "person decides whether the result is still worth having. Refused while the operation is still "
+        "waiting and after authorization_denied or integration_failure; only offered in escalation.options "
+        "when it would be accepted. A denial is an answer: one question per operation waits at a time (asking "
+        "again returns it), after a denial ask again only with a new provider answer or "
+        f"{questions.ASK_AGAIN_AFTER_SECONDS / 60:g} minutes later, and at most "
+        f"{questions.MAX_QUESTIONS_PER_OPERATION} questions per operation; the refusal says when.",
         annotations=ToolAnnotations(
             read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
         ),
@@ -605,6 +670,14 @@ def build_server(
         plan: Annotated[ExtensionPlan, Resolve(_plan)],
         decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(_ask_extension)],
         ctx: Ctx,
+        new_business_deadline_at: Annotated[
+            str | None,
+            Field(
+                max_length=64,
+                description="Only after the business deadline passed (or to move it): a new business deadline, "
+                "RFC 3339 with an offset, after now; the person approving sees it and the audit keeps it.",
+            ),
+        ] = None,
     ) -> ExtensionResult:
         return _shown(await settle_tool(ctx, approvals.EXTENSION, plan, decision))
 
@@ -620,6 +693,7 @@ def build_server(
         return _shown(await run_tool(followups.fetch_result(controller_of(ctx), stored)))
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="Cancel the job at the provider with its documented cancel call, after a person approves. "
         "Only where the provider table has [cancel] and only after deadline_exceeded, "
         "request_budget_exhausted or rate_limited. Sent once, never retried, never resubmitted.",
@@ -636,6 +710,7 @@ def build_server(
         return _shown(await settle_tool(ctx, followups.CANCEL, plan, decision))
 
     @mcp.tool(
+        meta=app_card.CARD_META,
         description="The recorded state of one operation. No provider call.",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
@@ -653,7 +728,7 @@ def build_server(
         provider: Annotated[
             str | None, Field(max_length=200, description="Only operations of this provider table.")
         ] = None,
-        limit: Annotated[int, Field(ge=1, le=500)] = 50,
+        limit: Annotated[int, Field(ge=1, le=500, description="At most this many, newest first.")] = 50,
     ) -> OperationList:
         principal = current_principal()
         owner = None if principal.sees_everything else principal.name

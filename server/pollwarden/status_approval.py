@@ -65,6 +65,10 @@ async def plan(controller: Controller, operation_id: str, *, wait_seconds: float
     )
     if decision.step not in (Step.RESERVE, Step.WAIT):
         return StatusRequestPlan()
+    if decision.step == Step.WAIT and (decision.allowed_at or now) > now + wait_seconds:
+        return (
+            StatusRequestPlan()
+        )  # the call waits, but its request is not due within the wait: nobody is asked
     approved = [
         a
         for a in await controller.store.list_approvals(

@@ -17,6 +17,7 @@ failures) are the state table's verdict, decided in `pollwarden.decide`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from pollwarden.job_identity import account_changed_detail, duplicate_detail
@@ -96,11 +97,43 @@ def last_transport_failure(record: OperationRecord) -> bool:
     return transport_failures_counted(record) >= record.max_transport_failures
 
 
-def transport_failures_used_up(record: OperationRecord, what: str) -> Stop | None:
-    """delivery_ambiguous: `what` (no answer, a 5xx) is the last transport failure allowed."""
+# A status request only reads: whatever became of it, nothing was submitted and the job is unaffected.
+STATUS_READ_ONLY_OBSERVES = (
+    "A status request only observes the job: nothing was submitted or changed at the provider, "
+    "only the job's current state is unknown"
+)
+
+
+class StatusReadFailure(StrEnum):
+    """How a status request failed to be answered: the three cases a person acts on differently."""
+
+    UNREACHABLE = "unreachable"  # the request provably never left (connection refused, DNS, connect timeout)
+    NO_ANSWER = "no_answer"  # it left, and no complete answer came (timeout, dropped connection)
+    SERVER_ERROR = "server_error"  # the provider answered 5xx
+
+
+_STATUS_READ_FAILURE_WORDS: dict[StatusReadFailure, str] = {
+    StatusReadFailure.UNREACHABLE: "the provider could not be reached",
+    StatusReadFailure.NO_ANSWER: "the provider gave no complete answer",
+    StatusReadFailure.SERVER_ERROR: "the provider answered with a server error (5xx)",
+}
+
+
+def transport_failures_used_up(record: OperationRecord, what: str, failure: StatusReadFailure) -> Stop | None:
+    """delivery_ambiguous: a status request's failure `what` (no answer, a 5xx) is the last one allowed.
+
+    The stop reason keeps its contract name (DESIGN §1.11), but for status
+    requests the detail says truthfully what happened: an outage or a failing
+    provider, not an ambiguous delivery (nothing was submitted).
+    """
     if not last_transport_failure(record):
         return None
-    return Stop(StopReason.DELIVERY_AMBIGUOUS, f"{what}; {transport_failures_note(record)}")
+    return Stop(
+        StopReason.DELIVERY_AMBIGUOUS,
+        f"{_STATUS_READ_FAILURE_WORDS[failure]} for status requests (last: {what}); "
+        f"{transport_failures_note(record)}. {STATUS_READ_ONLY_OBSERVES}. Check that the provider is up (its status page or console) before "
+        "a person allows more transport failures",
+    )
 
 
 def rate_limits_counted(record: OperationRecord) -> int:

@@ -312,6 +312,12 @@ def describe_table(table: ProviderTable) -> list[str]:
         lines.append(f"  rate limit    429, or 403 with {' or '.join(signals) or 'nothing'}{reset}{least}")
     if table.response.retry_after_ms_header:
         lines.append(f"  minimum wait  Retry-After or {table.response.retry_after_ms_header}, the longer")
+    if table.webhook is not None:
+        # The secret variable's name only: its value is never read here.
+        lines.append(
+            f"  webhook       {table.webhook.scheme}, secret from ${table.webhook.secret_env}, "
+            f"wakes on {', '.join(table.webhook.events)}"
+        )
     if table.fleet is not None:
         lines.append(
             f"  fleet         {table.fleet.max_requests_per_second:g} requests/s shared, burst {table.fleet.burst}"

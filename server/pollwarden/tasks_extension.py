@@ -50,11 +50,13 @@ from pydantic import BaseModel, Field
 
 from pollwarden import approvals, followups, ownership, status_approval
 from pollwarden.approval_flow import NOT_ASKED, OPERATOR_DECIDES, Flow, settle
+from pollwarden.approval_policy import CHANNEL_ELICITATION
 from pollwarden.asking import DatabaseUnavailable
 from pollwarden.controller import Controller
 from pollwarden.errors import OperationNotFound, PollwardenError
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_TASK_INPUT
+from pollwarden.policy_gate import stored_policy
 from pollwarden.principals import Principal, current_principal
 from pollwarden.records import ApprovalRecord, OperationRecord
 from pollwarden.timefmt import iso
@@ -125,15 +127,22 @@ async def _operation(controller: Controller, principal: Principal, task_id: str)
         ) from None
 
 
-def who_decides_elsewhere(controller: Controller, principal: Principal) -> str | None:
-    """Why the person in this chat may not answer (an operator decides), or None if they may."""
+async def who_decides_elsewhere(controller: Controller, principal: Principal) -> str | None:
+    """Why the person in this chat may not answer (an operator decides), or None if they may.
+
+    The database's approval policy as stored now (`policy_gate.stored_policy`): a task's input
+    request is an elicitation, so it counts only where elicitation does.
+    """
     if principal.authenticated:
         return (
             "on this server operators decide approvals (in the console or with operator tools), "
             "never the agent's own client"
         )
-    if controller.config.operator.require_key:
+    config, stored = await stored_policy(controller.store, controller.config)
+    if config.operator.require_key:
         return "the operator requires an operator key for every approval, which a chat cannot give"
+    if CHANNEL_ELICITATION not in stored.channels:
+        return "the database's approval policy does not count answers given in the chat"
     return None
 
 
@@ -225,7 +234,7 @@ class OperationTasks(Extension):
             pending = [opened] if opened is not None else []
         task = _task(controller, record, ownership.renamed(view, principal))
         if pending:
-            return _awaiting_person(task, pending, who_decides_elsewhere(controller, principal))
+            return _awaiting_person(task, pending, await who_decides_elsewhere(controller, principal))
         if record.status == Status.SUCCEEDED:
             fetched = ownership.renamed(await followups.fetch_result(controller, stored), principal)
             task["result"] = _tool_result(fetched.model_dump(mode="json"), fetched.message, error=False)
@@ -244,7 +253,7 @@ class OperationTasks(Extension):
 
         Not again once a person answered (or nobody did) about this version of the operation.
         """
-        if who_decides_elsewhere(controller, principal) is not None:
+        if await who_decides_elsewhere(controller, principal) is not None:
             return None
         earlier = await controller.store.list_approvals(operation_id=record.operation_id)
         if any(a.kind == ApprovalKind.EXTENSION and a.bound_version == record.version for a in earlier):
@@ -272,7 +281,7 @@ class OperationTasks(Extension):
         controller = _controller(ctx)
         principal = current_principal()
         stored = (await _operation(controller, principal, params.task_id)).operation_id
-        elsewhere = who_decides_elsewhere(controller, principal)
+        elsewhere = await who_decides_elsewhere(controller, principal)
         if elsewhere is not None:
             raise MCPError(code=INVALID_REQUEST, message=f"not recorded: {elsewhere}")
         pending = {

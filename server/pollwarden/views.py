@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, Field
 
 from pollwarden.job_identity import REOPENABLE, account_parts
 from pollwarden.records import OperationRecord
+from pollwarden.schedule import not_before
 from pollwarden.stored_result import decode_result
 from pollwarden.timefmt import iso, to_datetime
 from pollwarden.untrusted import one_line, quoted
@@ -65,6 +67,45 @@ def suggested_extension(max_extra_seconds: float, max_extra_status_requests: int
     """`SUGGESTED_EXTENSION`, clipped to what one approval may add."""
     seconds, requests = SUGGESTED_EXTENSION
     return min(seconds, max_extra_seconds), min(requests, max_extra_status_requests)
+
+
+def business_deadline_passed(record: OperationRecord, now: float | None = None) -> bool:
+    """Whether the business deadline ended waiting (passed, or no check fitted before it) or has passed by `now`.
+
+    Then more waiting alone cannot meet it: only a new business deadline helps.
+    """
+    business = record.business_deadline_at
+    if business is None:
+        return False
+    stopped = record.stopped_at if record.stopped_at is not None else record.updated_at
+    ended_by_it = record.stop_reason == "deadline_exceeded" and record.deadline_name == "business deadline"
+    return ended_by_it or stopped >= business or (now is not None and now >= business)
+
+
+def extension_arguments(
+    record: OperationRecord, suggestion: tuple[float, int], now: float
+) -> dict[str, object]:
+    """The request_extension arguments the escalation offers: ones the tool then accepts.
+
+    After the business deadline, more waiting alone is refused: the offer asks a person for a new business
+    deadline at the end of the extra time (they may choose another).
+    """
+    extra_seconds, extra_requests = suggestion
+    if record.stop_reason == "unknown_state":
+        extra_requests = 1
+    args: dict[str, object] = {
+        "operation_id": record.operation_id,
+        "extra_seconds": extra_seconds,
+        "extra_status_requests": extra_requests,
+    }
+    if business_deadline_passed(record, now):
+        args["new_business_deadline_at"] = iso(max(record.deadline_at, now) + extra_seconds)
+    return args
+
+
+# Why request_extension with these arguments would be refused (None: it would be accepted); the controller
+# passes `pollwarden.extensions.plan_extension` under the operator caps, so no refused action is listed.
+ExtensionCheck = Callable[[OperationRecord, Mapping[str, object]], str | None]
 
 
 def allowed_actions(record: OperationRecord, table: ProviderTable | None) -> list[str]:
@@ -163,14 +204,19 @@ class OperationView(BaseModel):
         description="Seconds from now until the next status request may go out; never negative."
     )
     delay_source: DelaySource | None
-    status_requests_used: int
-    max_status_requests: int
-    transport_failures_used: int
-    max_transport_failures: int
-    rate_limited_used: int
+    status_requests_used: int = Field(description="Status requests counted so far (of max_status_requests).")
+    max_status_requests: int = Field(description="The status-request budget: no request beyond it is sent.")
+    transport_failures_used: int = Field(
+        description="Requests without a usable answer (no connection, timeout, 5xx) so far."
+    )
+    max_transport_failures: int = Field(description="The transport failures allowed before waiting stops.")
+    rate_limited_used: int = Field(description="Rate-limited answers (429, or the table's) so far.")
+    max_rate_limited: int = Field(description="The rate-limited answers allowed before waiting stops.")
     started_at: str
-    deadline_at: str
-    business_deadline_at: str | None
+    deadline_at: str = Field(description="The polling deadline: no status request goes out at or after it.")
+    business_deadline_at: str | None = Field(
+        description="The business deadline, when given: no status request goes out at or after it either."
+    )
     last_http_status: int | None
     last_http_at: str | None
     provider_request_id: str | None
@@ -256,33 +302,39 @@ def elapsed_until_stop(record: OperationRecord, now: float) -> float:
 
 
 def escalation_options(
-    record: OperationRecord, table: ProviderTable | None, suggestion: tuple[float, int]
+    record: OperationRecord,
+    table: ProviderTable | None,
+    suggestion: tuple[float, int],
+    *,
+    now: float | None = None,
+    actions: list[str] | None = None,
 ) -> list[EscalationOption]:
-    """Concrete, bounded, costed options for this stop reason — never an open 'continue?'."""
+    """Concrete, bounded, costed options for this stop reason — never an open 'continue?'.
+
+    `actions` are the allowed actions (by default `allowed_actions`); an option is offered only for one of them.
+    """
     options: list[EscalationOption] = []
-    actions = allowed_actions(record, table)
+    if actions is None:
+        actions = allowed_actions(record, table)
     extra_seconds, extra_requests = suggestion
     if "request_extension" in actions:
         minutes = extra_seconds / 60
-        if record.stop_reason == "unknown_state":
+        args = extension_arguments(record, suggestion, record.updated_at if now is None else now)
+        if "new_business_deadline_at" in args:
+            label = (
+                f"set a new business deadline: a person decides the result is still worth having and sets "
+                f"{args['new_business_deadline_at']}, with {minutes:g} more minutes and {extra_requests} more checks"
+            )
+        elif record.stop_reason == "unknown_state":
             label = f"pause {minutes:g} minutes while someone checks the provider's change, then 1 more check"
-            args: dict[str, object] = {"extra_seconds": extra_seconds, "extra_status_requests": 1}
         elif record.stop_reason == "awaiting_review":
             label = (
                 f"after a person acts at the provider, wait again: {minutes:g} more minutes "
                 f"with {extra_requests} more checks"
             )
-            args = {"extra_seconds": extra_seconds, "extra_status_requests": extra_requests}
         else:
             label = f"extend waiting once: {minutes:g} more minutes with {extra_requests} more checks"
-            args = {"extra_seconds": extra_seconds, "extra_status_requests": extra_requests}
-        options.append(
-            EscalationOption(
-                action="request_extension",
-                label=label,
-                arguments={"operation_id": record.operation_id, **args},
-            )
-        )
+        options.append(EscalationOption(action="request_extension", label=label, arguments=args))
     if "cancel_operation" in actions:
         options.append(
             EscalationOption(
@@ -392,6 +444,12 @@ def _next_step_message(
             None: "",
             "stopped": "",
         }[outcome]
+        if record.next_check_at >= record.effective_deadline:
+            return (
+                f"{prefix}The provider asked to be polled again only after the {record.deadline_name}: nothing "
+                f"is sent before it. Waiting stops at the {record.deadline_name} in {wait or 0:.1f} s "
+                "(deadline_exceeded) unless a webhook brings the check forward; call check_status then."
+            )
         return (
             f"{prefix}The next status request may go out in {wait or 0:.1f} s "
             f"({record.delay_source}); call check_status then (wait_seconds lets the server wait for you)."
@@ -443,16 +501,29 @@ def operation_view(
     outcome: Outcome | None = None,
     suggestion: tuple[float, int] = SUGGESTED_EXTENSION,
     retry_at: float | None = None,
+    extension_check: ExtensionCheck | None = None,
 ) -> OperationView:
-    """Build the view the tools return; `retry_at` overrides when the next call may send a request."""
+    """Build the view the tools return; `retry_at` overrides when the next call may send a request.
+
+    With `extension_check`, request_extension is listed (and offered) only when the offered arguments
+    would be accepted: no action is listed that the tool then refuses.
+    """
     waiting = record.status == "waiting"
-    next_at = record.next_check_at if retry_at is None else max(record.next_check_at, retry_at)
+    next_at = not_before(record.next_check_at, record.not_before_at)
+    next_at = next_at if retry_at is None else max(next_at, retry_at)
     wait = max(0.0, next_at - now) if waiting else None
+    actions = allowed_actions(record, table)
+    if (
+        "request_extension" in actions
+        and extension_check is not None
+        and extension_check(record, extension_arguments(record, suggestion, now)) is not None
+    ):
+        actions.remove("request_extension")
     escalation: Escalation | None = None
     if record.stop_reason is not None and (
         record.status == "escalated" or record.stop_reason in ESCALATED_END_STATES
     ):
-        options = escalation_options(record, table, suggestion)
+        options = escalation_options(record, table, suggestion, now=now, actions=actions)
         escalation = Escalation(
             reason=record.stop_reason, message=escalation_message(record, options, now), options=options
         )
@@ -481,6 +552,7 @@ def operation_view(
         transport_failures_used=record.transport_failures_used,
         max_transport_failures=record.max_transport_failures,
         rate_limited_used=record.rate_limited_used,
+        max_rate_limited=record.max_rate_limited,
         started_at=iso(record.started_at) or "",
         deadline_at=iso(record.deadline_at) or "",
         business_deadline_at=iso(record.business_deadline_at),
@@ -492,7 +564,7 @@ def operation_view(
         request_counts=stored.counts or None,
         person_must_act_at=where,
         error=record.error if record.status == "failed" else None,
-        allowed_actions=allowed_actions(record, table),
+        allowed_actions=actions,
         escalation=escalation,
         message=_next_step_message(record, outcome, wait, where),
         duplicate_of=record.duplicate_of,

@@ -30,6 +30,9 @@ AUDIT_SUFFIX = "/audit"
 # How often the watcher re-reads subscribed operations, and how many URIs one server watches.
 WATCH_INTERVAL_SECONDS = 0.5
 MAX_WATCHED_URIS = 1000
+# Shares of that cap (issue 31): one session (a 2025-11-25 connection or one listen stream), one principal.
+MAX_URIS_PER_SESSION = 100
+MAX_URIS_PER_PRINCIPAL = 250
 
 
 @dataclass(frozen=True)
@@ -99,9 +102,52 @@ class Subscriptions:
     """
 
     max_uris: int = MAX_WATCHED_URIS
+    max_per_session: int = MAX_URIS_PER_SESSION
+    max_per_principal: int = MAX_URIS_PER_PRINCIPAL
     listeners: dict[str, int] = field(default_factory=dict[str, int])
     senders: dict[str, dict[object, Notify]] = field(default_factory=dict[str, dict[object, Notify]])
     keys: dict[str, Hashable] = field(default_factory=dict[str, Hashable])
+    # Who holds what: each principal's count (subscriptions and listened URIs), each session's URIs and owner.
+    held: dict[str, int] = field(default_factory=dict[str, int])
+    by_session: dict[object, set[str]] = field(default_factory=dict[object, set[str]])
+    owner_of: dict[object, str] = field(default_factory=dict[object, str])
+    # Sessions that ended (their connection was collected); forgotten at the next subscribe or tick.
+    gone: list[object] = field(default_factory=list[object])
+
+    def refusal(self, principal: str, session: object | None, uris: list[str]) -> str | None:
+        """Why these new URIs do not fit (the server's cap, the session's or the principal's share), or None."""
+        new = [
+            u for u in dict.fromkeys(uris) if session is None or u not in self.by_session.get(session, set())
+        ]
+        if not self.room_for(new):
+            return f"this server watches at most {self.max_uris} resources; end another subscription first"
+        mine = len(self.by_session.get(session, set())) if session is not None else 0
+        if mine + len(new) > self.max_per_session:
+            return (
+                f"one session may watch at most {self.max_per_session} resources; unsubscribe from one first"
+            )
+        if self.held.get(principal, 0) + len(new) > self.max_per_principal:
+            return (
+                f"one principal may watch at most {self.max_per_principal} resources across its sessions; "
+                "unsubscribe from one first"
+            )
+        return None
+
+    def _hold(self, principal: str, count: int) -> None:
+        left = self.held.get(principal, 0) + count
+        if left > 0:
+            self.held[principal] = left
+        else:
+            self.held.pop(principal, None)
+
+    def forget_gone(self) -> None:
+        """Drop every subscription of the sessions that ended."""
+        while self.gone:
+            session = self.gone.pop()
+            for uri in list(self.by_session.get(session, ())):
+                self.unsubscribe(uri, session)
+            self.by_session.pop(session, None)
+            self.owner_of.pop(session, None)
 
     def uris(self) -> set[str]:
         """Every URI somebody listens to."""
@@ -118,13 +164,15 @@ class Subscriptions:
             if watched is not None and uri not in self.keys:
                 self.keys[uri] = watch_key(watched, await reader.get(watched.operation_id))
 
-    def listen(self, uris: list[str]) -> None:
-        """A listen stream opened for these URIs."""
+    def listen(self, uris: list[str], principal: str = "") -> None:
+        """A listen stream of `principal` opened for these URIs."""
+        self._hold(principal, len(uris))
         for uri in uris:
             self.listeners[uri] = self.listeners.get(uri, 0) + 1
 
-    def unlisten(self, uris: list[str]) -> None:
+    def unlisten(self, uris: list[str], principal: str = "") -> None:
         """A listen stream for these URIs ended."""
+        self._hold(principal, -len(uris))
         for uri in uris:
             left = self.listeners.get(uri, 0) - 1
             if left > 0:
@@ -133,12 +181,20 @@ class Subscriptions:
                 self.listeners.pop(uri, None)
         self._forget_unwatched()
 
-    def subscribe(self, uri: str, session: object, notify: Notify) -> None:
-        """A 2025-11-25 session subscribed to `uri`."""
+    def subscribe(self, uri: str, session: object, notify: Notify, principal: str = "") -> None:
+        """A 2025-11-25 session of `principal` subscribed to `uri`."""
+        held = self.by_session.setdefault(session, set())
+        if uri not in held:
+            held.add(uri)
+            self._hold(principal, 1)
+        self.owner_of[session] = principal
         self.senders.setdefault(uri, {})[session] = notify
 
     def unsubscribe(self, uri: str, session: object) -> None:
         """A 2025-11-25 session unsubscribed from `uri`."""
+        if uri in self.by_session.get(session, set()):
+            self.by_session[session].discard(uri)
+            self._hold(self.owner_of.get(session, ""), -1)
         self.senders.get(uri, {}).pop(session, None)
         self._forget_unwatched()
 
@@ -151,6 +207,7 @@ class Subscriptions:
 
     async def tick(self, reader: Reader, publish: Callable[[str], Awaitable[None]]) -> list[str]:
         """Read every watched operation once; tell the subscribers of each URI that changed."""
+        self.forget_gone()
         current: dict[str, Hashable] = {}
         for uri in sorted(self.uris()):
             watched = parse_uri(uri)

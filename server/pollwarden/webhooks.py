@@ -15,7 +15,9 @@ Order for one request, each step refusing before the next runs:
    Standard Webhooks (`webhook-id`, `webhook-timestamp`, `webhook-signature`, `whsec_` secrets;
    the signature is computed by the `standardwebhooks` library and compared in constant time,
    the timestamp checked against the injected clock within `TOLERANCE_SECONDS`), or GitHub's
-   `X-Hub-Signature-256` (HMAC-SHA256 of the body, `hmac.compare_digest`);
+   `X-Hub-Signature-256` (HMAC-SHA256 of the body, `hmac.compare_digest`), whose event id is a
+   digest of the body (the `X-GitHub-Delivery` header is not signed) and whose signed time is the
+   table's `timestamp_field`, refused beyond `TOLERANCE_SECONDS` once the body is read;
 5. then the JSON, the event type and the job id. An event type the table does not list, an
    unreadable body or a job no operation tracks is acknowledged (2xx, so the provider stops
    retrying) and counted, not stored;
@@ -33,7 +35,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,6 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
+from pollwarden import observe
 from pollwarden.clock import Clock
 from pollwarden.errors import StoreError
 from pollwarden.errors import WebhookRefused as Refused
@@ -54,7 +57,7 @@ from pollwarden.store import Store
 from pollwarden_providers.interpret import BodyError, parse_json_object
 from pollwarden_providers.table import ProviderTable
 from pollwarden_providers.table_webhook import WebhookSpec
-from pollwarden_providers.webhook import MAX_EVENT_TEXT, read_event
+from pollwarden_providers.webhook import MAX_EVENT_TEXT, event_time, read_event
 
 __all__ = [
     "GITHUB_REMEMBER_SECONDS",
@@ -72,8 +75,8 @@ log = logging.getLogger("pollwarden")
 WEBHOOK_PATH = "/webhooks/{provider}"
 # A Standard Webhooks timestamp further than this from now (either way) is refused.
 TOLERANCE_SECONDS = 300.0
-# GitHub signs no timestamp: its delivery ids are remembered this long instead (a replay within it is
-# ignored; a later one can at most bring one check forward, which the status request then decides).
+# GitHub signs no timestamp: the digests of its bodies are remembered this long (a replay within it is
+# ignored); a table's `timestamp_field` refuses an older event (a later replay) outright.
 GITHUB_REMEMBER_SECONDS = 86_400.0
 
 
@@ -90,7 +93,10 @@ def _standard_webhook(secret: str) -> Any:
     try:
         from standardwebhooks.webhooks import Webhook
     except ImportError as exc:
-        log.error("Standard Webhooks need the standardwebhooks package: pip install 'pollwarden[webhooks]'")
+        log.error(
+            "Standard Webhooks need the standardwebhooks package: from a clone, "
+            ".venv/bin/pip install -e '.[webhooks]' (or pip install 'pollwarden[webhooks]')"
+        )
         raise Refused(503, "the receiver cannot check Standard Webhooks signatures") from exc
     try:
         return Webhook(secret)
@@ -118,9 +124,9 @@ def verify(
         given = headers.get("x-hub-signature-256", "")
         if not hmac.compare_digest(given.encode(), github_signature(secret, body).encode()):
             raise Refused(401, "X-Hub-Signature-256 does not match the body")
-        return Verified(
-            _event_id(headers.get("x-github-delivery"), "X-GitHub-Delivery"), GITHUB_REMEMBER_SECONDS
-        )
+        # X-GitHub-Delivery is not signed: anyone holding one delivery could resend it under new ids.
+        # The digest of what is signed (the body) is the event's identity.
+        return Verified("sha256:" + hashlib.sha256(body).hexdigest(), GITHUB_REMEMBER_SECONDS)
     msg_id = _event_id(headers.get("webhook-id"), "webhook-id")
     raw_timestamp = headers.get("webhook-timestamp", "")
     if not raw_timestamp.isdigit() or len(raw_timestamp) > 12:
@@ -146,6 +152,20 @@ def verify(
             # Twice the tolerance: a timestamp up to TOLERANCE_SECONDS ahead stays acceptable that long.
             return Verified(msg_id, 2 * TOLERANCE_SECONDS)
     raise Refused(401, "no webhook-signature matches the body")
+
+
+def _check_event_time(spec: WebhookSpec, body: Mapping[str, object], now: float) -> None:
+    """A scheme that signs no timestamp: the signed time the table names must be within the tolerance."""
+    if spec.timestamp_field is None:
+        return
+    when = event_time(spec, body)
+    if when is None:
+        raise Refused(401, f"no RFC 3339 time at {spec.timestamp_field} in the signed event")
+    if abs(now - when) > TOLERANCE_SECONDS:
+        old = "old" if when < now else "far in the future"
+        raise Refused(
+            401, f"{spec.timestamp_field} is too {old} (more than {TOLERANCE_SECONDS:g} s from now): a replay"
+        )
 
 
 def _signature_bytes(text: str) -> bytes:
@@ -179,6 +199,11 @@ class WebhookReceiver:
     # Requests by what became of them (woken, replayed, unknown_job, bad_signature, …): counted, not stored.
     counts: Counter[str] = field(default_factory=Counter[str])
 
+    def _count(self, result: str) -> None:
+        # By the outcome's text (a StrEnum's repr would reach the shutdown log otherwise).
+        self.counts[str(result)] += 1
+        observe.webhook_event(str(result))
+
     def _spec(self, provider: str) -> tuple[WebhookSpec, str]:
         table = self.tables.get(provider)
         if table is None or table.webhook is None:
@@ -203,13 +228,14 @@ class WebhookReceiver:
         event = read_event(spec, parsed, headers)
         if event.problem is not None:
             return 202, "unreadable"
+        _check_event_time(spec, parsed, now)
         if not event.wakes or event.job_id is None or event.event_type is None:
             return 202, "ignored_event_type"
         if self.store is None:
             raise Refused(503, "the database is not open")
         result = await self.store.wake(
             provider=provider,
-            job_id=event.job_id,
+            job_id=self.tables[provider].canonical_job_id(event.job_id),  # as operations keep it
             event_id=verified.event_id,
             event_type=event.event_type,
             now=now,
@@ -224,7 +250,7 @@ class WebhookReceiver:
         provider = str(request.path_params.get("provider", ""))
         refusal = await security.validate_request(request, is_post=True)
         if refusal is not None:
-            self.counts["refused_http"] += 1
+            self._count("refused_http")
             return refusal
         try:
             spec, _ = self._spec(provider)
@@ -233,15 +259,15 @@ class WebhookReceiver:
                 provider, {k.lower(): v for k, v in request.headers.items()}, body
             )
         except Refused as exc:
-            self.counts[f"refused_{exc.status}"] += 1
+            self._count(f"refused_{exc.status}")
             if exc.status == 401:
                 log.warning("webhook for %s refused: %s", provider[:80], exc.reason)
             return JSONResponse({"error": exc.reason}, status_code=exc.status)
         except StoreError as exc:
-            self.counts["store_error"] += 1
+            self._count("store_error")
             log.error("webhook for %s not recorded: %s", provider[:80], exc)
             return JSONResponse({"error": "the database is unavailable; retry later"}, status_code=503)
-        self.counts[what] += 1
+        self._count(what)
         return JSONResponse({"received": True, "outcome": what}, status_code=status)
 
     def routes(self, security: TransportSecuritySettings) -> list[BaseRoute]:
@@ -276,7 +302,10 @@ StoreOpener = Callable[[], AbstractAsyncContextManager[Store]]
 
 
 def receiver_app(
-    receiver: WebhookReceiver, security: TransportSecuritySettings, open_db: StoreOpener
+    receiver: WebhookReceiver,
+    security: TransportSecuritySettings,
+    open_db: StoreOpener,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """A Starlette app serving only the webhook route (`pollwarden webhooks`), its store open while it runs."""
 
@@ -290,11 +319,15 @@ def receiver_app(
                 receiver.store = None
                 log.info("webhooks received: %s", dict(receiver.counts) or "none")
 
-    return Starlette(routes=receiver.routes(security), lifespan=lifespan)
+    return Starlette(routes=[*receiver.routes(security), *extra_routes], lifespan=lifespan)
 
 
 def combined_app(
-    mcp_app: Starlette, receiver: WebhookReceiver, security: TransportSecuritySettings, open_db: StoreOpener
+    mcp_app: Starlette,
+    receiver: WebhookReceiver,
+    security: TransportSecuritySettings,
+    open_db: StoreOpener,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The MCP app with the webhook route beside it (`pollwarden serve --transport http`).
 
@@ -313,7 +346,9 @@ def combined_app(
                 log.info("webhooks received: %s", dict(receiver.counts) or "none")
 
     inner: ASGIApp = mcp_app
-    return Starlette(routes=[*receiver.routes(security), Mount("/", app=inner)], lifespan=lifespan)
+    return Starlette(
+        routes=[*receiver.routes(security), *extra_routes, Mount("/", app=inner)], lifespan=lifespan
+    )
 
 
 def sample_event(body: Mapping[str, Any]) -> bytes:

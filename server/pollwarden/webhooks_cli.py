@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -13,11 +14,12 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from pollwarden.audit import audit_key_from_env
-from pollwarden.cli_options import add_database_options, database_from, with_examples
+from pollwarden.cli_options import add_database_options, require_existing_database, with_examples
 from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig, load_config, load_provider_tables
-from pollwarden.files import ensure_private_dir
+from pollwarden.health import ops_routes
 from pollwarden.http_serve import serve_app, transport_security
+from pollwarden.metrics import DEFAULT_METRICS, MetricsOptions, add_metrics_arguments, metrics_options_from
 from pollwarden.store import Store, open_store
 from pollwarden.webhooks import StoreOpener, WebhookReceiver, combined_app, receiver_app
 from pollwarden_providers.table import ProviderTable
@@ -46,15 +48,35 @@ def _with_webhooks(tables: Mapping[str, ProviderTable]) -> list[str]:
     return sorted(name for name, table in tables.items() if table.webhook is not None)
 
 
+def warn_without_standard_webhooks(tables: Mapping[str, ProviderTable]) -> None:
+    """Say at start-up which tables' webhooks will get 503 because the [webhooks] extra is missing."""
+    needing = sorted(
+        name
+        for name, table in tables.items()
+        if table.webhook is not None and table.webhook.scheme == "standard"
+    )
+    if not needing or importlib.util.find_spec("standardwebhooks") is not None:
+        return
+    log.warning(
+        "webhooks for %s use Standard Webhooks signatures, but the standardwebhooks package is missing: "
+        "they will be answered 503. Install the extra (from a clone: .venv/bin/pip install -e '.[webhooks]')",
+        ", ".join(needing),
+    )
+
+
 def serve_wrapper(
-    config: ServerConfig, tables: Mapping[str, ProviderTable]
+    config: ServerConfig,
+    tables: Mapping[str, ProviderTable],
+    metrics_options: MetricsOptions = DEFAULT_METRICS,
 ) -> Callable[[Starlette, TransportSecuritySettings], ASGIApp]:
-    """For `serve --transport http`: put `POST /webhooks/{provider}` beside `/mcp`."""
+    """For `serve --transport http`: put `POST /webhooks/{provider}`, /healthz, /readyz and /metrics beside `/mcp`."""
 
     def wrap(mcp_app: Starlette, security: TransportSecuritySettings) -> ASGIApp:
         receiver = WebhookReceiver(tables=tables, clock=SystemClock())
         log.info("webhooks: POST /webhooks/{provider} for %s", ", ".join(_with_webhooks(tables)) or "(none)")
-        return combined_app(mcp_app, receiver, security, store_opener(config))
+        warn_without_standard_webhooks(tables)
+        ops = ops_routes(lambda: receiver.store, tables, security, options=metrics_options)
+        return combined_app(mcp_app, receiver, security, store_opener(config), ops)
 
     return wrap
 
@@ -67,11 +89,14 @@ def cmd_webhooks(args: argparse.Namespace) -> int:
     options = http_options(args, verifier_configured=True)
     security = transport_security(options)  # refuses a non-loopback host without names, first
     config = load_config(db=args.db, providers=args.providers or [], busy_timeout=args.busy_timeout)
-    if database_from(args).is_default:
-        ensure_private_dir(config.db_path.parent)  # as `serve` does: the receiver may be the first to open it
+    # An operator command never creates a database: `--db typo.db` would answer unknown_job to every
+    # signed event. The servers (`serve`) create it; the receiver only wakes what they recorded.
+    require_existing_database(config.database)
     tables = load_provider_tables(config)
+    warn_without_standard_webhooks(tables)
     receiver = WebhookReceiver(tables=tables, clock=SystemClock())
-    app = receiver_app(receiver, security, store_opener(config))
+    ops = ops_routes(lambda: receiver.store, tables, security, options=metrics_options_from(args))
+    app = receiver_app(receiver, security, store_opener(config), ops)
     log.info(
         "pollwarden webhooks on %s:%d for %s, database %s",
         options.host,
@@ -101,6 +126,7 @@ def add_webhook_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="a directory of provider *.toml tables, added to the shipped ones; repeatable",
     )
     add_http_arguments(parser, default_port=DEFAULT_WEBHOOK_PORT)
+    add_metrics_arguments(parser)
     with_examples(
         parser,
         "OPENAI_WEBHOOK_SECRET=whsec_... pollwarden webhooks --port 8001 --db ~/pollwarden/pollwarden.db",

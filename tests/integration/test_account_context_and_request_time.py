@@ -59,7 +59,7 @@ async def test_a_changed_account_context_stops_the_next_check_and_sends_nothing(
     async with h.client() as client:
         started = await track(client, "acct")
         assert (started["account_origin"], started["account_credential_env"]) == (fake.base_url, recorded_env)
-        assert (await check(client, "acct", wait=50))["outcome"] == "polled"
+        assert (await check(client, "acct", wait=30))["outcome"] == "polled"
     original = dict(h.table)
     changed = dict(after)
     if changed.get("base_url") == "localhost":
@@ -68,7 +68,7 @@ async def test_a_changed_account_context_stops_the_next_check_and_sends_nothing(
     if "auth" in changed and "auth" in original:
         h.table["auth"] = {**original["auth"], **changed["auth"]}
     async with h.client() as client:
-        stopped = await check(client, "acct", wait=50)
+        stopped = await check(client, "acct", wait=30)
         assert (stopped["outcome"], stopped["status"], stopped["stop_reason"]) == (
             "stopped",
             "escalated",
@@ -87,19 +87,19 @@ async def test_a_changed_account_context_stops_the_next_check_and_sends_nothing(
             "operator_reopen",
             "inspect_provider_console",
         ]
-        assert (await check(client, "acct", wait=50))["outcome"] == "stopped"
+        assert (await check(client, "acct", wait=30))["outcome"] == "stopped"
     assert len(fake.status_requests("acct")) == 1
 
     # Reopened while the table still says another account: the next check stops again.
     reopen = ("reopen", "op-acct", "--reason", "checked", "--operator-key", str(operator.key_file))
     assert cli(h, *reopen, env=operator.env()).returncode == 0
     async with h.client() as client:
-        assert (await check(client, "acct", wait=50))["stop_reason"] == "account_context_changed"
+        assert (await check(client, "acct", wait=30))["stop_reason"] == "account_context_changed"
     # Restored and reopened: it polls again, under the account it was recorded for.
     h.table = original
     assert cli(h, *reopen, env=operator.env()).returncode == 0
     async with h.client() as client:
-        resumed = await check(client, "acct", wait=50)
+        resumed = await check(client, "acct", wait=30)
         assert (resumed["outcome"], resumed["status_requests_used"]) == ("polled", 2)
     assert len(fake.status_requests("acct")) == 2
     rows = read_rows(h.db_path, "op-acct")
@@ -175,10 +175,10 @@ async def test_an_end_answer_is_checked_against_the_expected_terminal_state_reco
     async with h.client() as client:
         started = await track(client, "end")
         assert started["expected_terminal_state"] == ["succeeded"]
-        assert (await check(client, "end", wait=50))["outcome"] == "polled"
+        assert (await check(client, "end", wait=30))["outcome"] == "polled"
     h.table = {**h.table, "states": {**h.table["states"], **edit["states"]}}
     async with h.client() as client:
-        stopped = await check(client, "end", wait=50)
+        stopped = await check(client, "end", wait=30)
         assert (stopped["outcome"], stopped["status"], stopped["stop_reason"]) == ("polled", *ends)
         assert stopped["expected_terminal_state"] == ["succeeded"]  # what was recorded, not the new table
         if detail is None:
@@ -189,7 +189,7 @@ async def test_an_end_answer_is_checked_against_the_expected_terminal_state_reco
         assert stopped["allowed_actions"] == []
         assert stopped["message"].startswith("Waiting stopped: integration_failure. Do not poll again")
         assert stopped["escalation"]["options"][0]["action"] == "operator_reopen"
-        again = await check(client, "end", wait=50)
+        again = await check(client, "end", wait=30)
         assert (again["outcome"], again["status_requests_used"]) == ("stopped", 2)
         refused = view(await client.call_tool("fetch_result", {"operation_id": "op-end"}))
         assert (refused["decision"], refused["result"]) == ("refused", None)
@@ -218,8 +218,8 @@ async def test_the_record_keeps_when_the_status_request_was_sent_beside_when_its
     async with h.client() as client:
         started = await track(client, "rt")
         assert started["request_sent_at"] is None
-        first = await check(client, "rt", wait=50)
-        second = await check(client, "rt", wait=50)
+        first = await check(client, "rt", wait=30)
+        second = await check(client, "rt", wait=30)
     for polled in (first, second):
         assert polled["outcome"] == "polled"
         sent, answered = parse_iso(polled["request_sent_at"]), parse_iso(polled["last_http_at"])
@@ -242,7 +242,7 @@ async def test_the_submission_requests_send_time_is_kept_beside_the_status_reque
         args = {"provider": "acme", "operation_id": "op-sub-time", "submit": {"report": "q3"}}
         submitted = view(await client.call_tool("start_operation", args))
         polled = view(
-            await client.call_tool("check_status", {"operation_id": "op-sub-time", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-sub-time", "wait_seconds": 30})
         )
     sent = parse_iso(submitted["submit_sent_at"])
     assert parse_iso(submitted["started_at"]) < sent < parse_iso(submitted["last_http_at"])

@@ -15,6 +15,7 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, make_harness, make_operator, view
 from pollwarden.clock import FakeClock
+from pollwarden.store import open_store
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
@@ -48,7 +49,7 @@ async def _exhaust(h: Harness, client: Any, job: str, budget: int = 2) -> dict[s
     )
     last: dict[str, Any] = {}
     for _ in range(budget):
-        last = view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50}))
+        last = view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30}))
     assert last["stop_reason"] == "request_budget_exhausted"
     return last
 
@@ -103,7 +104,7 @@ async def test_an_approved_extension_adds_time_and_requests_and_keeps_the_counte
             assert fact in question
         early = view(await client.call_tool("check_status", {"operation_id": "op-ext1"}))
         assert early["outcome"] == "not_yet"  # the table's base delay after the last request first
-        after = view(await client.call_tool("check_status", {"operation_id": "op-ext1", "wait_seconds": 50}))
+        after = view(await client.call_tool("check_status", {"operation_id": "op-ext1", "wait_seconds": 30}))
         assert after["outcome"] == "polled"
         assert after["status_requests_used"] == 3
     assert len(fake.status_requests("ext1")) == 3
@@ -199,7 +200,7 @@ async def test_the_number_of_extensions_per_operation_is_capped(tmp_path: Path, 
                 == "approved"
             )
             again = view(
-                await client.call_tool("check_status", {"operation_id": "op-cap2", "wait_seconds": 50})
+                await client.call_tool("check_status", {"operation_id": "op-cap2", "wait_seconds": 30})
             )
             assert again["stop_reason"] == "request_budget_exhausted"
         fourth = view(await client.call_tool("request_extension", _extend("cap2", requests=1)))
@@ -220,7 +221,7 @@ async def test_extension_refused_without_asking_after_authorization_denied(
             "start_operation", {"provider": "acme", "operation_id": "op-auth1", "provider_job_id": "auth1"}
         )
         stopped = view(
-            await client.call_tool("check_status", {"operation_id": "op-auth1", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-auth1", "wait_seconds": 30})
         )
         assert stopped["stop_reason"] == "authorization_denied"
         assert stopped["allowed_actions"] == []
@@ -253,7 +254,7 @@ async def test_a_client_without_elicitation_gets_an_operator_approval_applied_on
         assert "approved" in decided.stdout
 
         applied = view(
-            await client.call_tool("check_status", {"operation_id": "op-cli1", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-cli1", "wait_seconds": 30})
         )
         assert applied["outcome"] == "polled"
         assert applied["max_status_requests"] == 6
@@ -316,13 +317,25 @@ async def test_an_approval_is_void_when_the_operation_changed_after_the_question
         stale_id = view(await plain.call_tool("request_extension", _extend("void1", requests=1)))[
             "approval_id"
         ]
-    # Meanwhile another client's person approves an extension and the job is polled again.
-    async with h.client(elicitation_callback=Person("accept", {"decision": "approve"})) as other:
-        assert (
-            view(await other.call_tool("request_extension", _extend("void1", requests=1)))["decision"]
-            == "approved"
+    # Another client asking meanwhile gets the one open question (issue 30): its person is not asked.
+    person = Person("accept", {"decision": "approve"})
+    async with h.client(elicitation_callback=person) as other:
+        again = view(await other.call_tool("request_extension", _extend("void1", requests=1)))
+        assert (again["decision"], again["approval_id"]) == ("pending_approval", stale_id)
+    assert person.questions == []
+    # Then the operation changes by another way (more requests granted as another question was).
+    async with open_store(h.database) as store:
+        record = await store.get("op-void1")
+        assert record is not None
+        changed = await store.apply_extension(
+            "op-void1",
+            bound_version=record.version,
+            changes={"max_status_requests": record.max_status_requests + 1},
+            at=h.clock.now(),
+            approval_id=None,
+            payload_extra={},
         )
-        view(await other.call_tool("check_status", {"operation_id": "op-void1", "wait_seconds": 50}))
+        assert changed is not None
     decided = _cli(h, "approve", stale_id)
     assert decided.returncode == 1
     assert "void" in decided.stderr
@@ -356,8 +369,8 @@ async def test_fetch_result_is_refused_before_success_and_recorded_after(
         early = view(await client.call_tool("fetch_result", {"operation_id": "op-fr1"}))
         assert early["decision"] == "refused"
         assert early["allowed_actions"] == ["check_status"]
-        view(await client.call_tool("check_status", {"operation_id": "op-fr1", "wait_seconds": 50}))
-        view(await client.call_tool("check_status", {"operation_id": "op-fr1", "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": "op-fr1", "wait_seconds": 30}))
+        view(await client.call_tool("check_status", {"operation_id": "op-fr1", "wait_seconds": 30}))
         done = view(await client.call_tool("fetch_result", {"operation_id": "op-fr1"}))
         assert done["decision"] == "done"
         assert done["result"] == {"result_url": "https://files.example/fr1.csv"}
@@ -442,7 +455,7 @@ async def test_the_person_sees_when_the_new_deadline_would_fall_after_the_busine
             },
         )
         stopped = view(
-            await client.call_tool("check_status", {"operation_id": "op-biz1", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "op-biz1", "wait_seconds": 30})
         )
         assert stopped["stop_reason"] == "request_budget_exhausted"
         assert stopped["business_deadline_at"] == business

@@ -867,6 +867,16 @@ def test_every_kind_of_decision_has_its_story_line() -> None:
     )
     assert story_of("extension_denied", "10:59:30") == "10:59:30 extension denied"
     assert (
+        story_of("extension_denied", "10:59:30", note="ap-1 by bob (console)", authenticated_by="console")
+        == "10:59:30 extension denied: ap-1 by bob (console), authenticated by console"
+    )
+    assert (
+        story_of(
+            "extension_approved", "10:59:00", extra_seconds=60, approved_by="alice", authenticated_by="tty"
+        )
+        == "10:59:00 extension approved: +60 s by alice, authenticated by tty"
+    )
+    assert (
         story_of("approval_pending", "10:59:00", note="(+900 s, +4 checks)")
         == "10:59:00 extension awaiting operator approval (+900 s, +4 checks)"
     )

@@ -39,7 +39,7 @@ async def test_the_story_of_queued_503_running_succeeded_matches_the_expected_li
             "start_operation",
             {"provider": "acme", "operation_id": "report-export-2025-04-18-01", "provider_job_id": "exp_71c"},
         )
-        op = {"operation_id": "report-export-2025-04-18-01", "wait_seconds": 50}
+        op = {"operation_id": "report-export-2025-04-18-01", "wait_seconds": 30}
         view(await client.call_tool("check_status", op))  # queued
         view(await client.call_tool("check_status", op))  # 503, Retry-After 120
         h.clock.advance(120)
@@ -89,7 +89,7 @@ async def test_every_decision_row_carries_the_fields_an_operator_needs(
         await client.call_tool(
             "start_operation", {"provider": "acme", "operation_id": "op-j1", "provider_job_id": "j1"}
         )
-        view(await client.call_tool("check_status", {"operation_id": "op-j1", "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": "op-j1", "wait_seconds": 30}))
     polled = next(r for r in read_rows(h.db_path, "op-j1") if r.kind == "polled")
     payload: dict[str, Any] = polled.payload_obj
     # The values, not just the keys: a row that recorded the wrong state, deadline or delay source fails here.
@@ -124,7 +124,7 @@ async def test_a_looping_agent_is_summarised_not_recorded_call_by_call(
                 view(await client.call_tool("check_status", {"operation_id": "op-loop"}))["outcome"]
                 == "not_yet"
             )
-        view(await client.call_tool("check_status", {"operation_id": "op-loop", "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": "op-loop", "wait_seconds": 30}))
     rows = read_rows(h.db_path, "op-loop")
     summaries = [r for r in rows if r.kind == "not_yet_summary"]
     assert sum(int(r.payload_obj["count"]) for r in summaries) == 250
@@ -147,7 +147,7 @@ async def test_the_chain_verifies_and_export_writes_one_json_line_per_decision(
             "start_operation", {"provider": "acme", "operation_id": "op-j2", "provider_job_id": "j2"}
         )
         for _ in range(2):
-            view(await client.call_tool("check_status", {"operation_id": "op-j2", "wait_seconds": 50}))
+            view(await client.call_tool("check_status", {"operation_id": "op-j2", "wait_seconds": 30}))
     assert verify_chain(h.db_path, None).ok
     out = tmp_path / "audit.jsonl"
     exported = subprocess.run(
@@ -186,7 +186,7 @@ async def test_a_keyed_server_never_extends_an_unkeyed_chain_until_an_operator_r
         refused = [
             error_text(await client.call_tool(tool, args))
             for tool, args in (
-                ("check_status", {"operation_id": "op-k1", "wait_seconds": 50}),
+                ("check_status", {"operation_id": "op-k1", "wait_seconds": 30}),
                 ("start_operation", {"provider": "acme", "operation_id": "op-k2", "provider_job_id": "k2"}),
             )
         ]
@@ -202,7 +202,7 @@ async def test_a_keyed_server_never_extends_an_unkeyed_chain_until_an_operator_r
     )
     assert rekeyed.code == 0, rekeyed.stderr
     async with keyed.client() as client:
-        polled = view(await client.call_tool("check_status", {"operation_id": "op-k1", "wait_seconds": 50}))
+        polled = view(await client.call_tool("check_status", {"operation_id": "op-k1", "wait_seconds": 30}))
     assert polled["outcome"] == "polled"
     assert [row.kind for row in read_rows(h_db)] == ["tracking", "audit_rekey", "polled"]
     assert verify_chain(h_db, key.encode(), rekeyed_at=2).ok

@@ -22,7 +22,7 @@ from tests.support.fake_provider import FakeProvider, pending
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_check_whose_allowed_time_is_past_what_the_call_may_wait_answers_not_yet_at_once(
+async def test_a_check_whose_allowed_time_is_past_what_the_call_may_wait_waits_then_answers_not_yet(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("far", [pending("running")])
@@ -31,34 +31,40 @@ async def test_a_check_whose_allowed_time_is_past_what_the_call_may_wait_answers
     async with h.client() as client:
         await track(client, "far")
         asked = h.clock.now()
-        answer = await check(client, "far", wait=50)
-        # Waiting 40 s and then sending a request of up to 20 s would run past the client's timeout.
+        answer = await check(client, "far", wait=30)
+        # Waiting 40 s and then sending a request of up to 20 s would run past the client's timeout: the call
+        # waits its 30 s (a wake-up could still bring the check forward), sends nothing, answers not_yet.
         assert answer["outcome"] == "not_yet"
-        assert h.clock.now() == asked  # it did not wait in vain
-        assert answer["retry_after_seconds"] == pytest.approx(40)
+        assert h.clock.now() == pytest.approx(asked + 30)
+        assert answer["retry_after_seconds"] == pytest.approx(10)
         assert parse_iso(answer["next_check_at"]) == pytest.approx(asked + 40)
         assert fake.status_requests("far") == []
-        # Coming back inside the bound, the call waits for the allowed time and sends.
-        h.clock.advance(15)
-        polled = await check(client, "far", wait=50)
+        # Coming back, the call waits the rest and sends.
+        polled = await check(client, "far", wait=30)
         assert polled["outcome"] == "polled"
         assert h.clock.now() == pytest.approx(asked + 40)
     assert len(fake.status_requests("far")) == 1
 
 
-async def test_a_shorter_request_cap_leaves_more_of_the_call_for_waiting(
+async def test_a_longer_request_cap_leaves_less_of_the_call_for_waiting(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     fake.script("near", [pending("running")])
-    limits = HttpLimits(total_timeout_seconds=5)  # 40 s of waiting + 5 s + the margin fits in 55 s
+    limits = HttpLimits(total_timeout_seconds=40)  # 10 s of waiting + 40 s + the 5 s margin fill the 55 s
     h = make_harness(
         tmp_path,
         fake,
         table={"schedule": {"base_delay_seconds": 40, "max_delay_seconds": 120}},
         http_limits=limits,
+        rng=full_delays(),
     )
     async with h.client() as client:
         await track(client, "near")
-        polled = await check(client, "near", wait=50)
+        asked = h.clock.now()
+        early = await check(client, "near", wait=30)
+        assert early["outcome"] == "not_yet"
+        assert h.clock.now() == pytest.approx(asked + 10)
+        h.clock.advance(25)
+        polled = await check(client, "near", wait=30)
     assert polled["outcome"] == "polled"
     assert len(fake.status_requests("near")) == 1

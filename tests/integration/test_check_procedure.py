@@ -40,15 +40,15 @@ async def test_a_job_that_queues_runs_and_succeeds_is_polled_once_per_allowed_sl
         assert early["retry_after_seconds"] > 0
         assert fake.status_requests("j1") == []
 
-        first = await _check(client, "op-j1", wait=50)
+        first = await _check(client, "op-j1", wait=30)
         assert first["outcome"] == "polled"
         assert first["state"] == "queued"
         assert first["delay_source"] == "local_backoff"
         again = await _check(client, "op-j1")
         assert again["outcome"] == "not_yet"
 
-        second = await _check(client, "op-j1", wait=50)
-        third = await _check(client, "op-j1", wait=50)
+        second = await _check(client, "op-j1", wait=30)
+        third = await _check(client, "op-j1", wait=30)
         assert (second["state"], third["state"]) == ("running", "succeeded")
         assert third["outcome"] == "polled"
         assert third["status"] == "succeeded"
@@ -56,7 +56,7 @@ async def test_a_job_that_queues_runs_and_succeeds_is_polled_once_per_allowed_sl
         assert third["result"] == {"result_url": "https://files.example/j1.csv"}
         assert third["allowed_actions"] == ["fetch_result"]
 
-        after = await _check(client, "op-j1", wait=50)
+        after = await _check(client, "op-j1", wait=30)
         assert after["outcome"] == "stopped"
     assert len(fake.status_requests("j1")) == 3
 
@@ -68,7 +68,7 @@ async def test_a_running_job_stops_at_once_on_the_last_budgeted_request(
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
         await _start(client, "j2", max_status_requests=3)
-        results = [await _check(client, "op-j2", wait=50) for _ in range(3)]
+        results = [await _check(client, "op-j2", wait=30) for _ in range(3)]
         assert [r["outcome"] for r in results] == ["polled", "polled", "polled"]
         last = results[-1]
         assert last["status"] == "escalated"
@@ -78,7 +78,7 @@ async def test_a_running_job_stops_at_once_on_the_last_budgeted_request(
         assert "Status requests: 3 of 3" in last["escalation"]["message"]
         assert "request_extension" in last["allowed_actions"]
         for _ in range(5):
-            assert (await _check(client, "op-j2", wait=50))["outcome"] == "stopped"
+            assert (await _check(client, "op-j2", wait=30))["outcome"] == "stopped"
     assert len(fake.status_requests("j2")) == 3
 
 
@@ -89,7 +89,7 @@ async def test_retry_after_on_a_503_is_a_minimum_for_the_next_request(
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
         await _start(client, "j3")
-        answer = await _check(client, "op-j3", wait=50)
+        answer = await _check(client, "op-j3", wait=30)
         assert answer["last_http_status"] == 503
         assert answer["delay_source"] == "provider_retry_after"
         assert answer["retry_after_seconds"] == pytest.approx(120, abs=0.01)

@@ -69,7 +69,7 @@ async def stuck_asking(t: Team, who: str, op: str) -> str:
     t.s.h.fake.script(f"job-{op}", [pending("running")])
     async with t.as_(who) as client:
         view(await client.call_tool("start_operation", start_args(op, f"job-{op}", max_status_requests=1)))
-        view(await client.call_tool("check_status", {"operation_id": op, "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": op, "wait_seconds": 30}))
         asked = view(
             await client.call_tool(
                 "request_extension",

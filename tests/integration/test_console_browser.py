@@ -27,6 +27,7 @@ from pollwarden.clock import FakeClock
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
 from pollwarden.http_serve import HttpOptions, transport_security
+from tests.support.a11y import serious_violations
 from tests.support.browser import NO_CHROMIUM, chromium, chromium_path
 from tests.support.console import console_at_terminal
 from tests.support.fake_provider import FakeProvider, failed, http, pending, succeeded
@@ -63,12 +64,21 @@ async def console(h: Harness, **extra: Any) -> AsyncGenerator[tuple[str, str]]:
 
 
 @asynccontextmanager
-async def logged_in(h: Harness) -> AsyncGenerator[tuple[str, Page, BrowserContext]]:
-    async with console(h) as (base, token), chromium() as browser:
+async def logged_in(
+    h: Harness, width: int = 1280, **extra: Any
+) -> AsyncGenerator[tuple[str, Page, BrowserContext]]:
+    async with console(h, **extra) as (base, token), chromium(width) as browser:
         page = await browser.new_page()
-        await page.goto(f"{base}/login?token={token}")
-        assert await page.title() == "Operations · pollwarden console"
+        await log_in(page, base, token)
         yield base, page, browser
+
+
+async def log_in(page: Page, base: str, token: str) -> None:
+    """Open the printed one-time URL and press its Log in button, as a person does."""
+    await page.goto(f"{base}/login?token={token}")
+    async with page.expect_navigation(url=f"{base}/"):
+        await page.click("#log-in")
+    assert await page.title() == "Operations · pollwarden console"
 
 
 async def start(h: Harness, job: str, **extra: Any) -> dict[str, Any]:
@@ -89,26 +99,31 @@ async def one_waiting(tmp_path: Path, fake: FakeProvider, job: str) -> Harness:
     return h
 
 
-async def run_to_stop(h: Harness, job: str) -> dict[str, Any]:
+async def run_to_stop(h: Harness, job: str, checks: int = 20) -> dict[str, Any]:
     """check_status (waiting on the fake clock) until the operation stops waiting."""
     async with h.client() as client:
-        for _ in range(20):
+        for _ in range(checks):
             now = view(
-                await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50})
+                await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30})
             )
             if now["status"] != "waiting":
                 return now
             if now["outcome"] == "not_yet":  # longer than one call may wait: let the fake time pass
                 h.clock.advance(now["retry_after_seconds"])
-    raise AssertionError("still waiting after 20 checks")
+    raise AssertionError(f"still waiting after {checks} checks")
 
 
 async def escalate_and_ask(h: Harness, job: str, *, reason: str = "big", extra_seconds: float = 60) -> str:
     """Exhaust a budget of 1, then ask for more from a client that cannot prompt: a pending approval."""
+    await escalate(h, job)
+    return await ask(h, job, reason=reason, extra_seconds=extra_seconds)
+
+
+async def escalate(h: Harness, job: str) -> None:
+    """An operation that stops, escalated, after its one allowed status request."""
     h.fake.script(job, [pending("running")])
     await start(h, job, max_status_requests=1)
     assert (await run_to_stop(h, job))["stop_reason"] == "request_budget_exhausted"
-    return await ask(h, job, reason=reason, extra_seconds=extra_seconds)
 
 
 async def ask(h: Harness, job: str, *, reason: str, extra_seconds: float) -> str:
@@ -130,7 +145,7 @@ async def ask(h: Harness, job: str, *, reason: str, extra_seconds: float) -> str
 
 async def next_check(h: Harness, job: str) -> dict[str, Any]:
     async with h.client() as client:
-        return view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50}))
+        return view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30}))
 
 
 def audit_kinds(h: Harness, job: str) -> list[str]:
@@ -160,13 +175,21 @@ async def test_a_console_started_at_a_terminal_logs_in_once_with_its_printed_url
         assert refused.status == 401
         assert "Open the login URL" in await page.inner_text("#login-needed")
         assert "op-seen" not in await page.content()
-        wrong = await page.goto(f"{base}/login?token={token[:-2]}xx")
-        assert wrong is not None
-        assert wrong.status == 401
+        await page.goto(f"{base}/login?token={token[:-2]}xx")
+        assert page.url == f"{base}/login"  # the script took the token out of the address bar at once
+        async with page.expect_response(f"{base}/login") as wrong:
+            await page.click("#log-in")
+        assert (await wrong.value).status == 401
+        assert "wrong or already used" in await page.inner_text("#login-problem")
 
-        await page.goto(f"{base}/login?token={token}")
-        assert page.url == base + "/"  # the token left the address bar
+        await log_in(page, base, token)
+        assert page.url == base + "/"
         assert await page.locator("#operations tr[data-operation='op-seen']").count() == 1
+        # Opening the URL does not log in (a link preview or prefetch spends nothing); the POST does, and no
+        # entry of the history holds the token.
+        history = await (await browser.new_cdp_session(page)).send("Page.getNavigationHistory")
+        assert history["entries"]
+        assert not [e["url"] for e in history["entries"] if token in e["url"]]
         [cookie] = await browser.cookies()
         assert str(cookie.get("name")).startswith("pollwarden_console_")
         assert (cookie.get("httpOnly"), cookie.get("sameSite")) == (True, "Strict")
@@ -186,7 +209,7 @@ async def test_a_browser_logged_in_to_one_console_is_not_logged_in_to_another_on
     h = await one_waiting(tmp_path, fake, "private")
     async with console(h) as (mine, token), console(h) as (other, _), chromium() as browser:
         page = await browser.new_page()
-        await page.goto(f"{mine}/login?token={token}")
+        await log_in(page, mine, token)
         assert await page.locator("#operations tr[data-operation='op-private']").count() == 1
         assert [c.get("name") for c in await browser.cookies(other + "/")] == []  # not sent there
         refused = await page.goto(other + "/")
@@ -397,7 +420,8 @@ async def test_hostile_provider_text_and_agent_reasons_render_as_text_and_execut
             assert await page.evaluate("() => window.__pwned === undefined")
             assert await page.locator(f"{where} .untrusted").count() == 1
             csp = response.headers["content-security-policy"]
-            assert "script-src" not in csp
+            assert "script-src 'self';" in csp  # the console's own file only: no inline script, no eval
+            assert "unsafe" not in csp
             assert "default-src 'none'" in csp
             assert "frame-ancestors 'none'" in csp
             assert response.headers["x-content-type-options"] == "nosniff"
@@ -405,3 +429,302 @@ async def test_hostile_provider_text_and_agent_reasons_render_as_text_and_execut
         assert "Agent's reason (untrusted):" in question
         assert "<img src=x" in question
         assert dialogs == []
+
+
+# -- the on-call person's first screen ------------------------------------------------------
+
+
+async def names_of(page: Page, selector: str) -> list[str]:
+    """The accessible names of the buttons `selector` finds (their text, hidden parts included)."""
+    return await page.locator(selector).evaluate_all(
+        "bs => bs.map(b => b.textContent.replace(/\\s+/g, ' ').trim())"
+    )
+
+
+async def test_what_needs_a_person_comes_first_and_only_what_can_still_be_decided_is_counted(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    late = await escalate_and_ask(h, "late")
+    h.clock.advance(901)  # the first question expires unanswered (15 min)
+    await escalate(h, "soon")
+    h.clock.advance(1)
+    await escalate(h, "quiet")  # stopped, and nobody asked anything
+    soon = await ask(h, "soon", reason="still running", extra_seconds=60)
+    async with logged_in(h) as (base, page, _):
+        assert await page.inner_text("#pending-banner") == "1 approval waiting for a person"
+        needs = page.locator("#needs li")
+        assert [await needs.nth(i).get_attribute("data-operation") for i in range(await needs.count())] == [
+            "op-soon"
+        ]
+        assert "extension waiting for your decision, expires in 15 min" in await needs.first.inner_text()
+        flagged = page.locator("#operations tr.needs-you")
+        assert [
+            await flagged.nth(i).get_attribute("data-operation") for i in range(await flagged.count())
+        ] == ["op-soon"]
+
+        await page.goto(base + "/approvals")
+        assert [await a.get_attribute("data-approval") for a in await page.locator("main article").all()] == [
+            soon
+        ]
+        card = page.locator(f"article[data-approval='{soon}']")
+        assert await card.locator(".expires").inner_text() == "expires in 15 min"
+        assert await names_of(page, f"article[data-approval='{soon}'] button") == [
+            "Approve extension for op-soon",
+            "Deny extension for op-soon",
+        ]
+        assert await card.get_by_role("button", name="Approve extension for op-soon").count() == 1
+        expired = page.locator(f"#expired li[data-approval='{late}']")
+        assert re.search(r"expired \d+ s ago: deciding is refused", await expired.inner_text())
+        assert await expired.locator("button").count() == 0  # no buttons for what cannot be decided
+
+        # Decided on the operation's own page, which says in a sentence where things stand.
+        await page.goto(f"{base}/operation?id=op-soon")
+        summary = await page.inner_text("#summary")
+        assert re.search(
+            r"Escalated \d+ s ago \(request budget exhausted\) after 1 of 1 status requests used", summary
+        )
+        assert "Needs you: extension waiting for your decision, expires in 15 min." in summary
+        await page.get_by_role("button", name="Approve extension for op-soon").click()
+        assert page.url == f"{base}/operation?id=op-soon"
+        assert f"{soon} approved for op-soon" in await page.inner_text(".flash.ok")
+        assert await page.locator("main article.approval").count() == 0
+    assert [g["authenticated_by"] for g in audit_of(h, "soon", "approval_granted")] == ["console"]
+
+
+async def test_a_cancel_card_says_what_each_button_does_to_the_job(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    cancel = {"cancel": {"path": "/v1/jobs/{job_id}/cancel", "method": "POST"}}
+    h = make_harness(tmp_path, fake, clock=FakeClock(time.time()), table=cancel)
+    write_table(h.tables_dir, h.table)
+    await escalate(h, "stop")
+    async with h.client() as client:
+        asked = view(await client.call_tool("cancel_operation", {"operation_id": "op-stop"}))
+    assert asked["decision"] == "pending_approval", asked
+    async with logged_in(h) as (base, page, _):
+        await page.goto(base + "/approvals")
+        assert await names_of(page, "main article button") == [
+            "Cancel job at provider for op-stop",
+            "Keep job for op-stop",
+        ]
+
+
+async def test_times_read_as_people_say_them_and_a_missed_check_and_a_passed_deadline_are_called_out(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    fake.script("slow", [pending("queued"), pending("running")])
+    started = await start(h, "slow", deadline_seconds=600)
+    polled = await next_check(h, "slow")
+    wait = polled["next_check_at"]
+    async with logged_in(h) as (base, page, _):
+        row = page.locator("#operations tr[data-operation='op-slow']")
+        assert re.fullmatch(r"next check in \d+ s", await row.locator("td.next").inner_text())
+        assert re.fullmatch(r"in (9|10) min", await row.locator("td.deadline").inner_text())
+        await page.goto(f"{base}/operation?id=op-slow")
+        assert await page.locator("#timeline g.vline.now").count() == 1  # the "now" line
+        clock = page.locator("#next-check time.clock")
+        assert (await clock.get_attribute("title") or "").endswith(" UTC")  # UTC on hover ...
+        assert not (await clock.inner_text()).endswith("UTC")  # ... local time on the page
+        assert await clock.get_attribute("datetime") == wait
+
+        h.clock.advance(200)  # the agent did not come back
+        await page.goto(base + "/")
+        assert re.fullmatch(
+            r"due \d+ min ago — the agent has not checked", await row.locator("td.next").inner_text()
+        )
+        h.clock.advance(500)  # past the polling deadline, and still shown as waiting
+        await page.goto(base + "/")
+        assert re.fullmatch(r"deadline passed \d+ s ago", await row.locator("td.deadline.late").inner_text())
+        await page.goto(f"{base}/operation?id=op-slow")
+        assert "the agent's next check stops it" in await page.inner_text("#deadline-passed")
+        assert "Its polling deadline has passed" in await page.inner_text("#summary")
+    assert started["status"] == "waiting"
+
+
+async def test_pages_update_in_place_but_never_while_a_filter_is_being_edited_and_can_be_paused(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = await one_waiting(tmp_path, fake, "first")
+    async with logged_in(h, refresh_seconds=1) as (base, page, _):
+        assert await page.locator("meta[http-equiv]").count() == 0
+        fake.script("second", [pending("queued")])
+        await start(h, "second")
+        await page.wait_for_selector("#operations tr[data-operation='op-second']", timeout=15_000)
+        assert re.fullmatch(r"updated (just now|\d+ s ago)", await page.inner_text("#live-status"))
+
+        # A filter chosen and not yet submitted: the page holds still.
+        await page.select_option("select[name=status]", "escalated")
+        fake.script("third", [pending("queued")])
+        await start(h, "third")
+        await page.wait_for_function("() => Number(document.body.dataset.held || 0) >= 2", timeout=15_000)
+        assert await page.locator("#operations tr[data-operation='op-third']").count() == 0
+        assert await page.input_value("select[name=status]") == "escalated"
+        assert "held while you edit" in await page.inner_text("#live-status")
+
+        # Paused, the Approvals page stays as it is; resumed, it shows the new question.
+        await page.goto(base + "/approvals")
+        await page.click("#live-pause")
+        assert await page.get_attribute("#live-pause", "aria-pressed") == "true"
+        updates = int(await page.evaluate("() => Number(document.body.dataset.updates || 0)"))
+        asked = await escalate_and_ask(h, "asks")
+        await page.click("#live-pause")  # resume
+        await page.wait_for_selector(f"article[data-approval='{asked}']", timeout=15_000)
+        assert int(await page.evaluate("() => Number(document.body.dataset.updates)")) > updates
+
+        # A stopped operation's page refreshes too (its approvals and story can still change).
+        await page.goto(f"{base}/operation?id=op-asks")
+        await page.wait_for_selector("article.approval", timeout=15_000)
+        await page.click("nav >> text=Approvals")  # the person's own request: the session is alive
+        assert await page.title() == "Approvals · pollwarden console"
+
+
+async def test_a_long_run_of_polls_collapses_labels_never_overlap_and_the_budget_bar_is_to_scale(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    answers = [
+        pending("queued"),
+        *[pending("running")] * 55,
+        http(503, headers={"Retry-After": "30"}, body={"error": "busy"}),
+        pending("running"),
+        pending("running"),
+    ]
+    fake.script("long", answers)
+    await start(h, "long", max_status_requests=len(answers), deadline_seconds=86400)
+    assert (await run_to_stop(h, "long", checks=200))["stop_reason"] == "request_budget_exhausted"
+    async with logged_in(h) as (base, page, _):
+        await page.goto(f"{base}/operation?id=op-long")
+        markers = page.locator("#timeline g.marker")
+        runs = await markers.evaluate_all(
+            "ms => ms.map(m => [m.dataset.state, m.dataset.http, Number(m.dataset.count)])"
+        )
+        assert runs == [["queued", "200", 1], ["running", "200", 55], ["", "503", 1], ["running", "200", 2]]
+        assert "running ×55" in (await page.locator("#timeline").text_content() or "")
+        boxes = await page.locator("#timeline text.label").evaluate_all(
+            "ts => ts.map(t => { const b = t.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; })"
+        )
+        assert len(boxes) >= 4
+        overlapping = [
+            (a, b)
+            for i, a in enumerate(boxes)
+            for b in boxes[i + 1 :]
+            if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+        ]
+        assert overlapping == []
+        # The reason is told by shape as well as colour: a Retry-After request is not drawn like a backoff one.
+        shapes = await markers.evaluate_all(
+            "ms => ms.map(m => [m.dataset.source, m.querySelector('path.shape').getAttribute('d').replace(/[-\\d.,]+/g, '#')])"
+        )
+        assert len({shape for source, shape in shapes if source == "local_backoff"}) == 1
+        assert {shape for source, shape in shapes if source == "provider_retry_after"}.isdisjoint(
+            {shape for source, shape in shapes if source == "local_backoff"}
+        )
+        used = await page.locator(".budget-used").bounding_box()
+        whole = await page.locator(".budget-all").bounding_box()
+        assert used is not None
+        assert whole is not None
+        assert used["width"] == pytest.approx(whole["width"], abs=0.5)  # spent: the whole bar
+
+
+async def test_logging_out_and_an_idle_session_end_the_session(tmp_path: Path, fake: FakeProvider) -> None:
+    h = await one_waiting(tmp_path, fake, "idle")
+    async with logged_in(h, idle_timeout_seconds=600) as (base, page, _):
+        await page.get_by_role("button", name="Log out").click()
+        assert "session has ended" in await page.inner_text("#logged-out")
+        again = await page.goto(base + "/")
+        assert again is not None
+        assert again.status == 401
+        assert "op-idle" not in await page.content()
+    async with logged_in(h, idle_timeout_seconds=600) as (base, page, _):
+        h.clock.advance(599)
+        assert (await page.goto(base + "/approvals") or pytest.fail("no answer")).status == 200
+        h.clock.advance(599)  # each request of the person's restarts the wait
+        assert (await page.goto(base + "/") or pytest.fail("no answer")).status == 200
+        h.clock.advance(601)
+        ended = await page.goto(base + "/")
+        assert ended is not None
+        assert ended.status == 401
+        assert "Your session ended after 10 min without activity" in await page.inner_text("#idle-ended")
+
+
+# -- any width, any reader ------------------------------------------------------------------
+
+
+async def every_page(h: Harness) -> tuple[str, str]:
+    """Operations in every state the pages draw: (a waiting operation's id, an asked approval's id)."""
+    fake = h.fake
+    fake.script("wait-" + "x" * 40, [pending("queued")])
+    await start(h, "wait-" + "x" * 40)
+    fake.script("done", [pending("queued"), http(503, headers={"Retry-After": "5"}), succeeded()])
+    await start(h, "done")
+    await run_to_stop(h, "done")
+    asked = await escalate_and_ask(h, "asks", reason="a long export " * 8)
+    return "op-wait-" + "x" * 40, asked
+
+
+PAGES = (
+    "/",
+    "/?status=waiting",
+    "/operation?id=op-done",
+    "/operation?id=op-asks",
+    "/approvals",
+    "/providers",
+    "/audit",
+    "/operation?id=nothing",
+)
+
+
+async def test_every_page_has_no_serious_or_critical_accessibility_violation_and_a_skip_link(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    waiting_id, _ = await every_page(h)
+    async with logged_in(h, refresh_seconds=3600) as (base, page, _):
+        found: dict[str, list[str]] = {}
+        for path in (*PAGES, f"/operation?id={waiting_id}"):
+            await page.goto(base + path)
+            found[path] = await serious_violations(page)
+        assert found == {path: [] for path in found}
+        await page.goto(base + "/")
+        await page.keyboard.press("Tab")
+        skip = page.locator("a.skip")
+        assert await skip.evaluate("a => a === document.activeElement")
+        assert await skip.inner_text() == "Skip to content"
+        outline = await skip.evaluate(
+            "a => getComputedStyle(a).outlineStyle + ' ' + getComputedStyle(a).outlineWidth"
+        )
+        assert outline == "solid 3px"  # a visible focus
+        await page.keyboard.press("Enter")
+        assert await page.evaluate("() => document.activeElement.id") == "main"
+        await page.get_by_role("button", name="Log out").click()
+        assert await serious_violations(page) == []
+    async with console(h) as (base, token), chromium() as browser:
+        page = await browser.new_page()
+        await page.goto(f"{base}/login?token={token}")
+        assert await serious_violations(page) == []
+        await page.goto(f"{base}/login")
+        assert await serious_violations(page) == []
+
+
+@pytest.mark.parametrize("width", [390, 1440])
+async def test_no_page_scrolls_sideways_on_a_phone_or_a_laptop_and_tables_become_cards_on_a_phone(
+    tmp_path: Path, fake: FakeProvider, width: int
+) -> None:
+    h = harness(tmp_path, fake)
+    await every_page(h)
+    async with logged_in(h, width, refresh_seconds=3600) as (base, page, _):
+        wide: dict[str, int] = {}
+        for path in PAGES:
+            await page.goto(base + path)
+            wide[path] = int(await page.evaluate("() => document.documentElement.scrollWidth"))
+        assert {p: w for p, w in wide.items() if w > width} == {}
+        await page.goto(base + "/")
+        display = await page.locator("#operations tbody tr").first.evaluate(
+            "r => getComputedStyle(r).display"
+        )
+        assert display == ("block" if width < 700 else "table-row")
+        if width < 700:
+            await page.goto(base + "/approvals")
+            assert await serious_violations(page) == []

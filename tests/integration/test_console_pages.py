@@ -8,8 +8,10 @@ The pure checks are tests/unit/test_console_pages.py.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
+import select
 import subprocess
 import sys
 import time
@@ -18,12 +20,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 
 from harness import Harness, db_write, make_harness, make_operator, merge, view
 from pollwarden.audit import read_rows, write_anchor
 from pollwarden.clock import FakeClock
+from pollwarden.console.anchors import MAX_ANCHOR_BYTES
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
 from pollwarden.http_serve import HttpOptions, transport_security
@@ -66,7 +70,7 @@ async def session(h: Harness, **extra: Any) -> AsyncGenerator[tuple[httpx2.Async
     """A logged-in HTTP client on the console, and the console's base URL (under its prefix)."""
     settings = settings_for(h, **extra)
     async with serving(settings) as (_, base), httpx2.AsyncClient() as client:
-        login = await client.get(f"{base}/login?token={settings.login_token}")
+        login = await client.post(f"{base}/login", data={"token": settings.login_token})
         assert login.status_code == 303
         yield client, base
 
@@ -87,7 +91,7 @@ async def stop_after_one(h: Harness, job: str) -> None:
             )
         )
         stopped = view(
-            await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30})
         )
     assert stopped["stop_reason"] == "request_budget_exhausted"
 
@@ -170,7 +174,8 @@ async def test_operations_are_filtered_by_status_provider_and_stop_reason_newest
         first = await client.get(base + "/")
         assert listed(first.text) == ["op-d", "op-c"]
         assert "4 operations · page 1 of 2" in first.text
-        assert '<meta http-equiv="refresh" content="10">' in first.text
+        assert "http-equiv" not in first.text  # no meta refresh: the page's script refreshes it in place
+        assert 'data-refresh="10"' in first.text
         second = await client.get(base + "/?page=2")
         assert listed(second.text) == ["op-b", "op-a"]
         stopped = await client.get(base + "/?stop_reason=request_budget_exhausted&provider=acme")
@@ -188,7 +193,7 @@ async def test_the_providers_page_counts_the_last_hours_status_requests_against_
     h = harness(tmp_path, fake, {"fleet": {"max_requests_per_second": 2, "burst": 3}})
     for job in ("p1", "p2", "p3"):
         await stop_after_one(h, job)
-    async with session(h) as (client, base):
+    async with session(h, idle_timeout_seconds=7200) as (client, base):  # logged in an hour later
         page = await client.get(base + "/providers")
         acme = page.text[page.text.index('id="provider-acme"') :]
         assert re.search(r'data-total="3" data-pace="2.0"', acme)
@@ -205,10 +210,11 @@ async def test_the_audit_page_verifies_the_chain_against_an_anchor_catches_an_ed
 ) -> None:
     h = harness(tmp_path, fake)
     await stop_after_one(h, "au")
-    anchor = tmp_path / "anchor.json"
-    write_anchor(h.db_path, anchor)
-    async with session(h) as (client, base):
-        checked = await client.get(base + "/audit", params={"anchor": str(anchor)})
+    anchors = tmp_path / "anchors"
+    anchors.mkdir()
+    write_anchor(h.db_path, anchors / "anchor.json")
+    async with session(h, anchor_dir=anchors) as (client, base):
+        checked = await client.get(base + "/audit", params={"anchor": "anchor.json"})
         assert "Audit chain OK" in checked.text
         assert "Anchor matched" in checked.text
         exported = await client.get(base + "/audit/export")
@@ -232,7 +238,8 @@ async def test_the_console_lives_under_its_random_prefix_and_its_cookie_is_scope
         # Nothing outside the prefix, not even the login (a guessed URL spends no token).
         for path in ("/", "/login?token=" + settings.login_token, "/approvals", "/console.css"):
             assert (await client.get(root + path)).status_code == 404
-        login = await client.get(f"{base}/login?token={settings.login_token}")
+        assert (await client.post(root + "/login", data={"token": settings.login_token})).status_code == 404
+        login = await client.post(f"{base}/login", data={"token": settings.login_token})
         assert login.status_code == 303
         assert login.headers["location"] == f"{settings.prefix}/"
         cookie = login.headers["set-cookie"]
@@ -254,7 +261,7 @@ async def test_a_session_cookie_of_one_console_does_not_open_another_console_on_
     assert first.prefix != second.prefix
     assert first.cookie_name != second.cookie_name
     async with serving(first) as (_, base_a), serving(second) as (_, base_b), httpx2.AsyncClient() as client:
-        assert (await client.get(f"{base_a}/login?token={first.login_token}")).status_code == 303
+        assert (await client.post(f"{base_a}/login", data={"token": first.login_token})).status_code == 303
         session_id = client.cookies[first.cookie_name]
         assert 'data-operation="op-mine"' in (await client.get(base_a + "/")).text
         # The other console's pages: the client does not send the cookie there (another path) ...
@@ -267,6 +274,130 @@ async def test_a_session_cookie_of_one_console_does_not_open_another_console_on_
                 forged = await forger.get(base_b + "/", headers={"Cookie": f"{name}={session_id}"})
                 assert forged.status_code == 401
                 assert "op-mine" not in forged.text
+
+
+async def test_the_audit_page_reads_anchors_only_by_name_from_its_directory_and_only_small_regular_files(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    await stop_after_one(h, "anch")
+    anchors = tmp_path / "anchors"
+    anchors.mkdir()
+    secret = tmp_path / "secret.json"
+    write_anchor(h.db_path, secret)  # a valid anchor, outside the directory
+    (anchors / "link.json").symlink_to(secret)
+    os.mkfifo(anchors / "fifo.json")  # opening it blocking would hang the page
+    (anchors / "big.json").write_text(" " * (MAX_ANCHOR_BYTES + 1))
+    async with session(h, anchor_dir=anchors) as (client, base):
+        for name, why in (
+            (str(secret), "must be a file name in the anchor directory, not a path"),
+            ("../secret.json", "not a path"),
+            ("link.json", "symbolic links are refused"),
+            ("fifo.json", "is not a regular file"),
+            ("big.json", f"over the {MAX_ANCHOR_BYTES}-byte cap"),
+            ("missing.json", "No such file"),
+        ):
+            with anyio.fail_after(10):
+                refused = await client.get(base + "/audit", params={"anchor": name})
+            assert refused.status_code == 200
+            assert why in refused.text, name
+            assert "Anchor matched" not in refused.text
+    async with session(h) as (client, base):  # no --anchor-dir: no file is read at all
+        refused = await client.get(base + "/audit", params={"anchor": str(secret)})
+        assert "start it with --anchor-dir DIR" in refused.text
+        assert "Anchor matched" not in refused.text
+
+
+async def test_a_page_number_of_any_size_shows_the_last_page_and_never_fails(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    for job in ("n1", "n2", "n3"):
+        await waiting(h, job)
+        h.clock.advance(1)
+    async with session(h, page_size=2) as (client, base):
+        for number in ("99999999999999999999", "3", "-1", "1e9", "x"):
+            shown = await client.get(base + "/", params={"page": number})
+            assert shown.status_code == 200, number
+        huge = await client.get(base + "/", params={"page": "99999999999999999999"})
+        assert "page 2 of 2" in huge.text
+        assert listed(huge.text) == ["op-n1"]
+        assert "page 1 of 2" in (await client.get(base + "/", params={"page": "x"})).text
+
+
+async def test_search_finds_an_operation_by_part_of_its_id_or_its_jobs_and_counts_each_status(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = harness(tmp_path, fake)
+    await stop_after_one(h, "alpha")
+    h.clock.advance(1)
+    await waiting(h, "beta")
+    h.clock.advance(1)
+    await waiting(h, "Alphabet")
+    async with session(h) as (client, base):
+        assert listed((await client.get(base + "/", params={"q": "alpha"})).text) == ["op-alpha"]  # case kept
+        assert listed((await client.get(base + "/", params={"q": "op-"})).text) == [
+            "op-Alphabet",
+            "op-beta",
+            "op-alpha",
+        ]
+        assert listed((await client.get(base + "/", params={"q": "bet"})).text) == ["op-Alphabet", "op-beta"]
+        assert listed((await client.get(base + "/", params={"q": "%"})).text) == []  # no wildcard
+        counted = await client.get(base + "/")
+        counts = dict(re.findall(r'data-status="(\w+)"[^>]*>\w+ (\d+)<', counted.text))
+        assert counts == {"waiting": "2", "escalated": "1"}
+        # The counts keep the other filters and ignore the status one (they are the tabs to pick from).
+        narrowed = await client.get(base + "/", params={"q": "beta", "status": "escalated"})
+        assert dict(re.findall(r'data-status="(\w+)"[^>]*>\w+ (\d+)<', narrowed.text)) == {"waiting": "1"}
+        assert listed(narrowed.text) == []
+
+
+def test_a_console_without_a_terminal_writes_its_login_url_to_an_owner_only_file_not_to_its_output(
+    tmp_path: Path,
+) -> None:
+    operator = make_operator(tmp_path / "keys")
+    db = tmp_path / "p.db"
+    db.touch(mode=0o600)
+    url_file = tmp_path / "private" / "login.url"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pollwarden",
+            "console",
+            "--db",
+            str(db),
+            "--port",
+            "0",
+            "--operator-key",
+            str(operator.key_file),
+            "--login-url-file",
+            str(url_file),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=clean_env({PUBKEYS_ENV: str(operator.pubkeys_file)}),
+    )
+    assert proc.stdout is not None
+    shown = ""
+    try:
+        deadline = time.monotonic() + 30
+        while "readable by you only" not in shown and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 4096).decode()
+                if not chunk:
+                    break
+                shown += chunk
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+    assert f"it is in {url_file} (readable by you only)" in shown, shown
+    assert "token=" not in shown  # a log of this output logs nobody in
+    assert url_file.stat().st_mode & 0o777 == 0o600
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/c/[\w-]+/login\?token=[\w-]+\n", url_file.read_text())
 
 
 async def test_the_operation_page_takes_the_id_an_agent_chose_and_names_the_owners_when_several_chose_it(

@@ -219,7 +219,8 @@ async def test_a_webhook_wakes_only_the_operations_its_plan_may_bring_forward(tm
         )
         later: OperationRecord | None = await store.get("later")
         story = await kinds(store, "later")
-    assert (woken.outcome, woken.woken) == (WakeOutcome.WOKEN, ("later",))
+    # Issue 30: a Retry-After delay no longer stops a wake-up; only its not_before_at bounds it (none here).
+    assert (woken.outcome, woken.woken) == (WakeOutcome.WOKEN, ("later", "retry"))
     assert replay.outcome == WakeOutcome.REPLAYED
     assert later is not None
     assert (later.next_check_at, later.woken_at) == (NOW, NOW)

@@ -73,6 +73,7 @@ def test_an_extension_never_undercuts_a_retry_after_still_in_force() -> None:
         last_http_status=503,
         last_http_at=1500.0,
         retry_after_seconds=60.0,
+        not_before_at=1560.0,  # the earliest allowed request the 503's answer recorded
         transport_failures_used=3,
     )
     changes = _approved(record, now=1510.0)
@@ -86,7 +87,11 @@ def test_an_extension_never_undercuts_a_retry_after_still_in_force() -> None:
 
 def test_an_unknown_state_pause_is_never_shorter_than_a_retry_after() -> None:
     record = operation_record(
-        status="escalated", stop_reason="unknown_state", last_http_at=1500.0, retry_after_seconds=300.0
+        status="escalated",
+        stop_reason="unknown_state",
+        last_http_at=1500.0,
+        retry_after_seconds=300.0,
+        not_before_at=1800.0,
     )
     changes = _approved(record, now=1500.0, seconds=60, requests=1)
     assert changes["next_check_at"] == 1800.0

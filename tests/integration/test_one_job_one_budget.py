@@ -43,8 +43,8 @@ async def test_new_operation_ids_after_the_budget_escalated_get_the_same_operati
     h = make_harness(tmp_path, fake)
     async with h.client(**era) as client:
         await track(client, "exp", max_status_requests=2)
-        await check(client, "exp", wait=50)
-        stopped = await check(client, "exp", wait=50)
+        await check(client, "exp", wait=30)
+        stopped = await check(client, "exp", wait=30)
         assert (stopped["status"], stopped["stop_reason"]) == ("escalated", "request_budget_exhausted")
         for attempt in range(3):
             h.clock.advance(600)
@@ -60,7 +60,7 @@ async def test_new_operation_ids_after_the_budget_escalated_get_the_same_operati
             assert "already tracked as operation op-exp" in again["message"]
             assert "no new budget or deadline" in again["message"]
             refused = await client.call_tool(
-                "check_status", {"operation_id": f"retry-{attempt}", "wait_seconds": 50}
+                "check_status", {"operation_id": f"retry-{attempt}", "wait_seconds": 30}
             )
             assert "no operation 'retry-" in error_text(refused)
             listed = view(await client.call_tool("list_operations", {}))
@@ -84,7 +84,7 @@ async def test_a_waiting_job_started_again_under_a_new_id_keeps_its_one_budget_a
         assert second["allowed_actions"] == ["check_status"]
         # Checking through every id the agent knows still spends the one budget of 3.
         for _ in range(6):
-            await check(client, "w", wait=50)
+            await check(client, "w", wait=30)
         final = await check(client, "w")
         assert (final["stop_reason"], final["status_requests_used"]) == ("request_budget_exhausted", 3)
     assert len(fake.status_requests("w")) == 3
@@ -106,7 +106,7 @@ async def test_a_job_that_ended_or_stopped_is_answered_with_its_operation_whatev
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
         await track(client, "e")
-        await check(client, "e", wait=50)
+        await check(client, "e", wait=30)
         again = await start_as(client, "e-new", "e")
         assert (again["operation_id"], again["requested_operation_id"]) == ("op-e", "e-new")
         assert (again["status"], again["stop_reason"], again["allowed_actions"]) == (status, reason, allowed)
@@ -255,7 +255,7 @@ async def test_a_submission_answered_with_a_job_another_operation_tracks_adopts_
         assert dup["provider_job_id"] == "known"
         assert dup["allowed_actions"] == []
         assert "tracked as operation op-known" in dup["message"]
-        refused = view(await client.call_tool("check_status", {"operation_id": "sub", "wait_seconds": 50}))
+        refused = view(await client.call_tool("check_status", {"operation_id": "sub", "wait_seconds": 30}))
         assert refused["outcome"] == "stopped"
         # Calling it again (same id) answers with the holder again and sends nothing.
         again = view(
@@ -364,7 +364,7 @@ async def test_an_older_duplicate_still_waiting_stops_at_its_next_check_and_send
         )
     async with h.client() as client:
         stopped = view(
-            await client.call_tool("check_status", {"operation_id": "b-later", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": "b-later", "wait_seconds": 30})
         )
         assert (stopped["outcome"], stopped["stop_reason"], stopped["duplicate_of"]) == (
             "stopped",
@@ -389,10 +389,29 @@ async def test_a_job_waiting_for_a_person_is_answered_with_where_to_act_and_no_n
     h = make_harness(tmp_path, fake, table=REVIEWED)
     async with h.client() as client:
         await track(client, "rev")
-        await check(client, "rev", wait=50)
+        await check(client, "rev", wait=30)
         again = await start_as(client, "rev-again", "rev")
     assert (again["operation_id"], again["stop_reason"]) == ("op-rev", "awaiting_review")
     assert again["person_must_act_at"] == "https://console.acme.example/jobs/rev (Approve)"
     assert again["allowed_actions"] == ["request_extension"]
     assert "Do not poll again" in again["message"]
     assert len(fake.status_requests("rev")) == 1
+
+
+async def test_job_ids_are_compared_in_the_tables_canonical_form_so_one_job_written_three_ways_has_one_budget(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # Issue 30: the table declares its job id an integer and its letters case-insensitive.
+    fake.script("run-42", [pending("running")])
+    h = make_harness(tmp_path, fake, table={"job_id": {"case_insensitive": ["job_id"]}})
+    async with h.client() as client:
+        first = await start_as(client, "one", "run-42", max_status_requests=2)
+        assert first["provider_job_id"] == "run-42"
+        for name, written in (("two", "Run-42"), ("three", "RUN-42")):
+            again = await start_as(client, name, written, max_status_requests=10)
+            assert (again["operation_id"], again["requested_operation_id"]) == ("one", name)
+            assert again["max_status_requests"] == 2
+        polled = view(await client.call_tool("check_status", {"operation_id": "one", "wait_seconds": 30}))
+        assert polled["outcome"] == "polled"
+    assert len(fake.status_requests("run-42")) == 1
+    assert [r["operation_id"] for r in db_rows(h.db_path, "SELECT operation_id FROM operations")] == ["one"]

@@ -68,7 +68,7 @@ async def test_the_same_payload_in_flight_under_a_new_operation_id_is_answered_w
             await client.call_tool("check_status", {"operation_id": "op-first", "wait_seconds": 30})
         )
         assert (polled["outcome"], polled["status"]) == ("polled", "waiting")
-        done = view(await client.call_tool("check_status", {"operation_id": "op-first", "wait_seconds": 50}))
+        done = view(await client.call_tool("check_status", {"operation_id": "op-first", "wait_seconds": 30}))
         assert done["status"] == "succeeded"
         after = view(await client.call_tool("start_operation", submit("op-after")))
         assert (after["operation_id"], after["requested_operation_id"], after["provider_job_id"]) == (

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -107,7 +108,7 @@ async def escalate_and_ask(h: Harness, job: str, **extra: Any) -> str:
             },
         )
         stopped = view(
-            await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50})
+            await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30})
         )
         assert stopped["stop_reason"] == "request_budget_exhausted"
         asked = view(
@@ -127,7 +128,7 @@ async def escalate_and_ask(h: Harness, job: str, **extra: Any) -> str:
 
 async def next_check(h: Harness, job: str) -> dict[str, Any]:
     async with h.client() as client:
-        return view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 50}))
+        return view(await client.call_tool("check_status", {"operation_id": f"op-{job}", "wait_seconds": 30}))
 
 
 def audit_of(h: Harness, job: str, kind: str) -> list[dict[str, Any]]:
@@ -156,7 +157,7 @@ async def test_the_agent_is_told_a_person_must_decide_and_where_but_never_a_comm
                 "max_status_requests": 1,
             },
         )
-        view(await client.call_tool("check_status", {"operation_id": "op-msg", "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": "op-msg", "wait_seconds": 30}))
         asked = view(
             await client.call_tool(
                 "request_extension",
@@ -204,6 +205,16 @@ async def test_a_person_at_a_terminal_reads_the_question_and_approves_by_typing_
     assert granted["authenticated_by"] == "tty"
     [applied] = audit_of(h, "tty", "extension_approved")
     assert (applied["authenticated_by"], applied["approved_by"]) == ("tty", "alice")
+    # Who decided, and how, is told by the CLI too.
+    listed = cli(h, "approvals", "list", "--all").stdout
+    assert re.search(
+        rf"{approval_id}  applied .*\n    applied by alice at \S+, authenticated by tty\n", listed
+    ), listed
+    story = cli(h, "audit", "show", "op-tty").stdout
+    assert f"approval_granted: {approval_id} by alice, authenticated by tty" in story
+    assert re.search(r"extension approved: \+60 s, \+2 checks, .* by alice, authenticated by tty", story), (
+        story
+    )
 
 
 async def test_typing_anything_else_at_the_terminal_decides_nothing(
@@ -318,7 +329,7 @@ async def test_a_cancel_approval_reads_as_a_cancel_and_approve_says_what_happens
             "start_operation",
             {"provider": "acme", "operation_id": "op-cx", "provider_job_id": "cx", "max_status_requests": 1},
         )
-        view(await client.call_tool("check_status", {"operation_id": "op-cx", "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": "op-cx", "wait_seconds": 30}))
         asked = view(await client.call_tool("cancel_operation", {"operation_id": "op-cx"}))
     assert asked["decision"] == "pending_approval"
     assert "pollwarden" not in asked["message"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -95,17 +96,21 @@ async def test_a_wrong_password_is_a_clear_error_that_does_not_repeat_it(
     _postgres_only(database_engine)
     own = database_in(tmp_path)
     # Trust authentication lets any password in on this server: a role that may not log in fails instead.
-    db_write(
-        own, "DO $$BEGIN CREATE ROLE pw_locked NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END$$"
-    )
-    url = own.dsn.replace("postgres@", f"pw_locked:{SECRET}@")
-    with pytest.raises(StoreError) as refused:
-        async with open_store(url, busy_timeout_seconds=1.0):
-            pass
+    # Roles are the whole server's: one of this test's own, dropped after, so none is left behind.
+    role = f"pw_locked_{uuid.uuid4().hex[:8]}"
+    db_write(own, f"CREATE ROLE {role} NOLOGIN")
+    try:
+        url = own.dsn.replace("postgres@", f"{role}:{SECRET}@")
+        with pytest.raises(StoreError) as refused:
+            async with open_store(url, busy_timeout_seconds=1.0):
+                pass
+    finally:
+        db_write(own, f"DROP ROLE IF EXISTS {role}")
     message = str(refused.value)
     assert SECRET not in message
-    assert "pw_locked:***@" in message
+    assert f"{role}:***@" in message
     assert "cannot use PostgreSQL" in message
+    assert db_rows(own, "SELECT rolname FROM pg_roles WHERE rolname = ?", role) == []
 
 
 async def test_instances_starting_at_the_same_moment_migrate_the_schema_once(

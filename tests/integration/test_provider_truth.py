@@ -64,7 +64,7 @@ async def test_a_success_whose_field_does_not_validate_is_an_integration_failure
     fake.script("j-bad", [succeeded(result_url="javascript:alert(document.cookie)")])
     async with h.client() as client:
         await track(client, "j-bad")
-        done = await check(client, "j-bad", wait=50)
+        done = await check(client, "j-bad", wait=30)
 
     assert done["stop_reason"] == "integration_failure"
     assert "result_url" in done["stop_detail"]
@@ -119,8 +119,8 @@ async def test_an_expired_batch_hands_over_its_finished_part_and_says_how_many_r
     )
     async with h.client() as client:
         await track(client, "b1")
-        first = await check(client, "b1", wait=50)
-        done = await check(client, "b1", wait=50)
+        first = await check(client, "b1", wait=30)
+        done = await check(client, "b1", wait=30)
         fetched = view(await client.call_tool("fetch_result", {"operation_id": "op-b1"}))
 
     assert first["request_counts"] == {"succeeded": 10, "errored": 0, "total": 100}
@@ -143,7 +143,7 @@ async def test_a_batch_in_which_every_request_failed_is_a_failure_with_its_error
     fake.script("b2", [batch("completed", 0, 100, 100, output_file_id=None, error_file_id="file-err2")])
     async with h.client() as client:
         await track(client, "b2")
-        done = await check(client, "b2", wait=50)
+        done = await check(client, "b2", wait=30)
         fetched = view(await client.call_tool("fetch_result", {"operation_id": "op-b2"}))
 
     assert done["stop_reason"] == "provider_failure"
@@ -162,7 +162,7 @@ async def test_a_success_state_with_no_request_succeeded_is_decided_by_the_count
     h = make_harness(tmp_path, fake, table=table)
     async with h.client() as client:
         await track(client, "b3")
-        done = await check(client, "b3", wait=50)
+        done = await check(client, "b3", wait=30)
 
     assert done["stop_reason"] == "cancelled"
     assert done["status"] == "cancelled"
@@ -178,7 +178,7 @@ async def test_fetch_result_is_refused_after_an_end_state_that_kept_nothing(
     fake.script("b4", [batch("failed", 0, 0, 0)])
     async with h.client() as client:
         await track(client, "b4")
-        done = await check(client, "b4", wait=50)
+        done = await check(client, "b4", wait=30)
         fetched = view(await client.call_tool("fetch_result", {"operation_id": "op-b4"}))
 
     assert done["stop_reason"] == "provider_failure"
@@ -212,8 +212,8 @@ async def test_a_state_that_waits_for_a_person_stops_and_says_where_they_act(
     person = Person("accept", {"decision": "approve"})
     async with h.client(elicitation_callback=person) as client:
         await track(client, "r1", max_status_requests=4)
-        await check(client, "r1", wait=50)
-        stopped = await check(client, "r1", wait=50)
+        await check(client, "r1", wait=30)
+        stopped = await check(client, "r1", wait=30)
         again = await check(client, "r1")
         sent_while_stopped = len(fake.requests_for("r1"))
         extended = view(
@@ -227,7 +227,7 @@ async def test_a_state_that_waits_for_a_person_stops_and_says_where_they_act(
                 },
             )
         )
-        resumed = await check(client, "r1", wait=50)
+        resumed = await check(client, "r1", wait=30)
 
     assert stopped["stop_reason"] == "awaiting_review"
     assert stopped["status"] == "escalated"
@@ -289,15 +289,15 @@ async def test_a_job_seen_just_past_its_expiry_is_waited_on_until_the_grace_ends
     )
     async with h.client() as client:
         await track(client, "e1")
-        within = await check(client, "e1", wait=50)
+        within = await check(client, "e1", wait=30)
         h.clock.advance(700)
-        beyond = await check(client, "e1", wait=50)
+        beyond = await check(client, "e1", wait=30)
     (tmp_path / "b").mkdir()
     h2 = make_harness(tmp_path / "b", fake, table=EXPIRING, clock=FakeClock(T0))
     fake.script("e2", [pending("queued", expires_at="2026-11-30T08:00:00Z")])
     async with h2.client() as client:
         await track(client, "e2")
-        documented = await check(client, "e2", wait=50)
+        documented = await check(client, "e2", wait=30)
 
     assert within["status"] == "waiting"
     assert beyond["stop_reason"] == "integration_failure"
@@ -333,7 +333,7 @@ async def test_a_403_whose_message_names_a_secondary_limit_waits_at_least_a_minu
     )
     async with h.client() as client:
         await track(client, "s1")
-        limited = await check(client, "s1", wait=50)
+        limited = await check(client, "s1", wait=30)
         h.clock.advance(limited["retry_after_seconds"])
         refused = await check(client, "s1")
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.anyio
 async def _stopped_after_one_poll(client: Any, job_id: str) -> None:
     """Track `job_id` with a budget of one request and spend it: the operation escalates at 10:20:05."""
     await track(client, job_id, max_status_requests=1)
-    escalated = await check(client, job_id, wait=50)
+    escalated = await check(client, job_id, wait=30)
     assert (escalated["status"], escalated["stop_reason"]) == ("escalated", "request_budget_exhausted")
 
 

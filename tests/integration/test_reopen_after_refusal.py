@@ -51,7 +51,7 @@ async def refused_once(h: Harness, job: str, refusal: Step, reason: str) -> dict
     h.fake.script(job, [refusal, pending("running")])
     async with h.client() as client:
         await call(client, "start_operation", provider="acme", operation_id=f"op-{job}", provider_job_id=job)
-        stopped = await call(client, "check_status", operation_id=f"op-{job}", wait_seconds=50)
+        stopped = await call(client, "check_status", operation_id=f"op-{job}", wait_seconds=30)
     assert (stopped["status"], stopped["stop_reason"]) == ("escalated", reason)
     return stopped
 
@@ -79,7 +79,7 @@ async def test_after_a_refusal_no_operation_id_sends_the_identical_request_and_t
                 "inspect_provider_console",
             ]
             assert "fix the cause and reopen" in again["escalation"]["message"]
-            stopped = await call(client, "check_status", operation_id="op-j", wait_seconds=50)
+            stopped = await call(client, "check_status", operation_id="op-j", wait_seconds=30)
             assert stopped["outcome"] == "stopped"
         asked = await client.call_tool(
             "request_extension",
@@ -126,7 +126,7 @@ async def test_reopen_needs_a_person_and_an_operator_key_reopens_it_audited_insi
     assert [r for r in read_rows(h.db_path, "op-k") if r.kind == "reopened"] == []
 
     async with h.client() as client:
-        resumed = await call(client, "check_status", operation_id="op-k", wait_seconds=50)
+        resumed = await call(client, "check_status", operation_id="op-k", wait_seconds=30)
     assert (resumed["outcome"], resumed["status"]) == ("polled", "waiting")
     assert (resumed["status_requests_used"], resumed["max_status_requests"]) == (2, 12)
     assert resumed["deadline_at"] == before["deadline_at"]
@@ -175,7 +175,7 @@ async def test_an_operator_at_a_terminal_reopens_by_typing_the_operation_id(
     assert code == 0, shown
     assert "Stopped because: integration_failure" in shown
     async with h.client() as client:
-        resumed = await call(client, "check_status", operation_id="op-t", wait_seconds=50)
+        resumed = await call(client, "check_status", operation_id="op-t", wait_seconds=30)
     [row] = [r for r in read_rows(h.db_path, "op-t") if r.kind == "reopened"]
     assert row.payload_obj["authenticated_by"] == "tty"
     assert resumed["outcome"] == "polled"
@@ -197,7 +197,7 @@ async def test_reopen_refuses_a_stop_that_a_person_extends_instead(
             provider_job_id="b",
             max_status_requests=1,
         )
-        stopped = await call(client, "check_status", operation_id="op-b", wait_seconds=50)
+        stopped = await call(client, "check_status", operation_id="op-b", wait_seconds=30)
     assert stopped["stop_reason"] == "request_budget_exhausted"
     refused = cli(
         h, "reopen", "op-b", "--reason", "more", "--operator-key", str(operator.key_file), env=operator.env()
@@ -232,7 +232,7 @@ async def test_an_agent_reopening_with_its_own_key_and_keys_file_sends_nothing(
             env={REQUIRE_ENV: "1"} if require_key else None,
         )
         async with h.client() as client:
-            again = await call(client, "check_status", operation_id=f"op-{job}", wait_seconds=50)
+            again = await call(client, "check_status", operation_id=f"op-{job}", wait_seconds=30)
         assert (again["status"], again["stop_reason"]) == ("escalated", "authorization_denied")
         assert len(fake.status_requests(job)) == 1
         kinds = [r.kind for r in read_rows(h.db_path, f"op-{job}")]

@@ -118,7 +118,7 @@ async def test_a_restart_between_checks_keeps_every_counter_and_the_next_allowed
                 # A new process does not make an early check allowed.
                 assert (await check(client, "r"))["outcome"] == "not_yet"
                 clock.advance(10)  # the last delay is 40 s: more than one call waits (CALL_BUDGET_SECONDS)
-            v = await check(client, "r", wait=50)
+            v = await check(client, "r", wait=30)
             assert v["outcome"] == "polled"
             assert (v["status_requests_used"], v["transport_failures_used"], v["rate_limited_used"]) == (
                 used,
@@ -130,7 +130,7 @@ async def test_a_restart_between_checks_keeps_every_counter_and_the_next_allowed
     # The budget of 4 counted requests made in four different server instances.
     assert before["stop_reason"] == "request_budget_exhausted"
     async with make_harness(tmp_path, fake, clock=clock).client() as client:
-        assert (await check(client, "r", wait=50))["outcome"] == "stopped"
+        assert (await check(client, "r", wait=30))["outcome"] == "stopped"
     assert len(fake.status_requests("r")) == 4
 
 
@@ -142,8 +142,8 @@ async def test_a_new_process_on_the_same_database_never_resets_the_counters(
     h = make_harness(tmp_path, fake, clock=FakeClock(start=time.time()))
     async with h.client() as client:
         await start(client, "p")
-        await check(client, "p", wait=50)
-        last = await check(client, "p", wait=50)  # 503: next check 20 s of fake time ahead
+        await check(client, "p", wait=30)
+        last = await check(client, "p", wait=30)  # 503: next check 20 s of fake time ahead
     assert (last["status_requests_used"], last["transport_failures_used"]) == (2, 1)
 
     params = StdioServerParameters(command=sys.executable, args=serve_args(h), env=child_env())
@@ -176,7 +176,7 @@ async def assert_tools_are_listed(client: Client) -> None:
     listing = tools["list_operations"].output_schema
     assert listing is not None
     assert set(listing["properties"]) >= {"operations", "count"}
-    assert tools["check_status"].input_schema["properties"]["wait_seconds"]["maximum"] == 50
+    assert tools["check_status"].input_schema["properties"]["wait_seconds"]["maximum"] == 30
     assert tools["get_operation"].annotations is not None
     assert tools["get_operation"].annotations.read_only_hint is True
 
@@ -375,7 +375,7 @@ async def test_pollwarden_serve_over_streamable_http_on_127_0_0_1_in_both_eras(
 
 
 @pytest.mark.parametrize("era", ERAS)
-async def test_wait_seconds_above_50_is_refused_by_the_schema_and_changes_nothing(
+async def test_wait_seconds_above_the_real_maximum_of_30_is_refused_by_the_schema_and_changes_nothing(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]
 ) -> None:
     fake.script("w", [pending("running")])
@@ -383,15 +383,15 @@ async def test_wait_seconds_above_50_is_refused_by_the_schema_and_changes_nothin
     async with h.client(**era) as client:
         await start(client, "w")
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        assert tools["check_status"].input_schema["properties"]["wait_seconds"]["maximum"] == 50
-        for bad in (50.5, 3600, -1):
+        assert tools["check_status"].input_schema["properties"]["wait_seconds"]["maximum"] == 30
+        for bad in (30.5, 3600, -1):
             result = await client.call_tool("check_status", {"operation_id": "op-w", "wait_seconds": bad})
             text = error_text(result)
             assert "wait_seconds" in text
-            assert ("50" in text) if bad > 0 else ("0" in text)
+            assert ("30" in text) if bad > 0 else ("0" in text)
         unchanged = await get(client, "w")
         assert (unchanged["status_requests_used"], unchanged["status"]) == (0, "waiting")
-        assert (await check(client, "w", wait=50))["outcome"] == "polled"
+        assert (await check(client, "w", wait=30))["outcome"] == "polled"
     assert len(fake.status_requests("w")) == 1
 
 
@@ -410,17 +410,17 @@ async def test_a_waiting_check_sends_progress_and_holds_no_lease_while_it_waits(
 
     async with h.client(**era) as client:
         await start(client, "slow")
-        first = await check(client, "slow", wait=50, progress_callback=on_progress)
+        first = await check(client, "slow", wait=30, progress_callback=on_progress)
         assert first["outcome"] == "polled"
         seen.clear()
         # The next check is allowed 10 s later; the server waits in slices of 5 s.
-        second = await check(client, "slow", wait=50, progress_callback=on_progress)
+        second = await check(client, "slow", wait=30, progress_callback=on_progress)
         assert (second["outcome"], second["state"]) == ("polled", "running")
     assert len(seen) >= 2
     progresses = [p for p, *_ in seen]
     assert progresses == sorted(progresses)
-    # The total is the wait this call may spend: 50 asked, bounded so a request still fits the call.
-    assert all(total == wait_bound(50, max_wait=50, request_timeout=20) == 30 for _, total, *_ in seen)
+    # The total is the wait this call may spend: 30 asked, the most a request still fits the call after.
+    assert all(total == wait_bound(30, max_wait=30, request_timeout=20) == 30 for _, total, *_ in seen)
     assert all(message and "waiting" in message for _, _, message, *_ in seen)
     # While it waits: no lease in the database and no request in flight.
     assert all(lease == (None, None) for *_, lease, _ in seen)
@@ -459,8 +459,8 @@ async def test_list_operations_and_get_operation_never_call_the_provider(
     async with h.client(**era) as client:
         await start(client, "a")
         await start(client, "b")
-        await check(client, "a", wait=50)
-        await check(client, "b", wait=50)
+        await check(client, "a", wait=30)
+        await check(client, "b", wait=30)
         sent = len(fake.log())
         h.clock.advance(600)  # long past both next allowed checks
         for _ in range(5):
@@ -485,8 +485,8 @@ async def test_the_operation_and_audit_resources_return_the_view_and_the_story(
     h = make_harness(tmp_path, fake, rng=full_delays())  # the story's times: every delay its maximum
     async with h.client(**era) as client:
         await start(client, "res")
-        await check(client, "res", wait=50)
-        await check(client, "res", wait=50)
+        await check(client, "res", wait=30)
+        await check(client, "res", wait=30)
         sent = len(fake.log())
 
         read = await client.read_resource("pollwarden://operations/op-res")

@@ -5,6 +5,7 @@ the logs or an error message — even when the provider echoes it back.
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import logging
@@ -82,14 +83,14 @@ async def test_a_canary_credential_reaches_the_provider_and_appears_nowhere_else
             await call("start_operation", {"provider": "acme", "operation_id": "op-c", "submit": {"n": 1}})
         )
         assert started["provider_job_id"] == "job_0001"
-        first = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 50}))
+        first = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 30}))
         assert first["provider_request_id"] == "req-[redacted]"
-        ended = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 50}))
+        ended = view(await call("check_status", {"operation_id": "op-c", "wait_seconds": 30}))
         assert ended["error"] == "invalid token Bearer [redacted]"
         await call(
             "start_operation", {"provider": "acme", "operation_id": "op-l", "provider_job_id": "leaky"}
         )
-        redirected = view(await call("check_status", {"operation_id": "op-l", "wait_seconds": 50}))
+        redirected = view(await call("check_status", {"operation_id": "op-l", "wait_seconds": 30}))
         assert redirected["stop_reason"] == "integration_failure"
         conflict = await call(
             "start_operation", {"provider": "acme", "operation_id": "op-c", "submit": {"n": 2}}
@@ -212,14 +213,14 @@ async def test_an_echoed_credential_is_redacted_in_every_spelling_everywhere(
         for _ in range(2):
             outputs.append(
                 text_of(
-                    await client.call_tool("check_status", {"operation_id": "op-echo1", "wait_seconds": 50})
+                    await client.call_tool("check_status", {"operation_id": "op-echo1", "wait_seconds": 30})
                 )
             )
         ended = view(await client.call_tool("get_operation", {"operation_id": "op-echo1"}))
         assert ended["stop_reason"] == "provider_failure"
         assert "[redacted]" in str(ended["error"])
         outputs.append(
-            text_of(await client.call_tool("check_status", {"operation_id": "op-echo2", "wait_seconds": 50}))
+            text_of(await client.call_tool("check_status", {"operation_id": "op-echo2", "wait_seconds": 30}))
         )
         fetched = await client.call_tool("fetch_result", {"operation_id": "op-echo2"})
         assert view(fetched)["decision"] == "done"
@@ -274,7 +275,7 @@ async def test_a_non_ascii_credential_is_a_configuration_error_that_shows_none_o
         started = await client.call_tool(
             "start_operation", {"provider": "acme", "operation_id": "op-na2", "provider_job_id": "na2"}
         )
-        checked = await client.call_tool("check_status", {"operation_id": "op-na1", "wait_seconds": 50})
+        checked = await client.call_tool("check_status", {"operation_id": "op-na1", "wait_seconds": 30})
         after = view(await client.call_tool("get_operation", {"operation_id": "op-na1"}))
         listed = view(await client.call_tool("list_operations", {}))
     for result in (started, checked):
@@ -288,3 +289,43 @@ async def test_a_non_ascii_credential_is_a_configuration_error_that_shows_none_o
     assert fake.log() == []
     for fragment in ("ö", "€", "4f9c2a71"):
         assert fragment not in caplog.text
+
+
+def _entities(text: str, style: str) -> str:
+    """`text` as HTML entities: decimal (`&#115;`), hex (`&#X73`, no semicolon) or named where one exists."""
+    if style == "decimal":
+        return "".join(f"&#{ord(c)};" for c in text)
+    if style == "hex":
+        return "".join(f"&#X{ord(c):x}" for c in text)
+    return text.replace("/", "&sol;").replace("+", "&plus;").replace("-", "&#45;")
+
+
+async def test_an_echoed_credential_as_html_entities_or_in_another_case_is_redacted(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    secret = f"sk/{uuid.uuid4()}+Zz9"
+    echoes = {
+        "decimal": _entities(secret, "decimal"),
+        "hex": _entities(secret, "hex"),
+        "named": _entities(secret, "named"),
+        "upper": secret.upper(),
+        "mixed": "".join(c.upper() if i % 2 else c for i, c in enumerate(secret)),
+    }
+    fake.script(
+        "html",
+        [Step(raw_body_text=json.dumps({"state": "failed", "error": " | ".join(echoes.values())}))],
+    )
+    h = make_harness(tmp_path, fake, table=WITH_AUTH, environ={"ACME_TOKEN": secret})
+    async with h.client() as client:
+        await client.call_tool(
+            "start_operation", {"provider": "acme", "operation_id": "op-html", "provider_job_id": "html"}
+        )
+        shown = text_of(
+            await client.call_tool("check_status", {"operation_id": "op-html", "wait_seconds": 30})
+        )
+        ended = view(await client.call_tool("get_operation", {"operation_id": "op-html"}))
+    assert str(ended["error"]).count("[redacted]") == len(echoes)
+    core = secret.split("/")[1].split("+")[0].lower()
+    for where, text in {"tool output": shown, "database": db_bytes(h).decode("utf-8", "replace")}.items():
+        readable = html.unescape(html.unescape(text)).lower()
+        assert core not in readable, f"the credential reached the {where}"

@@ -82,7 +82,7 @@ async def assert_nothing_more_is_sent(h: Harness, client: Any, job_id: str) -> N
     sent = len(h.fake.status_requests(job_id))
     for _ in range(3):
         h.clock.advance(3600)
-        again = await check(client, job_id, wait=50)
+        again = await check(client, job_id, wait=30)
         assert again["outcome"] == "stopped"
     assert len(h.fake.status_requests(job_id)) == sent
 
@@ -119,7 +119,7 @@ async def test_an_answer_that_ends_waiting_stops_on_that_request_with_its_reason
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
         await track(client, "j")
-        stopped = await check(client, "j", wait=50)
+        stopped = await check(client, "j", wait=30)
         assert_stop(stopped, reason=reason, status=status, allowed=allowed)
         assert stopped["status_requests_used"] == 1
         assert stopped["last_http_status"] == steps[0].status
@@ -135,11 +135,11 @@ async def test_a_success_with_every_required_field_returns_the_validated_result(
     h = make_harness(tmp_path, fake)
     async with h.client(**era) as client:
         await track(client, "ok")
-        queued = await check(client, "ok", wait=50)
+        queued = await check(client, "ok", wait=30)
         assert (queued["outcome"], queued["status"], queued["state"]) == ("polled", "waiting", "queued")
         assert queued["allowed_actions"] == ["check_status"]
         assert queued["result"] is None
-        done = await check(client, "ok", wait=50)
+        done = await check(client, "ok", wait=30)
         assert_stop(done, reason="succeeded", status="succeeded", allowed=["fetch_result"])
         assert (done["state"], done["category"]) == ("succeeded", "succeeded")
         assert done["result"] == {"result_url": "https://files.example/ok.csv"}
@@ -155,7 +155,7 @@ async def test_a_provider_failure_preserves_the_error_truncated_and_marked_untru
     h = make_harness(tmp_path, fake)
     async with h.client(**era) as client:
         await track(client, "bad")
-        v = await check(client, "bad", wait=50)
+        v = await check(client, "bad", wait=30)
         assert_stop(v, reason="provider_failure", status="failed", allowed=[])
         assert (v["state"], v["category"]) == ("failed", "failed")
         assert v["error"].startswith("quota exceeded on volume /exports; quota exceeded")
@@ -178,8 +178,8 @@ async def test_an_expired_state_and_a_404_after_retention_both_stop_as_expired(
     async with h.client() as client:
         await track(client, "exp-state")
         await track(client, "exp-404")
-        assert (await check(client, "exp-state", wait=50))["status"] == "waiting"
-        by_state = await check(client, "exp-state", wait=50)
+        assert (await check(client, "exp-state", wait=30))["status"] == "waiting"
+        by_state = await check(client, "exp-state", wait=30)
         assert_stop(by_state, reason="expired", status="expired", allowed=[])
         assert by_state["state"] == "expired"
 
@@ -208,7 +208,7 @@ async def test_a_deadline_passed_before_the_check_stops_without_sending_anything
     async with h.client() as client:
         started = await track(client, "late", deadline_seconds=60)
         h.clock.advance(61)  # the agent (or the server) woke up late
-        v = await check(client, "late", wait=50)
+        v = await check(client, "late", wait=30)
         assert_stop(v, reason="deadline_exceeded", status="escalated", allowed=allowed, outcome="stopped")
         assert v["status_requests_used"] == 0
         assert v["deadline_at"] == started["deadline_at"]
@@ -225,7 +225,7 @@ async def test_a_retry_after_that_ends_after_the_deadline_stops_at_once(
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
         await track(client, "ra", deadline_seconds=60)
-        v = await check(client, "ra", wait=50)
+        v = await check(client, "ra", wait=30)
         # Not "wait 120 s and poll after the deadline", and not "poll before the Retry-After".
         assert_stop(
             v,
@@ -274,7 +274,7 @@ async def test_a_business_deadline_before_the_next_allowed_check_stops_after_the
     async with h.client() as client:
         # First poll at +5 s; the next would be 10 s later, after the business deadline at +12 s.
         await track(client, "biz2", business_deadline_at=iso(h.clock.now() + 12))
-        v = await check(client, "biz2", wait=50)
+        v = await check(client, "biz2", wait=30)
         assert_stop(v, reason="deadline_exceeded", status="escalated", allowed=["request_extension"])
         assert v["state"] == "running"
         assert "business deadline" in v["stop_detail"]
@@ -293,9 +293,9 @@ async def test_the_request_budget_is_used_up_by_the_nth_request_not_the_next_cal
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client(**era) as client:
         await track(client, "budget", max_status_requests=2)
-        first = await check(client, "budget", wait=50)
+        first = await check(client, "budget", wait=30)
         assert (first["outcome"], first["status"], first["status_requests_used"]) == ("polled", "waiting", 1)
-        second = await check(client, "budget", wait=50)
+        second = await check(client, "budget", wait=30)
         assert_stop(
             second,
             reason="request_budget_exhausted",
@@ -325,20 +325,20 @@ async def test_the_nth_transport_failure_stops_as_delivery_ambiguous(
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
         await track(client, "flaky")
-        one = await check(client, "flaky", wait=50)
-        two = await check(client, "flaky", wait=50)
+        one = await check(client, "flaky", wait=30)
+        two = await check(client, "flaky", wait=30)
         for n, v in enumerate((one, two), start=1):
             assert (v["outcome"], v["status"], v["stop_reason"]) == ("polled", "waiting", None)
             assert v["transport_failures_used"] == n
             assert v["delay_source"] == "local_backoff"
-        three = await check(client, "flaky", wait=50)
+        three = await check(client, "flaky", wait=30)
         assert_stop(three, reason="delivery_ambiguous", status="escalated", allowed=["request_extension"])
         assert (three["transport_failures_used"], three["max_transport_failures"]) == (3, 3)
         assert three["status_requests_used"] == 3
         assert three["last_http_at"] == iso(h.clock.now())
         if failures[-1].close_connection:
             assert three["last_http_status"] is None
-            assert "no answer" in three["stop_detail"]
+            assert "the provider gave no complete answer" in three["stop_detail"]
             assert "Last HTTP result: no response at" in three["escalation"]["message"]
         else:
             assert three["last_http_status"] == 503
@@ -351,7 +351,7 @@ async def test_429s_back_off_and_the_third_stops_as_rate_limited(tmp_path: Path,
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
         await track(client, "busy")
-        with_guidance = await check(client, "busy", wait=50)
+        with_guidance = await check(client, "busy", wait=30)
         assert (with_guidance["status"], with_guidance["rate_limited_used"]) == ("waiting", 1)
         assert with_guidance["last_http_status"] == 429
         assert with_guidance["delay_source"] == "provider_retry_after"
@@ -388,7 +388,7 @@ async def test_rate_limited_without_cancel_in_the_table_offers_only_an_extension
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
         await track(client, "busy2")
-        views = [await check(client, "busy2", wait=50) for _ in range(3)]
+        views = [await check(client, "busy2", wait=30) for _ in range(3)]
         assert [v["rate_limited_used"] for v in views] == [1, 2, 3]
         assert_stop(views[-1], reason="rate_limited", status="escalated", allowed=["request_extension"])
 
@@ -404,8 +404,8 @@ async def test_a_state_outside_the_table_stops_as_unknown_and_is_never_waited_on
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
         await track(client, "odd")
-        assert (await check(client, "odd", wait=50))["status"] == "waiting"
-        v = await check(client, "odd", wait=50)
+        assert (await check(client, "odd", wait=30))["status"] == "waiting"
+        v = await check(client, "odd", wait=30)
         assert_stop(v, reason="unknown_state", status="escalated", allowed=["request_extension"])
         assert (v["state"], v["category"]) == (state, "unknown")
         assert f"Last state: {state or '(none yet)'}" in v["escalation"]["message"]
@@ -424,7 +424,7 @@ async def test_401_and_403_stop_at_once_with_nothing_the_agent_may_do(
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
         await track(client, "denied")
-        v = await check(client, "denied", wait=50)
+        v = await check(client, "denied", wait=30)
         assert_stop(v, reason="authorization_denied", status="escalated", allowed=[])
         assert v["last_http_status"] == code
         assert [o["action"] for o in v["escalation"]["options"]] == [
@@ -454,7 +454,7 @@ async def test_an_answer_pollwarden_cannot_trust_stops_as_an_integration_failure
     h = make_harness(tmp_path, fake, table=WITH_CANCEL)
     async with h.client() as client:
         await track(client, "weird")
-        v = await check(client, "weird", wait=50)
+        v = await check(client, "weird", wait=30)
         assert_stop(v, reason="integration_failure", status="escalated", allowed=[])
         assert detail in v["stop_detail"]
         assert v["result"] is None
@@ -484,16 +484,16 @@ async def test_a_404_inside_the_grace_window_is_treated_as_pending(
     h = make_harness(tmp_path, fake)
     async with h.client() as client:
         await track(client, "new")
-        first = await check(client, "new", wait=50)  # 5 s after start
-        second = await check(client, "new", wait=50)  # 15 s after start
+        first = await check(client, "new", wait=30)  # 5 s after start
+        second = await check(client, "new", wait=30)  # 15 s after start
         for v in (first, second):
             assert (v["outcome"], v["status"], v["stop_reason"]) == ("polled", "waiting", None)
             assert v["last_http_status"] == 404
             assert v["allowed_actions"] == ["check_status"]
             assert v["transport_failures_used"] == 0
-        assert (await check(client, "new", wait=50))["state"] == "running"
+        assert (await check(client, "new", wait=30))["state"] == "running"
         h.clock.advance(10)  # the next check is 40 s away: more than one call waits (CALL_BUDGET_SECONDS)
-        done = await check(client, "new", wait=50)
+        done = await check(client, "new", wait=30)
         assert_stop(done, reason="succeeded", status="succeeded", allowed=["fetch_result"])
     assert len(fake.status_requests("new")) == 4
 
@@ -522,7 +522,7 @@ async def test_the_status_code_time_and_provider_request_id_are_kept_in_the_view
         )
         seen: list[tuple[int, str, str]] = []
         for _ in range(3):
-            v = await check(client, "ids", wait=50)
+            v = await check(client, "ids", wait=30)
             assert v["last_http_at"] == iso(h.clock.now())
             seen.append((v["last_http_status"], v["provider_request_id"], v["last_http_at"]))
         assert [(code, rid) for code, rid, _ in seen] == [
@@ -556,7 +556,7 @@ async def test_a_provider_failure_carries_the_escalation_block_with_the_error_qu
     async with h.client(**era) as client:
         args = {"provider": "acme", "operation_id": "op-pf-sub", "submit": {"report": "q3"}}
         assert view(await client.call_tool("start_operation", args))["provider_job_id"] == "pf-sub"
-        v = await check(client, "pf-sub", wait=50)
+        v = await check(client, "pf-sub", wait=30)
     assert (v["status"], v["stop_reason"]) == ("failed", "provider_failure")
     assert v["allowed_actions"] == ["start_operation"]
     assert "Do not poll again; a person decides" in v["message"]
@@ -591,7 +591,7 @@ async def test_a_provider_failure_of_a_tracked_job_escalates_with_nothing_to_res
     v: dict[str, Any] = {}
     async with h.client() as client:
         await track(client, "pf-tracked")
-        v = await check(client, "pf-tracked", wait=50)
+        v = await check(client, "pf-tracked", wait=30)
     assert v["allowed_actions"] == []
     assert [o["action"] for o in v["escalation"]["options"]] == ["inspect_provider_console"]
     assert 'Provider error (untrusted): "disk full"' in v["escalation"]["message"]

@@ -159,3 +159,36 @@ def test_a_moderately_nested_toml_file_is_refused_before_validation(tmp_path: Pa
         load_table(path)
 
     assert "deeper than 16 levels" in caught.value.problem
+
+
+def test_a_table_sending_another_tables_webhook_secret_as_its_credential_is_refused(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {"auth": {"env": "GITHUB_WEBHOOK_SECRET", "header": "Authorization", "prefix": "Bearer "}},
+        name="leaky",
+    )
+
+    with pytest.raises(TableError) as caught:
+        load_tables([tmp_path])
+
+    error = caught.value
+    assert error.key == "auth.env"
+    assert "$GITHUB_WEBHOOK_SECRET is a webhook signing secret" in error.problem
+    assert "'github-actions-runs'" in error.problem
+    assert "variables of their own" in error.fix
+
+
+def test_a_webhook_secret_naming_another_tables_credential_is_refused(tmp_path: Path) -> None:
+    webhook = {
+        "scheme": "standard",
+        "secret_env": "OPENAI_API_KEY",
+        "job_id_fields": ["data.id"],
+        "events": ["job.completed"],
+    }
+    write(tmp_path, {"webhook": webhook}, name="signer")
+
+    with pytest.raises(TableError) as caught:
+        load_tables([tmp_path])
+
+    assert "$OPENAI_API_KEY is a webhook signing secret" in caught.value.problem
+    assert "'signer'" in caught.value.problem

@@ -340,9 +340,9 @@ async def test_a_github_shaped_table_drives_a_run_to_success_with_its_fixed_head
     h = make_harness(tmp_path, fake, table=GITHUB_LIKE)
     async with h.client() as client:
         started = await track(client, "octo/hello/42")
-        first = await check(client, "octo/hello/42", wait=50)
-        second = await check(client, "octo/hello/42", wait=50)
-        third = await check(client, "octo/hello/42", wait=50)
+        first = await check(client, "octo/hello/42", wait=30)
+        second = await check(client, "octo/hello/42", wait=30)
+        third = await check(client, "octo/hello/42", wait=30)
         result = view(await client.call_tool("fetch_result", {"operation_id": "op-octo/hello/42"}))
 
     assert started["provider_job_id"] == "octo/hello/42"
@@ -362,7 +362,7 @@ async def test_a_run_that_completes_with_an_undocumented_conclusion_stops_as_unk
     h = make_harness(tmp_path, fake, table=GITHUB_LIKE)
     async with h.client() as client:
         await track(client, "octo/hello/43")
-        stopped = await check(client, "octo/hello/43", wait=50)
+        stopped = await check(client, "octo/hello/43", wait=30)
 
     assert stopped["stop_reason"] == "unknown_state"
     assert "conclusion 'rerequested' is not listed under [refine.completed]" in stopped["stop_detail"]
@@ -391,7 +391,7 @@ async def test_a_status_body_about_another_job_stops_as_an_integration_failure(
     h = make_harness(tmp_path, fake, table={"response": {"job_id_field": "id"}})
     async with h.client() as client:
         await track(client, "job_mixup")
-        stopped = await check(client, "job_mixup", wait=50)
+        stopped = await check(client, "job_mixup", wait=30)
 
     assert stopped["stop_reason"] == "integration_failure"
     assert "about job 'job_other' (id), not 'job_mixup'" in stopped["stop_detail"]
@@ -420,7 +420,7 @@ async def test_a_403_with_no_requests_remaining_waits_until_the_reset_instead_of
     fake.script("job_rl", [forbidden(**{"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)})])
     async with h.client() as client:
         await track(client, "job_rl")
-        answered = await check(client, "job_rl", wait=50)
+        answered = await check(client, "job_rl", wait=30)
 
     assert answered["status"] == "waiting"
     assert answered["delay_source"] == "provider_retry_after"
@@ -435,8 +435,8 @@ async def test_a_403_with_retry_after_is_a_secondary_rate_limit_and_the_last_one
     h = make_harness(tmp_path, fake, table={**RATE_LIMIT, "limits": {"max_rate_limited": 2}})
     async with h.client() as client:
         await track(client, "job_rl2")
-        first = await check(client, "job_rl2", wait=50)
-        second = await check(client, "job_rl2", wait=50)
+        first = await check(client, "job_rl2", wait=30)
+        second = await check(client, "job_rl2", wait=30)
 
     assert first["status"] == "waiting"
     assert second["stop_reason"] == "rate_limited"
@@ -452,10 +452,10 @@ async def test_a_plain_403_is_still_a_refusal_with_or_without_rate_limit_headers
     plain = make_harness(tmp_path / "plain", fake)
     async with h.client() as client:
         await track(client, "job_denied")
-        denied = await check(client, "job_denied", wait=50)
+        denied = await check(client, "job_denied", wait=30)
     async with plain.client() as client:
         await track(client, "job_denied_plain")
-        denied_without_section = await check(client, "job_denied_plain", wait=50)
+        denied_without_section = await check(client, "job_denied_plain", wait=30)
 
     assert denied["stop_reason"] == "authorization_denied"
     # Without [rate_limit] the table documents no such signal: a 403 is a refusal.

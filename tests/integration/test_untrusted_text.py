@@ -128,7 +128,7 @@ async def test_the_escalation_block_and_the_question_cannot_be_given_extra_lines
         )
         _recorded_before_ids_were_checked(h.db_path, "op-1", provider_job_id=FORGED_JOB)
         fake.script(FORGED_JOB, [pending(FORGED_STATE)])
-        stopped = view(await client.call_tool("check_status", {"operation_id": "op-1", "wait_seconds": 50}))
+        stopped = view(await client.call_tool("check_status", {"operation_id": "op-1", "wait_seconds": 30}))
         assert stopped["stop_reason"] == "unknown_state"  # the forged state is no state of the table
         message = stopped["escalation"]["message"]
         await client.call_tool(
@@ -195,7 +195,7 @@ async def test_approvals_list_shows_an_operation_id_with_terminal_escapes_escape
                 "max_status_requests": 1,
             },
         )
-        view(await client.call_tool("check_status", {"operation_id": plain, "wait_seconds": 50}))
+        view(await client.call_tool("check_status", {"operation_id": plain, "wait_seconds": 30}))
         pending_approval = view(
             await client.call_tool(
                 "request_extension",

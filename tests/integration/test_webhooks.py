@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -573,6 +574,14 @@ async def test_serve_over_http_and_the_standalone_receiver_both_take_signed_webh
             woken = await post(hooks, body, headers)
             replayed = await post(hooks, body, headers)
             mcp = await hooks.post("/mcp", content=b"{}", headers={"Content-Type": "application/json"})
+            ready = await hooks.get("/readyz")
+            scraped = await hooks.get("/metrics")
+    assert (ready.status_code, ready.json()["status"]) == (200, "ready")
+    assert 'pollwarden_webhook_events_total{result="woken"} 1.0' in scraped.text
+    # The shutdown log counts results by name (it printed an enum's repr before).
+    assert "webhooks received: {" in log.read_text()
+    assert "'woken': 1" in log.read_text()
+    assert "WakeOutcome" not in log.read_text()
     assert (tampered.status_code, foreign.status_code) == (401, 421)
     assert (woken.status_code, woken.json()["outcome"]) == (200, "woken")
     assert replayed.json()["outcome"] == "replayed"
@@ -580,3 +589,63 @@ async def test_serve_over_http_and_the_standalone_receiver_both_take_signed_webh
     assert (mcp.status_code != 404) == (command != "webhooks")
     assert f"Uvicorn running on http://127.0.0.1:{port}" in log.read_text()
     assert fake.status_requests("proc") == []  # a webhook alone never sends a request
+
+
+def github_post(body: bytes, delivery: str) -> dict[str, str]:
+    return {
+        "X-GitHub-Event": "workflow_run",
+        "X-GitHub-Delivery": delivery,
+        "X-Hub-Signature-256": github_signature(GITHUB_SECRET, body),
+        "Content-Type": "application/json",
+    }
+
+
+async def test_one_github_delivery_resent_under_new_delivery_ids_wakes_once(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("555", [pending("running"), pending("running"), pending("running")])
+    h = make_harness(tmp_path, fake, table=GITHUB)
+    async with h.client() as client, receiving(h, secret=GITHUB_SECRET) as (hooks, receiver):
+        await waiting_after_first_poll(client, h, "555")
+        body = sample_event({"action": "completed", "workflow_run": {"id": 555, "status": "completed"}})
+        first = await post(hooks, body, github_post(body, "delivery-1"))
+        assert first.json()["outcome"] == "woken"
+        await check(client, "555")  # the confirming request: the next check is in the future again
+        before = version_of(h, "op-555")
+        for delivery in ("delivery-2", "delivery-3", "delivery-4"):
+            again = await post(hooks, body, github_post(body, delivery))  # the captured body, a new id
+            assert (again.status_code, again.json()["outcome"]) == (200, "replayed")
+        assert version_of(h, "op-555") == before
+        assert (await check(client, "555"))["outcome"] == "not_yet"
+    assert len(fake.status_requests("555")) == 2
+    assert receiver.counts["replayed"] == 3
+
+
+async def test_a_github_event_about_a_run_updated_longer_ago_than_the_tolerance_is_refused(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script("808", [pending("running"), succeeded()])
+    table = {"webhook": {**GITHUB["webhook"], "timestamp_field": "workflow_run.updated_at"}}
+    h = make_harness(tmp_path, fake, table=table)
+
+    def run_event(updated: float) -> bytes:
+        stamp = datetime.fromtimestamp(updated, UTC).isoformat().replace("+00:00", "Z")
+        return sample_event({"action": "completed", "workflow_run": {"id": 808, "updated_at": stamp}})
+
+    async with h.client() as client, receiving(h, secret=GITHUB_SECRET) as (hooks, _):
+        await waiting_after_first_poll(client, h, "808")
+        before = version_of(h, "op-808")
+        stale = run_event(h.clock.now() - TOLERANCE_SECONDS - 1)
+        refused = await post(hooks, stale, github_post(stale, "d-old"))
+        assert refused.status_code == 401
+        assert "workflow_run.updated_at is too old" in refused.json()["error"]
+        assert version_of(h, "op-808") == before
+        assert remembered_events(h) == 0
+        fresh = run_event(h.clock.now() - 5)
+        assert (await post(hooks, fresh, github_post(fresh, "d-new"))).json()["outcome"] == "woken"
+
+
+def test_the_shipped_github_table_dates_its_events_by_the_runs_last_update() -> None:
+    spec = load_tables([])["github-actions-runs"].webhook
+    assert spec is not None
+    assert spec.timestamp_field == "workflow_run.updated_at"

@@ -21,6 +21,7 @@ CHROMIUM_ARGS = [
     "--disable-gpu",
     "--disable-background-networking",
     "--disable-component-update",
+    "--disable-sync",
     "--no-first-run",
 ]
 

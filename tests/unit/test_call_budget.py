@@ -23,9 +23,17 @@ DEFAULT_REQUEST_TIMEOUT = HttpLimits().total_timeout_seconds
 
 def test_the_call_budget_leaves_a_margin_under_the_clients_default_timeout() -> None:
     assert CALL_BUDGET_SECONDS + CALL_MARGIN_SECONDS <= CLIENT_REQUEST_TIMEOUT_SECONDS
-    # With the default 20 s request cap a call waits at most 30 s, even when asked for 50.
+    # With the default 20 s request cap a call waits at most 30 s.
     assert (
         wait_bound(MAX_WAIT_SECONDS, max_wait=MAX_WAIT_SECONDS, request_timeout=DEFAULT_REQUEST_TIMEOUT) == 30
+    )
+
+
+def test_the_schemas_maximum_wait_is_what_the_server_really_waits_with_the_default_request_cap() -> None:
+    # The tool schema's `le` is MAX_WAIT_SECONDS: a larger value would be accepted and silently cut.
+    assert (
+        wait_bound(float("inf"), max_wait=float("inf"), request_timeout=DEFAULT_REQUEST_TIMEOUT)
+        == MAX_WAIT_SECONDS
     )
 
 

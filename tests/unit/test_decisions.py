@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness import SteppedRandom, operation_record, provider_table
+from harness import SteppedRandom, operation_record, polling_record, provider_table
 from pollwarden.decide import (
     NoAnswer,
     ProviderAnswer,
@@ -34,16 +34,7 @@ RATE_LIMIT_TABLE = {"rate_limit": {"remaining_header": "x-ratelimit-remaining"}}
 
 def _polling(**changes: Any) -> OperationRecord:
     """A waiting record as `decide_after_response` sees it: reloaded under the lease, this request counted."""
-    base: dict[str, Any] = {
-        "status": Status.WAITING,
-        "stop_reason": None,
-        "stopped_at": None,
-        "status_requests_used": 3,
-        "polls_completed": 2,
-        "lease_owner": "me",
-        "lease_expires_at": NOW + 60,
-    }
-    return operation_record(**{**base, **changes})
+    return polling_record(NOW, **changes)
 
 
 def _submitting(**changes: Any) -> OperationRecord:
@@ -181,7 +172,7 @@ AFTER_RESPONSE = [
         Status.ESCALATED,
         StopReason.DELIVERY_AMBIGUOUS,
         record={"transport_failures_used": 2},
-        detail="HTTP 503; transport failures 3 of 3",
+        detail="server error (5xx) for status requests (last: HTTP 503); transport failures 3 of 3",
     ),
     Case("600 is no HTTP status", _answer(600), Status.ESCALATED, StopReason.INTEGRATION_FAILURE),
     Case("no answer waits, counted", NoAnswer("timeout", "timed out", NOW), Status.WAITING),
@@ -191,7 +182,7 @@ AFTER_RESPONSE = [
         Status.ESCALATED,
         StopReason.DELIVERY_AMBIGUOUS,
         record={"transport_failures_used": 2},
-        detail="no answer (timed out)",
+        detail="no complete answer for status requests (last: timed out)",
     ),
     Case(
         "an unusable answer",
@@ -232,13 +223,6 @@ AFTER_RESPONSE = [
         _answer(200, {**RUNNING, "poll_after_seconds": 60}),
         Status.WAITING,
         delay_source=DelaySource.PROVIDER_POLL_HINT,
-    ),
-    Case(
-        "a poll hint past the deadline is ignored",
-        _answer(200, {**RUNNING, "poll_after_seconds": 2000}),
-        Status.WAITING,
-        delay_source=DelaySource.LOCAL_BACKOFF,
-        rejected="local backoff used instead",
     ),
     # budget and deadline edges
     Case(

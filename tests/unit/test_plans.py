@@ -498,7 +498,15 @@ def test_a_follow_up_changes_the_operation_only_if_it_is_still_as_expected(
     [
         ({"next_check_at": NOW + 60}, True),
         ({"next_check_at": NOW}, False),  # already due: nothing to bring forward
-        ({"next_check_at": NOW + 60, "delay_source": DelaySource.PROVIDER_RETRY_AFTER}, False),
+        # the earliest allowed request (a Retry-After) is the planned time: nothing to bring forward
+        (
+            {
+                "next_check_at": NOW + 60,
+                "delay_source": DelaySource.PROVIDER_RETRY_AFTER,
+                "not_before_at": NOW + 60,
+            },
+            False,
+        ),
         ({"next_check_at": NOW + 60, "delay_source": DelaySource.FLEET_PACING}, False),
         ({"next_check_at": NOW + 60, "delay_source": DelaySource.PROVIDER_POLL_HINT}, True),
         ({"next_check_at": NOW + 60, "deadline_at": NOW}, False),  # past its deadline
@@ -524,6 +532,23 @@ def test_a_webhook_wakes_only_a_waiting_operation_it_may_bring_forward(
     assert isinstance(told, Append)
     assert told.entry.payload["event_id"] == "ev-1"
     assert told.entry.payload["delay_source"] == DelaySource.PROVIDER_WEBHOOK
+
+
+def test_a_webhook_moves_the_next_check_to_the_earliest_allowed_request_when_that_is_later_than_now() -> None:
+    # Issue 30: a Retry-After in force (not_before_at) bounds the wake-up; it no longer cancels it.
+    record = waiting(
+        next_check_at=NOW + 60, not_before_at=NOW + 20, delay_source=DelaySource.PROVIDER_RETRY_AFTER
+    )
+    assert plans.woken_at(record, NOW) == NOW + 20
+    plan = plans.wake_plan(record, now=NOW, event_id="ev-1", event_type="job.done")
+    assert plan is not None
+    assert update_of(plan) == {"next_check_at": NOW + 20, "woken_at": NOW + 20}
+    assert (
+        plans.wake_plan(
+            waiting(next_check_at=NOW + 60, not_before_at=NOW + 90), now=NOW, event_id="e", event_type="t"
+        )
+        is None
+    )
 
 
 def test_every_plan_flushes_before_it_writes_about_the_operation() -> None:

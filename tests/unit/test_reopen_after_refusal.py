@@ -11,7 +11,11 @@ from pollwarden.job_identity import reopen_next_check_at
 
 def test_a_reopened_operation_never_sends_before_a_retry_after_still_in_force() -> None:
     record = operation_record(
-        status="escalated", stop_reason="authorization_denied", last_http_at=1000.0, retry_after_seconds=120.0
+        status="escalated",
+        stop_reason="authorization_denied",
+        last_http_at=1000.0,
+        retry_after_seconds=120.0,
+        not_before_at=1120.0,
     )
     assert reopen_next_check_at(record, 1010.0) == 1120.0
     assert reopen_next_check_at(record, 1200.0) == 1200.0

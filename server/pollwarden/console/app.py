@@ -1,8 +1,12 @@
 """The operator console as a Starlette app: pages, the one login, and the one decision path.
 
 Who may use it: whoever opened the one-time login URL `pollwarden console`
-printed at its terminal. Opening it turns the token into a session cookie
-(``HttpOnly``, ``SameSite=Strict``) and the token is spent. Every page lives
+printed at its terminal (or wrote to an owner-only file, without one). The URL
+shows a form; its POST turns the token into a session cookie (``HttpOnly``,
+``SameSite=Strict``), the token is spent and the page's script takes it out of
+the address bar, so it stays in no history. A session ends at logout or after
+``idle_timeout_seconds`` without a person's request (the pages' own refreshes
+do not count). Every page lives
 under a random path prefix (``/c/<random>/``, in the printed URL) and the
 cookie, named for this console, is scoped to that path: a browser does not
 send it to another web app on the same host (cookies ignore the port), nor to
@@ -10,7 +14,9 @@ another console there. Where it was started with ``--auth-tokens FILE``, an
 operator's bearer token (scope ``pollwarden:operator``) is accepted instead of
 the cookie (`pollwarden.console.bearer`). Every POST from a cookie session carries
 the session's CSRF token; every response carries a Content-Security-Policy
-with no script at all, ``frame-ancestors 'none'`` and ``nosniff``; the Host
+whose only script is the console's own file (``script-src 'self'``: it
+refreshes the page in place and shows local times), ``frame-ancestors 'none'``
+and ``nosniff``; the Host
 header is checked (DNS rebinding). Every value a provider or an agent wrote
 is escaped by the templates, put on one line (`pollwarden.untrusted`) and
 marked as untrusted. Decisions call `pollwarden.operator_decision.decide`,
@@ -45,17 +51,20 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pollwarden.approvals import describe_request
-from pollwarden.audit import Anchor, AuditError, audit_operation_ids, export_jsonl, read_anchor
+from pollwarden.audit import Anchor, AuditError, audit_operation_ids, export_jsonl
 from pollwarden.audit_story import render_story
 from pollwarden.audit_verify import VerifyResult, describe_mode, verify_chain
 from pollwarden.clock import Clock, SystemClock
 from pollwarden.config import ServerConfig, load_provider_tables
-from pollwarden.console import bearer, charts
+from pollwarden.console import bearer, charts, reading
+from pollwarden.console.anchors import read_named_anchor
+from pollwarden.health import ops_routes
 from pollwarden.operation_names import resolve_name
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_CONSOLE, METHOD_HTTP_OPERATOR, OperatorKey
+from pollwarden.records import OperationRecord
 from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
-from pollwarden.timefmt import iso
+from pollwarden.timefmt import iso, to_datetime
 from pollwarden.untrusted import one_line, quoted
 from pollwarden.views import human_duration, operation_view
 from pollwarden.vocabulary import Status, StopReason
@@ -63,6 +72,7 @@ from pollwarden_providers.table import ProviderTable
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
+    "REFRESH_HEADER",
     "ConsoleSettings",
     "create_app",
     "host_allowed",
@@ -72,8 +82,8 @@ log = logging.getLogger("pollwarden.console")
 
 _COOKIE_PREFIX = "pollwarden_console_"
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-    "frame-ancestors 'none'; base-uri 'none'"
+    "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 _SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"content-security-policy", CONTENT_SECURITY_POLICY.encode("ascii")),
@@ -83,6 +93,9 @@ _SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"cache-control", b"no-store"),
     (b"cross-origin-opener-policy", b"same-origin"),
 )
+# A request the page's script makes to refresh itself: it shows the page, and is no sign of a person.
+REFRESH_HEADER = "x-pollwarden-refresh"
+_MAX_SEARCH = 200
 _UNTRUSTED_TITLE = "untrusted: written by a provider or an agent; shown escaped, on one line"
 
 
@@ -99,6 +112,10 @@ class ConsoleSettings:
     audit_key: bytes | None = None
     refresh_seconds: int = 10
     page_size: int = 25
+    # A cookie session ends after this long without a request from the person (refreshes do not count).
+    idle_timeout_seconds: float = 1800.0
+    # Where the Audit page may read anchor files from, by name (None: it reads none).
+    anchor_dir: Path | None = None
     tables: Mapping[str, ProviderTable] | None = None
     # The random part of this console's path prefix (and of its cookie's name).
     instance: str = field(default_factory=lambda: secrets.token_urlsafe(18))
@@ -190,6 +207,7 @@ class _Guard:
 @dataclass
 class _Session:
     csrf: str
+    last_seen: float
     flashes: list[tuple[bool, str]] = field(default_factory=list[tuple[bool, str]])
 
 
@@ -227,6 +245,16 @@ def _when(at: float | None) -> str:
     return iso(at) or "—"
 
 
+def _clock(at: float | None) -> Markup:
+    """A moment: UTC on the page (the script shows it in local time), the full UTC time on hover."""
+    if at is None:
+        return Markup('<span class="none">—</span>')
+    moment = to_datetime(at)
+    return Markup('<time class="clock" datetime="{}" title="{} UTC">{} UTC</time>').format(
+        iso(at), moment.strftime("%Y-%m-%d %H:%M:%S"), moment.strftime("%H:%M:%S")
+    )
+
+
 def _words(value: object) -> str:
     return "—" if value is None else str(value).replace("_", " ")
 
@@ -241,14 +269,32 @@ def _templates() -> Environment:
     )
     env.filters["untrusted"] = _untrusted
     env.filters["when"] = _when
+    env.filters["clock"] = _clock
     env.filters["words"] = _words
     env.filters["line"] = _line
     return env
 
 
 def _session_of(state: _State, request: Request) -> _Session | None:
+    """The request's live session; one idle past the timeout is ended here (and the request told so)."""
     cookie = request.cookies.get(state.settings.cookie_name)
-    return state.sessions.get(cookie) if cookie else None
+    session = state.sessions.get(cookie) if cookie else None
+    if session is None or cookie is None:
+        return None
+    if state.settings.clock.now() - session.last_seen > state.settings.idle_timeout_seconds:
+        del state.sessions[cookie]
+        request.state.idle_ended = True
+        log.info("console: a session ended after %s idle", reading.span(state.settings.idle_timeout_seconds))
+        return None
+    return session
+
+
+def _number(text: str | None, default: int = 1) -> int:
+    """A page number from a query: digits only, and no bigger than any page could be (huge ones clamp)."""
+    text = (text or "").strip()
+    if not text.isdigit():
+        return default
+    return int(text[:12])
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -268,44 +314,74 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             session.flashes.clear()
         operator = _operator_of(request)
         decided_by, method = settings.decider(operator)
+        now = settings.clock.now()
         body = state.templates.get_template(name).render(
             csrf=session.csrf if session is not None else "",
             logged_in=session is not None or operator is not None,
+            can_log_out=session is not None,
             flashes=flashes,
             base=base,
             path=request.url.path.removeprefix(base) or "/",
-            now=_when(settings.clock.now()),
+            now=_when(now),
+            at=now,
+            ago=partial(_ago, now=now),
             decided_by=decided_by,
             method=method,
             source_words=charts.DELAY_SOURCE_WORDS,
+            source_shapes=charts.legend_shapes(),
+            refresh=context.pop("refresh", settings.refresh_seconds),
             **context,
         )
         return HTMLResponse(body, status_code=status_code)
 
-    def needs_login(request: Request) -> HTMLResponse:
-        return page(request, "login.html", status_code=401, spent=state.login_token is None)
+    def needs_login(request: Request, *, offered: str = "", problem: str | None = None) -> HTMLResponse:
+        idle = bool(getattr(request.state, "idle_ended", False))
+        return page(
+            request,
+            "login.html",
+            status_code=401,
+            spent=state.login_token is None,
+            offered=offered,
+            problem=problem,
+            idle=reading.span(settings.idle_timeout_seconds) if idle else None,
+            refresh=0,
+        )
 
     def authed(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
             operator = await bearer.judge(settings.verifier, request.headers.get("authorization"))
             if isinstance(operator, Response):
                 return operator
-            if operator is None and _session_of(state, request) is None:
+            session = _session_of(state, request) if operator is None else None
+            if operator is None and session is None:
                 return needs_login(request)
+            if session is not None and request.headers.get(REFRESH_HEADER) is None:
+                session.last_seen = settings.clock.now()  # a person asked for this page
             request.state.operator = operator
             return await handler(request)
 
         return run
 
+    async def login_form(request: Request) -> Response:
+        # The form, with the URL's token in it; its POST logs in (the script drops the token from the URL).
+        offered = request.query_params.get("token", "")[:200]
+        if _session_of(state, request) is not None and not offered:
+            return RedirectResponse(f"{base}/", status_code=303)
+        return needs_login(request, offered=offered)
+
     async def login(request: Request) -> Response:
-        offered = request.query_params.get("token", "")
+        form = await request.form()
+        offered = str(form.get("token", "")).strip()
         expected = state.login_token
+        origin = request.headers.get("origin")
+        if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+            return PlainTextResponse("refused: a login from another origin; nobody was logged in", 403)
         if expected is None or not offered or not hmac.compare_digest(offered.encode(), expected.encode()):
             log.warning("console: a login with a wrong or spent token was refused")
-            return needs_login(request)
+            return needs_login(request, problem="That token is wrong or already used; nobody was logged in.")
         state.login_token = None  # one time only
         session_id = secrets.token_urlsafe(32)
-        state.sessions[session_id] = _Session(csrf=secrets.token_urlsafe(32))
+        state.sessions[session_id] = _Session(csrf=secrets.token_urlsafe(32), last_seen=settings.clock.now())
         response = RedirectResponse(f"{base}/", status_code=303)
         response.set_cookie(
             settings.cookie_name, session_id, httponly=True, samesite="strict", path=f"{base}/"
@@ -313,33 +389,71 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         log.info("console: logged in")
         return response
 
+    async def logout(request: Request) -> Response:
+        cookie = request.cookies.get(settings.cookie_name)
+        session = _session_of(state, request)
+        if session is None or cookie is None:
+            return needs_login(request)
+        form = await request.form()
+        if refused := _cross_site(request, session, str(form.get("csrf", ""))):
+            return refused
+        del state.sessions[cookie]
+        log.info("console: logged out")
+        response = page(request, "logged_out.html", refresh=0)
+        response.delete_cookie(settings.cookie_name, path=f"{base}/", httponly=True, samesite="strict")
+        return response
+
+    async def open_approvals(now: float) -> dict[str, list[ApprovalRecord]]:
+        """Pending approvals a person can still decide, by operation, soonest to expire first."""
+        live = [a for a in await state.the_store().list_approvals(status="pending") if a.expires_at > now]
+        by_operation: dict[str, list[ApprovalRecord]] = {}
+        for approval in sorted(live, key=lambda a: a.expires_at):
+            by_operation.setdefault(approval.operation_id, []).append(approval)
+        return by_operation
+
     async def operations(request: Request) -> Response:
         params = request.query_params
         status = params.get("status") or None
         stop_reason = params.get("stop_reason") or None
         provider = params.get("provider") or None
         owner = params.get("owner") or None
+        search = (params.get("q") or "").strip()[:_MAX_SEARCH] or None
         if status is not None and status not in set(Status):
             status = None
         if stop_reason is not None and stop_reason not in set(StopReason):
             stop_reason = None
-        try:
-            number = max(1, int(params.get("page", "1")))
-        except ValueError:
-            number = 1
         store = state.the_store()
+        now = settings.clock.now()
         listing = await store.operations_page(
-            OperationFilter(status=status, provider=provider, stop_reason=stop_reason, owner=owner),
-            page=number,
+            OperationFilter(
+                status=status, provider=provider, stop_reason=stop_reason, owner=owner, search=search
+            ),
+            page=_number(params.get("page")),
             page_size=settings.page_size,
         )
         facets = await store.operation_facets()
         filters = {
+            "q": search or "",
             "status": status or "",
             "provider": provider or "",
             "stop_reason": stop_reason or "",
             "owner": owner or "",
         }
+        waiting_on_you = await open_approvals(now)
+        needs: list[dict[str, Any]] = []
+        for operation_id, asked in waiting_on_you.items():
+            record = await store.get(operation_id)
+            if record is not None:
+                needs.append({"record": record, "needs": reading.needs_person(record, asked, now)})
+        review = await store.operations_page(
+            OperationFilter(stop_reason="awaiting_review", status="escalated"), page=1, page_size=20
+        )
+        needs += [
+            {"record": r, "needs": reading.needs_person(r, [], now)}
+            for r in review.records
+            if r.operation_id not in waiting_on_you
+        ]
+        flagged = {item["record"].operation_id for item in needs}
         return page(
             request,
             "operations.html",
@@ -349,9 +463,13 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             stop_reasons=[r.value for r in StopReason],
             providers=sorted(set(facets.providers) | set(state.tables)),
             owners=facets.owners,
-            query=urlencode(filters),
-            pending=len(await store.list_approvals(status="pending")),
-            refresh=settings.refresh_seconds,
+            query=urlencode({k: v for k, v in filters.items() if v}),
+            status_query=urlencode({k: v for k, v in filters.items() if v and k != "status"}),
+            pending=sum(len(a) for a in waiting_on_you.values()),
+            needs=needs,
+            flagged=flagged,
+            next_words=partial(reading.next_check_words, now=now),
+            deadline_words=partial(reading.deadline_words, now=now),
         )
 
     async def operation(request: Request) -> Response:
@@ -375,6 +493,11 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         rows = await store.audit_rows(operation_id)
         now = settings.clock.now()
         view = operation_view(record, state.tables.get(record.provider), now=now)
+        approvals = await store.list_approvals(operation_id=operation_id)
+        live = sorted(
+            (a for a in approvals if a.status == "pending" and a.expires_at > now), key=lambda a: a.expires_at
+        )
+        needs = reading.needs_person(record, live, now)
         return page(
             request,
             "operation.html",
@@ -383,30 +506,34 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             elapsed=human_duration(now - record.started_at),
             story=render_story(rows),
             chart=charts.timeline(record, rows, now=now),
-            approvals=await store.list_approvals(operation_id=operation_id),
-            refresh=settings.refresh_seconds if record.is_waiting else 0,
+            approvals=approvals,
+            cards=[_card(a, record, now) for a in live],
+            needs=needs,
+            summary=reading.summary(record, needs, now),
+            next_words=reading.next_check_words(record, now),
+            deadline_words=reading.deadline_words(record, now),
         )
 
     async def approvals(request: Request) -> Response:
         store = state.the_store()
-        pending = await store.list_approvals(status="pending")
         now = settings.clock.now()
+        pending = sorted(await store.list_approvals(status="pending"), key=lambda a: a.expires_at)
         items: list[dict[str, Any]] = []
+        expired: list[ApprovalRecord] = []
         for approval in pending:
-            record = await store.get(approval.operation_id)
-            items.append(
-                {
-                    "approval": approval,
-                    "record": record,
-                    "question": _question(approval),
-                    "reason": approval.request.get("reason"),
-                    "impact": _impact(approval),
-                    "stale": record is not None and record.version != approval.bound_version,
-                    "expired": now >= approval.expires_at,
-                }
-            )
+            if approval.expires_at <= now:  # not decidable any more: no buttons, out of the pending list
+                expired.append(approval)
+                continue
+            items.append(_card(approval, await store.get(approval.operation_id), now))
         decided = [a for a in await store.list_approvals() if a.status != "pending"][:20]
-        return page(request, "approvals.html", items=items, decided=decided)
+        return page(
+            request,
+            "approvals.html",
+            items=items,
+            expired=expired,
+            decided=decided,
+            expires_words=partial(reading.expires_words, now=now),
+        )
 
     async def decide_post(request: Request) -> Response:
         operator = await bearer.judge(settings.verifier, request.headers.get("authorization"))
@@ -418,6 +545,8 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         form = await request.form()
         if session is not None and (refused := _cross_site(request, session, str(form.get("csrf", "")))):
             return refused
+        if session is not None:
+            session.last_seen = settings.clock.now()
         approval_id = str(form.get("approval_id", ""))
         choice = str(form.get("decision", ""))
         if choice not in ("approve", "deny"):
@@ -445,6 +574,9 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         if session is None:  # a bearer client: the outcome itself, no page to come back to
             return PlainTextResponse(decision.message, status_code=200 if decision.ok else 409)
         session.flashes.append((decision.ok, decision.message))
+        back = str(form.get("back", ""))
+        if back:  # decided on the operation's own page: back there (an operation id, never a URL)
+            return RedirectResponse(f"{base}/operation?{urlencode({'id': back})}", status_code=303)
         return RedirectResponse(f"{base}/approvals", status_code=303)
 
     async def providers(request: Request) -> Response:
@@ -463,11 +595,11 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         return page(request, "providers.html", providers=rows)
 
     async def audit(request: Request) -> Response:
-        anchor_path = request.query_params.get("anchor", "").strip()
-        rekeyed = request.query_params.get("rekeyed_at", "").strip()
+        anchor_name = request.query_params.get("anchor", "").strip()[:255]
+        rekeyed = request.query_params.get("rekeyed_at", "").strip()[:20]
         await state.the_store().flush_refusals()
         checked = await anyio.to_thread.run_sync(
-            partial(_verify, database, settings.audit_key, anchor_path, rekeyed)
+            partial(_verify, database, settings.audit_key, settings.anchor_dir, anchor_name, rekeyed)
         )
         return page(
             request,
@@ -475,9 +607,11 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             result=checked.result,
             mode=describe_mode(checked.result) if checked.result is not None else [],
             anchor=checked.anchor,
-            anchor_path=anchor_path,
+            anchor_path=anchor_name,
+            anchor_dir=settings.anchor_dir,
             rekeyed_at=rekeyed,
             problem=checked.problem,
+            refresh=0,  # verifying reads the whole chain: a person asks for it
         )
 
     async def export(request: Request) -> Response:
@@ -490,10 +624,15 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             headers={"content-disposition": 'attachment; filename="pollwarden-audit.jsonl"'},
         )
 
-    css = resources.files("pollwarden.console").joinpath("static/console.css").read_text(encoding="utf-8")
+    static = resources.files("pollwarden.console").joinpath("static")
+    css = static.joinpath("console.css").read_text(encoding="utf-8")
+    script = static.joinpath("console.js").read_text(encoding="utf-8")
 
     async def stylesheet(request: Request) -> Response:
         return Response(css, media_type="text/css")
+
+    async def javascript(request: Request) -> Response:
+        return Response(script, media_type="text/javascript")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncGenerator[None]:
@@ -508,7 +647,9 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
                 state.store = None
 
     pages = [
-        Route("/login", login),
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
         Route("/", authed(operations)),
         Route("/operation", authed(operation)),
         Route("/approvals", authed(approvals)),
@@ -517,9 +658,12 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         Route("/audit", authed(audit)),
         Route("/audit/export", authed(export)),
         Route("/console.css", stylesheet),
+        Route("/console.js", javascript),
     ]
-    # Nothing outside the prefix: a page that guesses paths on this port finds no console.
-    app = Starlette(routes=[Mount(base, routes=pages)], lifespan=lifespan)
+    # Nothing of the console outside the prefix: a page that guesses paths on this port finds none.
+    # Probes and scrapers find /healthz, /readyz and /metrics at their usual paths (Host still checked).
+    probes = ops_routes(lambda: state.store, tables, None, clock=settings.clock)
+    app = Starlette(routes=[*probes, Mount(base, routes=pages)], lifespan=lifespan)
     return _Guard(app, settings.allowed_hosts)
 
 
@@ -557,17 +701,38 @@ class _Verified:
     problem: str | None
 
 
-def _verify(database: DatabaseLocation, key: bytes | None, anchor_path: str, rekeyed: str) -> _Verified:
-    """Verify the chain, against an anchor file when one is named (blocking: run in a thread)."""
+def _verify(
+    database: DatabaseLocation, key: bytes | None, anchor_dir: Path | None, anchor_name: str, rekeyed: str
+) -> _Verified:
+    """Verify the chain, against an anchor file of the anchor directory when one is named (blocking: a thread)."""
     try:
         rekeyed_at = int(rekeyed) if rekeyed else None
     except ValueError:
         return _Verified(None, None, f"rekeyed_at {quoted(rekeyed)} is not a row number")
     try:
-        anchor = read_anchor(Path(anchor_path).expanduser()) if anchor_path else None
+        anchor = read_named_anchor(anchor_dir, anchor_name) if anchor_name else None
         return _Verified(verify_chain(database, key, anchor, rekeyed_at=rekeyed_at), anchor, None)
     except AuditError as exc:
         return _Verified(None, None, str(exc))
+
+
+def _ago(at: float | None, now: float) -> str:
+    return "—" if at is None else reading.relative(at, now)
+
+
+def _card(approval: ApprovalRecord, record: OperationRecord | None, now: float) -> dict[str, Any]:
+    """What an approval's card shows: the question, the reason, the impact, the expiry, the two buttons."""
+    return {
+        "approval": approval,
+        "record": record,
+        "question": _question(approval),
+        "reason": approval.request.get("reason"),
+        "impact": _impact(approval),
+        "stale": record is not None and record.version != approval.bound_version,
+        "expires": reading.expires_words(approval, now),
+        "approve": reading.approval_action(approval, approve=True),
+        "deny": reading.approval_action(approval, approve=False),
+    }
 
 
 def _question(approval: ApprovalRecord) -> list[str]:

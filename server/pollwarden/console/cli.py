@@ -6,6 +6,12 @@ terminals; the login URL is shown only there), or with ``--operator-key FILE``,
 whose key then signs every decision made in the browser. An agent's shell tool
 (no terminal, no key) cannot start one and so cannot approve its own
 extension. With ``POLLWARDEN_REQUIRE_OPERATOR_KEY`` the key is required.
+
+The login URL carries the key's authority, so it is shown only on a terminal:
+a console started without one (with ``--operator-key``, its output going to a
+log) writes the URL to an owner-only file instead (``--login-url-file``,
+default ``console-login.url`` in the user's data directory) and prints only
+where it is.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import argparse
 import logging
 import secrets
 import socket
+import sys
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,11 +30,13 @@ import uvicorn
 
 from pollwarden.audit import audit_key_from_env
 from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
-from pollwarden.config import load_config, load_provider_tables
+from pollwarden.config import default_db_path, load_config, load_provider_tables
 from pollwarden.errors import ConfigError
+from pollwarden.files import write_private_file
 from pollwarden.http_serve import GuardedH11Protocol, HttpOptions, transport_security
 from pollwarden.operator_keys import PUBKEYS_ENV
 from pollwarden.person_gate import Deciding, operator_key_for, require_person
+from pollwarden.policy_cli import deciding_config
 from pollwarden.principals import SCOPE_OPERATOR
 
 __all__ = ["DEFAULT_PORT", "add_console_command", "bind", "running_console", "uvicorn_config"]
@@ -107,7 +116,8 @@ def cmd_console(args: argparse.Namespace) -> int:
         from pollwarden.console.app import ConsoleSettings, create_app
     except ImportError as exc:  # jinja2 is the optional extra [console]
         raise ConfigError(
-            f"the console needs its optional dependencies ({exc.name} is missing): pip install 'pollwarden[console]'"
+            f"the console needs its optional dependencies ({exc.name} is missing): install the [console] "
+            "extra; from a clone: .venv/bin/pip install -e '.[console]' (or pip install 'pollwarden[console]')"
         ) from exc
 
     options = HttpOptions(
@@ -115,6 +125,8 @@ def cmd_console(args: argparse.Namespace) -> int:
         port=args.port,
         allow_non_loopback=bool(args.allow_non_loopback),
         allowed_hosts=tuple(args.allowed_host or ()),
+        # As for `serve`: beyond loopback only with a verifier (operators' bearer tokens; see SECURITY.md).
+        verifier_configured=bool(args.auth_tokens),
     )
     security = transport_security(options)  # the same host rule as `serve`
     config = load_config(
@@ -123,10 +135,11 @@ def cmd_console(args: argparse.Namespace) -> int:
         operator_pubkeys=args.operator_pubkeys,
         busy_timeout=args.busy_timeout,
     )
+    writable_existing_database(config.database)
+    config = anyio.run(deciding_config, config)  # the stricter of this console's policy and the database's
     key = operator_key_for(config, args.operator_key, DECIDING) if args.operator_key else None
     if key is None:
         require_person(config, DECIDING)
-    writable_existing_database(config.database)
     verifier = None
     if args.auth_tokens:
         from pollwarden.auth import TokenFileVerifier
@@ -142,6 +155,8 @@ def cmd_console(args: argparse.Namespace) -> int:
         refresh_seconds=args.refresh,
         tables=load_provider_tables(config),
         verifier=verifier,
+        idle_timeout_seconds=args.idle_timeout * 60,
+        anchor_dir=Path(args.anchor_dir).expanduser() if args.anchor_dir else None,
     )
     app = create_app(settings)
     sock = bind(options.host, options.port)
@@ -158,14 +173,37 @@ def cmd_console(args: argparse.Namespace) -> int:
             f"Authorization: Bearer <token> on {base}{settings.prefix}/",
             flush=True,
         )
-    print(
-        f"open this URL once to log in (it works one time; keep it private):\n\n    {base}{settings.login_path}"
-        f"?token={settings.login_token}\n",
-        flush=True,
-    )
+    login_url = f"{base}{settings.login_path}?token={settings.login_token}"
+    if sys.stdout.isatty():
+        print(
+            f"open this URL once to log in (it works one time; keep it private):\n\n    {login_url}\n",
+            flush=True,
+        )
+    else:
+        where = _write_login_url(login_url, args.login_url_file)
+        print(
+            f"no terminal to show the login URL on (output may go to a log others read): it is in {where} "
+            "(readable by you only); open it once to log in",
+            flush=True,
+        )
     server = uvicorn.Server(uvicorn_config(app, options))
     server.run(sockets=[sock])
     return 0
+
+
+def _write_login_url(url: str, path: str | None) -> Path:
+    """Write the login URL to an owner-only file (0600, replaced whole, never through a symlink); its path."""
+    target = Path(path).expanduser() if path else default_db_path().parent / "console-login.url"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with write_private_file(target) as handle:
+            handle.write(url + "\n")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the login URL to {target}: {exc.strerror or exc}; choose another --login-url-file. "
+            "Nothing was started"
+        ) from exc
+    return target
 
 
 def add_console_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:  # pyright: ignore[reportPrivateUsage]
@@ -216,5 +254,25 @@ def add_console_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help=f"also accept an operator's bearer token listed in FILE (`pollwarden tokens add NAME --scopes "
         f"{SCOPE_OPERATOR}`); agent tokens are refused",
     )
-    p.add_argument("--refresh", type=int, default=10, metavar="SECONDS", help="how often open pages refresh")
+    p.add_argument(
+        "--refresh", type=int, default=10, metavar="SECONDS", help="how often open pages refresh (0: never)"
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30,
+        metavar="MINUTES",
+        help="log a browser out after this long without a request from the person (default 30)",
+    )
+    p.add_argument(
+        "--anchor-dir",
+        metavar="DIR",
+        help="the Audit page may verify against anchor files in DIR, by name (regular files up to 64 KiB)",
+    )
+    p.add_argument(
+        "--login-url-file",
+        metavar="FILE",
+        help="without a terminal, write the one-time login URL here, owner-only "
+        "(default: console-login.url in the data directory)",
+    )
     p.set_defaults(func=cmd_console)

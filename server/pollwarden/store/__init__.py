@@ -20,10 +20,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Protocol
 
+from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
-from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
+from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation, Engine
 from pollwarden.store.sqlite.engine import open_sqlite
 from pollwarden_providers.table_limits import FleetSpec
@@ -32,6 +33,7 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
     "DatabaseLocation",
     "Engine",
+    "MetricsSnapshot",
     "OperationFacets",
     "OperationFilter",
     "OperationPage",
@@ -114,6 +116,21 @@ class Store(Protocol):
         """When each status request of `providers` was answered since `since` (epoch s), per provider.
 
         Found without scanning the whole chain (a binary search on seq for where the window starts).
+        """
+        ...
+
+    async def not_ready(self) -> str | None:
+        """Why the database cannot serve now (gone, replaced, schema dropped or behind), or None: ready (/readyz)."""
+        ...
+
+    async def database_time(self) -> float | None:
+        """The database server's clock (epoch s) for `pollwarden doctor`'s skew check; None: this machine's."""
+        ...
+
+    async def metrics_snapshot(self, *, now: float, principals: bool = False) -> MetricsSnapshot:
+        """Aggregates for a metrics scrape: operations by status, pending approvals, overdue checks, per provider.
+
+        `principals`: also operations per owner and status (only when the operator enables it).
         """
         ...
 
@@ -314,9 +331,10 @@ class Store(Protocol):
 
         Unknown job: nothing is stored. A seen `event_id` (within `remember_seconds`):
         a replay, nothing changes. Otherwise the id is remembered and every operation
-        on the job that is waiting, not yet due, not under a Retry-After or a booked
-        fleet slot, not in flight and before its deadline gets `next_check_at = now`
-        (audited as `woken_by_webhook`). Nothing else ever changes.
+        on the job that is waiting, not on a booked fleet slot, not in flight and before
+        its deadline gets `next_check_at` = now, or its `not_before_at` if later
+        (`pollwarden.schedule.not_before`), when that is earlier than planned (audited
+        as `woken_by_webhook`). Nothing else ever changes.
         """
         ...
 
@@ -325,6 +343,20 @@ class Store(Protocol):
 
         Called before the story is read and when the store closes, so a looping
         agent shows up in the audit even on an operation that never changes again.
+        """
+        ...
+
+    async def approval_policy(self) -> ApprovalPolicy:
+        """The database's approval policy (`pollwarden.approval_policy`): the one row every process reads."""
+        ...
+
+    async def write_approval_policy(
+        self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
+    ) -> bool:
+        """Store the approval policy; whether it was written.
+
+        `only_raising_to_a_key`: only if the stored policy requires no operator key yet (one guarded
+        statement: two servers raising it at once write it once, and never lower it).
         """
         ...
 
@@ -353,7 +385,7 @@ async def open_store(
         except ImportError as exc:
             raise StoreError(
                 f"{where} is a PostgreSQL database, but the PostgreSQL driver is not installed ({exc.name}); "
-                "install it with: pip install 'pollwarden[postgres]'"
+                "install the extra; from a clone: .venv/bin/pip install -e '.[postgres]' (or pip install 'pollwarden[postgres]')"
             ) from None
         async with open_postgres(where, audit_key=audit_key, busy_timeout=busy_timeout_seconds) as pg:
             yield pg

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.records import FollowupRecord, OperationRecord
 from pollwarden.store import plans
 from pollwarden.store.plans import Plan
@@ -121,3 +122,17 @@ class PlannedWrites(StoreReads):
         await self._carry_out_on(
             operation_id, lambda record: plans.note_plan(record, kind, at, note=note, extra=extra)
         )
+
+
+def approval_policy_params(
+    policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
+) -> dict[str, object]:
+    """The parameters of `statements.WRITE_APPROVAL_POLICY` (each engine runs it in one statement)."""
+    return {
+        "require": policy.require_operator_key,
+        "channels": ",".join(sorted(policy.channels)),
+        "keys": policy.key_lines(),
+        "at": at,
+        "by": by,
+        "only_raising": only_raising_to_a_key,
+    }

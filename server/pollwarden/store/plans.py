@@ -24,6 +24,7 @@ from pollwarden.fleet_pace import PaceBucket, PaceVerdict, decide_pace
 from pollwarden.gate import GateDecision, Step, lease_busy, may_reserve
 from pollwarden.job_identity import REOPENABLE, account_parts, duplicate_changes
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.schedule import not_before
 from pollwarden.stop import reaches_deadline
 from pollwarden.store import statements
 from pollwarden.vocabulary import (
@@ -349,7 +350,11 @@ def finish_plan(
     job_id = changes.get("provider_job_id")
     if job_id is not None and job_holder is not None and job_holder.operation_id != record.operation_id:
         kept = {k: v for k, v in changes.items() if k in SUBMIT_ANSWER_FACTS}
-        released = {**kept, **duplicate_changes(job_holder.operation_id, str(job_id), at=at)}
+        other = job_holder.owner != record.owner
+        released = {
+            **kept,
+            **duplicate_changes(job_holder.operation_id, str(job_id), at=at, another_principal=other),
+        }
         released["provider_job_id"] = job_id
         kind, note = "stopped", str(released["stop_detail"])
     after = updated(record, released, at)
@@ -501,28 +506,35 @@ def question_plan(
 # -- webhook wake-ups ------------------------------------------------------------------------------
 
 
-def may_wake(record: OperationRecord, now: float) -> bool:
-    """Whether a verified webhook may bring this operation's next check forward to `now`.
+def woken_at(record: OperationRecord, now: float) -> float:
+    """When a webhook's wake-up moves the next allowed check to: now, or the earliest allowed request if later."""
+    return not_before(now, record.not_before_at)
 
-    A hint moves the next allowed check only forward: while waiting, before the
-    planned time, never past a deadline, never under a Retry-After in force or
-    a booked fleet slot (the check would be refused anyway), never while a
-    request is in flight (its answer sets the schedule).
+
+def may_wake(record: OperationRecord, now: float) -> bool:
+    """Whether a verified webhook may bring this operation's next check forward (to `woken_at`).
+
+    A hint moves the next allowed check only forward: while waiting, to the later
+    of now and the earliest allowed request (`not_before_at`: a Retry-After, a
+    timed-out request) when that is before the planned time; never past a
+    deadline, never on a booked fleet slot (the check would be refused anyway),
+    never while a request is in flight (its answer sets the schedule).
     """
     return (
         record.status == Status.WAITING
-        and now < record.next_check_at
-        and record.delay_source not in (DelaySource.PROVIDER_RETRY_AFTER, DelaySource.FLEET_PACING)
+        and woken_at(record, now) < record.next_check_at
+        and record.delay_source != DelaySource.FLEET_PACING
         and not reaches_deadline(record, now)
         and not lease_busy(record, now)
     )
 
 
 def wake_plan(record: OperationRecord, *, now: float, event_id: str, event_type: str) -> Plan | None:
-    """A webhook's wake-up of one operation (None: `may_wake` says no): `next_check_at = woken_at = now`."""
+    """A webhook's wake-up of one operation (None: `may_wake` says no): `next_check_at = woken_at`."""
     if not may_wake(record, now):
         return None
-    changes = {"next_check_at": now, "woken_at": now}
+    at = woken_at(record, now)
+    changes = {"next_check_at": at, "woken_at": at}
     extra = {"event_id": event_id, "event_type": event_type, "delay_source": DelaySource.PROVIDER_WEBHOOK}
     woken = updated(record, changes, now)
     return Plan(

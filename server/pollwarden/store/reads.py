@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit import AuditRow, audit_row, audit_rows_sql
 from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
 from pollwarden.store import browse, statements
-from pollwarden.store.browse import OperationFacets, OperationFilter, OperationPage
+from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.rows import stored
 from pollwarden.timefmt import iso
 
@@ -32,6 +33,10 @@ class StoreReads:
     byte_order: ClassVar[str] = ""
     # How the follow-ups of one operation keep their insertion order among equal times.
     followup_order: ClassVar[str] = "rowid"
+    # The engine's function of (text, part): where part occurs in text (0: nowhere), case-sensitive.
+    contains: ClassVar[str] = "instr"
+    # The engine's read of a summary audit row's payload count (a metrics scrape).
+    payload_count: ClassVar[str] = "json_extract(a.payload, '$.count')"
 
     async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
         """Run one read statement (named parameters); its rows."""
@@ -106,13 +111,34 @@ class StoreReads:
     # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
 
     async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
-        """One page (from 1) of the operations matching `filters`, newest first, and how many match."""
-        page = max(1, page)
-        params: dict[str, object] = {**filters.given(), "limit": page_size, "offset": (page - 1) * page_size}
-        counted = await self._read_one(browse.count_sql(filters), params)
-        found = await self._read(browse.page_sql(filters), params)
+        """One page (from 1; past the end: the last) of the operations matching `filters`, newest first,
+        how many match, and how many match each status."""
+        params = browse.filter_params(filters)
+        counted = await self._read_one(browse.count_sql(filters, self.contains), params)
+        counts = await self._read(browse.status_counts_sql(filters, self.contains), params)
         total = 0 if counted is None else int(counted[0])
-        return OperationPage([stored(row).record for row in found], total, page, page_size)
+        page = browse.clamp_page(page, total, page_size)
+        paged = {**params, "limit": page_size, "offset": (page - 1) * page_size}
+        found = await self._read(browse.page_sql(filters, self.contains), paged)
+        records = [stored(row).record for row in found]
+        return OperationPage(records, total, page, page_size, {str(s): int(n) for s, n in counts})
+
+    async def metrics_snapshot(self, *, now: float, principals: bool = False) -> MetricsSnapshot:
+        """What a metrics scrape reads (`pollwarden.metrics`): aggregates over every process's work."""
+        cutoff = {"cutoff": now - browse.OVERDUE_AFTER_SECONDS}
+        return browse.metrics_snapshot(
+            await self._read(browse.OPERATIONS_BY_STATUS),
+            await self._read_one(browse.PENDING_APPROVALS),
+            await self._read_one(browse.OVERDUE, cutoff),
+            await self._read(browse.REQUESTS_BY_PROVIDER),
+            await self._read(browse.summarized_refusals_sql(self.payload_count)),
+            await self._read(browse.OPERATIONS_BY_PRINCIPAL) if principals else None,
+        )
+
+    async def approval_policy(self) -> ApprovalPolicy:
+        """The database's approval policy (`pollwarden.approval_policy`): the one row every process reads."""
+        row = await self._read_one(statements.APPROVAL_POLICY)
+        return ApprovalPolicy() if row is None else ApprovalPolicy.stored(bool(row[0]), row[1], row[2])
 
     async def operation_facets(self) -> OperationFacets:
         """Every provider, stop reason and owner some operation has (to filter by)."""

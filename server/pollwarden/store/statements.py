@@ -50,12 +50,13 @@ COUNT_CREATED_SINCE_BY_OWNER = "SELECT count(*) FROM operations WHERE owner = :o
 
 NEW_OPERATION_VALUES = ", ".join(f":{c}" for c in NEW_OPERATION_COLUMNS)
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity) for one principal
-# (issue 19: principals never see each other's operations). Served by the partial UNIQUE index
-# operations_one_per_job, whose condition this WHERE repeats (and which makes a second holder impossible).
+# The operation that holds a job (one job, one budget: pollwarden.job_identity), whichever principal
+# started it (issue 30: the provider sees one caller and one job; another principal is told only that
+# the job is tracked). Served by the partial UNIQUE index operations_one_per_job, whose condition this
+# WHERE repeats (and which makes a second holder impossible).
 SELECT_JOB_OWNER = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE provider = :provider AND account_context = :account_context "
-    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL AND owner = :owner"
+    "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL"
 )
 
 # The latest operation of a payload still in flight (pollwarden.job_identity: one payload in flight is one
@@ -72,7 +73,8 @@ RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
     "lease_owner = :owner, lease_expires_at = :lease_expires_at, version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' "
-    f"AND {deadline_open_sql(':now')} AND :now >= next_check_at AND {BUDGET_LEFT_SQL} "
+    f"AND {deadline_open_sql(':now')} AND :now >= next_check_at AND :now >= coalesce(not_before_at, :now) "
+    f"AND {BUDGET_LEFT_SQL} "
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
 
@@ -147,3 +149,12 @@ WAITING_ON_JOB = (
 # Ordered by the partial index's key, so PostgreSQL's plan walks that index (a few entries) whatever the
 # statistics say; without the order a stale estimate of many refusals makes it a scan of every row.
 ANY_PENDING_REFUSALS = "SELECT 1 FROM operations WHERE refused_count > 0 ORDER BY operation_id LIMIT 1"
+
+# -- the approval policy (`pollwarden.approval_policy`): one row, raised without a read in between -----
+
+APPROVAL_POLICY = "SELECT require_operator_key, channels, operator_keys FROM approval_policy WHERE id = 1"
+WRITE_APPROVAL_POLICY = (
+    "UPDATE approval_policy SET require_operator_key = :require, channels = :channels, "
+    "operator_keys = :keys, updated_at = :at, updated_by = :by "
+    "WHERE id = 1 AND (NOT require_operator_key OR NOT :only_raising) RETURNING id"
+)

@@ -252,6 +252,13 @@ _THROUGH_6: tuple[Migration, ...] = (
     ),
 )
 
+# Step 14: the operation holding an operation's job (the earliest recorded), in a correlated subquery.
+_JOB_HOLDER = (
+    "SELECT o.operation_id FROM operations o WHERE o.provider = operations.provider "
+    "AND o.account_context = operations.account_context AND o.provider_job_id = operations.provider_job_id "
+    "AND o.duplicate_of IS NULL ORDER BY o.created_at, o.operation_id LIMIT 1"
+)
+
 # SQLite step 9 (signed provider webhooks): the event ids seen, when a webhook last woke an operation.
 MIGRATIONS: tuple[Migration, ...] = (
     *_THROUGH_6,
@@ -299,11 +306,53 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # PostgreSQL's own step 13 (SQLite has none: one writer at a time, its one chain costs nothing).
     Migration(13, "per-operation audit chains under the one chain", PER_OPERATION_CHAINS),
+    # SQLite step 14 (issue 30): the earliest a status request may go out; one job, one budget across principals.
+    Migration(
+        14,
+        "the earliest allowed request",
+        (
+            "ALTER TABLE operations ADD COLUMN not_before_at double precision",
+            "UPDATE operations SET not_before_at = last_http_at + retry_after_seconds "
+            "WHERE last_http_at IS NOT NULL AND retry_after_seconds IS NOT NULL",
+            # One job, one budget across principals: the earliest operation keeps a job, the others become
+            # its duplicates (the subquery reads the table as it was before this statement).
+            f"UPDATE operations SET duplicate_of = ({_JOB_HOLDER}) WHERE provider_job_id IS NOT NULL "
+            f"AND duplicate_of IS NULL AND operation_id <> ({_JOB_HOLDER})",
+            "DROP INDEX operations_one_per_job",
+            "CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id) "
+            "WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL",
+        ),
+    ),
+    # SQLite step 15: the approval policy of the database (`pollwarden.approval_policy`).
+    Migration(
+        15,
+        "approval policy",
+        (
+            """CREATE TABLE approval_policy (
+                id integer PRIMARY KEY CHECK (id = 1),
+                require_operator_key boolean NOT NULL DEFAULT false,
+                channels text NOT NULL DEFAULT 'elicitation,tool-confirmation,app,operator',
+                operator_keys text NOT NULL DEFAULT '',
+                updated_at double precision,
+                updated_by text
+            )""",
+            "INSERT INTO approval_policy (id) VALUES (1)",
+        ),
+    ),
     # SQLite step 16 (issue 29): the pace row's second clock, of the requests that really left.
     Migration(
         16,
         "fleet pace: the sends' clock",
         ("ALTER TABLE fleet_buckets ADD COLUMN sent_tat double precision",),
+    ),
+    # Step 18 (issue 34): only the audit's refusal summaries, for the metrics scrape's sum.
+    Migration(
+        18,
+        "audit refusal summaries index",
+        (
+            "CREATE INDEX audit_refusal_summaries ON audit(kind, operation_id) "
+            "WHERE kind IN ('not_yet_summary', 'stopped_summary')",
+        ),
     ),
 )
 

@@ -415,6 +415,47 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE operations ADD COLUMN submit_sent_at REAL;
     """,
     ),
+    # Issue 30: the earliest a status request may go out, a fact of its own (a webhook, an approval or a
+    # reopen never schedules one before it), filled from the last answer's Retry-After where one was kept;
+    # and one job, one budget across principals: where several principals' operations held one job, the
+    # earliest keeps it and the others become its duplicates (they stop at their next check, sending nothing).
+    Migration(
+        14,
+        "the earliest allowed request",
+        """
+    ALTER TABLE operations ADD COLUMN not_before_at REAL;
+    UPDATE operations SET not_before_at = last_http_at + retry_after_seconds
+        WHERE last_http_at IS NOT NULL AND retry_after_seconds IS NOT NULL;
+    UPDATE operations SET duplicate_of = (
+        SELECT o.operation_id FROM operations o WHERE o.provider = operations.provider
+        AND o.account_context = operations.account_context AND o.provider_job_id = operations.provider_job_id
+        AND o.duplicate_of IS NULL ORDER BY o.created_at, o.operation_id LIMIT 1)
+    WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL AND operation_id <> (
+        SELECT o.operation_id FROM operations o WHERE o.provider = operations.provider
+        AND o.account_context = operations.account_context AND o.provider_job_id = operations.provider_job_id
+        AND o.duplicate_of IS NULL ORDER BY o.created_at, o.operation_id LIMIT 1);
+    DROP INDEX operations_one_per_job;
+    CREATE UNIQUE INDEX operations_one_per_job ON operations(provider, account_context, provider_job_id)
+        WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL;
+    """,
+    ),
+    # Issue 31: the approval policy of the database, one row every process reads
+    # (`pollwarden.approval_policy`); the default requires nothing and counts every channel.
+    Migration(
+        15,
+        "approval policy",
+        """
+    CREATE TABLE approval_policy (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        require_operator_key INTEGER NOT NULL DEFAULT 0,
+        channels TEXT NOT NULL DEFAULT 'elicitation,tool-confirmation,app,operator',
+        operator_keys TEXT NOT NULL DEFAULT '',
+        updated_at REAL,
+        updated_by TEXT
+    );
+    INSERT INTO approval_policy (id) VALUES (1);
+    """,
+    ),
     # Issue 29: the pace row keeps a second clock, of the requests that really left
     # (`pollwarden.fleet_pace`); NULL until the first request after this step.
     Migration(
@@ -422,6 +463,16 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
         "fleet pace: the sends' clock",
         """
     ALTER TABLE fleet_buckets ADD COLUMN sent_tat REAL;
+    """,
+    ),
+    # Issue 34: a metrics scrape sums the refused calls already summarized in the audit; this
+    # index holds only the summary rows, so the scrape never reads the whole chain.
+    Migration(
+        18,
+        "audit refusal summaries index",
+        """
+    CREATE INDEX audit_refusal_summaries ON audit(kind, operation_id)
+        WHERE kind IN ('not_yet_summary', 'stopped_summary');
     """,
     ),
 )

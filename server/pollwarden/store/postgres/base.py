@@ -71,6 +71,8 @@ class PostgresBase(PlannedWrites):
     per_operation_chains = True
     byte_order = ' COLLATE "C"'  # `audit.at` compared byte by byte, whatever the database's collation
     followup_order = "inserted"
+    contains = "strpos"
+    payload_count = "(a.payload::jsonb ->> 'count')::bigint"
 
     async def _carry_out_on(self, operation_id: str, plan_of: Callable[[OperationRecord], Plan]) -> Plan:
         """One transaction on the operation row locked first: `plan_of` the row as read, carried out."""

@@ -32,6 +32,7 @@ from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from pollwarden import observe
 from pollwarden.errors import StoreError
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres.errors import describe, locked_table
@@ -227,7 +228,7 @@ class Pool:
         `durable=False` commits with synchronous_commit off (only for counting a refused call).
         """
         try:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as conn, observe.db_transaction("postgres"):
                 try:
                     async with conn.pipeline():
                         tx = Tx(conn, self.stats)
@@ -286,6 +287,7 @@ class Pool:
                 await self._forget_broken()
                 if attempt == 2:
                     raise self.describe(exc) from None
+                observe.db_retry("postgres")
             except (psycopg.Error, PoolTimeout) as exc:
                 raise self.describe(exc) from None
         raise AssertionError("unreachable")

@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit import REKEY_OPERATION, SEAL_KIND
 from pollwarden.audit_entry import (
     NO_REFUSALS,
@@ -42,7 +43,8 @@ from pollwarden.records import (
 )
 from pollwarden.store import plans, statements
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.migrations.postgres import migrate
+from pollwarden.store.migrations.postgres import LATEST, migrate
+from pollwarden.store.planned import approval_policy_params
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.check_procedure import CheckProcedure
 from pollwarden.store.postgres.connection import Pool
@@ -221,6 +223,30 @@ class PostgresStore(CheckProcedure, Decisions):
                     await writer.carry_out(current, plan)
                     woken.append(current.record.operation_id)
             return WakeResult(WakeOutcome.WOKEN if woken else WakeOutcome.NOT_WOKEN, tuple(woken))
+
+    async def write_approval_policy(
+        self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
+    ) -> bool:
+        """Store the approval policy (guarded, one statement); whether it was written."""
+        params = approval_policy_params(policy, at=at, by=by, only_raising_to_a_key=only_raising_to_a_key)
+        return await self._pool.write_one(sql.WRITE_APPROVAL_POLICY, params) is not None
+
+    async def not_ready(self) -> str | None:
+        """Why the database cannot serve now (unreachable, schema dropped or behind), or None: ready."""
+        try:
+            row = await self._pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
+            await self._pool.read("SELECT 1 FROM operations LIMIT 1")
+        except StoreError as exc:
+            return str(exc)
+        version = 0 if row is None else int(row[0])
+        if version < LATEST:
+            return f"the database is at schema step {version}, this pollwarden needs {LATEST}: restart to migrate"
+        return None
+
+    async def database_time(self) -> float | None:
+        """The database server's clock (epoch s) for `pollwarden doctor`'s skew check."""
+        row = await self._pool.read_one("SELECT extract(epoch FROM clock_timestamp())")
+        return None if row is None else float(str(row[0]))
 
     async def seal(self, *, at: float, batch: int = SEAL_BATCH) -> int:
         """Seal every operation's audit chain that moved since the last seal; how many were named.

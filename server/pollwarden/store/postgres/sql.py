@@ -208,3 +208,5 @@ SEAL_OPERATIONS = (
 MOVED_OPERATIONS = (
     "SELECT operation_id, audit_rows, audit_hash FROM operations WHERE audit_rows > audit_sealed_rows"
 )
+
+WRITE_APPROVAL_POLICY = dialect(statements.WRITE_APPROVAL_POLICY)

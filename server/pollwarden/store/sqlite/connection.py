@@ -39,6 +39,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from pollwarden import observe
 from pollwarden.errors import StoreError
 from pollwarden.store.migrations.sqlite import migrate
 from pollwarden.store.sqlite import sql
@@ -161,17 +162,18 @@ class Session:
         if durable != db.synchronous_full:
             conn.execute(sql.SYNCHRONOUS_FULL if durable else sql.SYNCHRONOUS_NORMAL)
             db.synchronous_full = durable
-        conn.execute(sql.BEGIN_IMMEDIATE)
-        try:
-            self._leave_if_cancelled()
-            yield conn
-            conn.execute(sql.COMMIT)
-        except BaseException:
-            if conn.in_transaction:
-                with suppress(sqlite3.Error):
-                    conn.execute(sql.ROLLBACK)
-            db.stats.rollbacks += 1
-            raise
+        with observe.db_transaction("sqlite"):  # from BEGIN (waiting for the lock) to COMMIT
+            conn.execute(sql.BEGIN_IMMEDIATE)
+            try:
+                self._leave_if_cancelled()
+                yield conn
+                conn.execute(sql.COMMIT)
+            except BaseException:
+                if conn.in_transaction:
+                    with suppress(sqlite3.Error):
+                        conn.execute(sql.ROLLBACK)
+                db.stats.rollbacks += 1
+                raise
         if durable:
             db.stats.durable_commits += 1
         else:

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import anyio
 
+from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
 from pollwarden.records import ApprovalRecord, CheckStart, OperationRecord, WakeResult
+from pollwarden.store import statements
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.planned import PlannedWrites
+from pollwarden.store.migrations.sqlite import LATEST, schema_version
+from pollwarden.store.planned import PlannedWrites, approval_policy_params
 from pollwarden.store.plans import Plan
 from pollwarden.store.reads import Row
 from pollwarden.store.sqlite import check_procedure, executor, wakes, writes
@@ -62,6 +65,26 @@ class SQLiteStore(PlannedWrites):
     async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
         """One read statement in one hop, outside any transaction."""
         return await self._db.run(lambda s: s.conn.execute(statement, params or {}).fetchall())
+
+    async def not_ready(self) -> str | None:
+        """Why the database cannot serve now (gone, replaced, schema dropped or behind), or None: ready."""
+
+        def work(s: Session) -> str | None:
+            s.db.check_identity()
+            version = schema_version(s.conn)
+            if version < LATEST:
+                return f"the database is at schema step {version}, this pollwarden needs {LATEST}: restart to migrate"
+            s.conn.execute("SELECT 1 FROM operations LIMIT 1").fetchall()
+            return None
+
+        try:
+            return await self._db.run(work)
+        except StoreError as exc:
+            return str(exc)
+
+    async def database_time(self) -> float | None:
+        """The database server's clock (epoch s) for `pollwarden doctor`'s skew check; None: this machine's."""
+        return None  # the file is on this machine: its clock is this clock
 
     # -- the check procedure ------------------------------------------------------------------
 
@@ -255,6 +278,18 @@ class SQLiteStore(PlannedWrites):
     async def flush_refusals(self, operation_id: str | None = None) -> int:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""
         return await self._db.run(partial(writes.flush_refusals, operation_id=operation_id, key=self._key))
+
+    async def write_approval_policy(
+        self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
+    ) -> bool:
+        """Store the approval policy (guarded, one statement); whether it was written."""
+        params = approval_policy_params(policy, at=at, by=by, only_raising_to_a_key=only_raising_to_a_key)
+
+        def work(s: Session) -> bool:
+            with s.transaction() as conn:
+                return conn.execute(statements.WRITE_APPROVAL_POLICY, params).fetchone() is not None
+
+        return await self._db.run(work)
 
     async def seal(self, *, at: float) -> int:
         """Nothing to seal: every SQLite row is in the one chain (`pollwarden.audit_verify`)."""

@@ -3,7 +3,8 @@
 The receiver (`pollwarden.webhooks`) has already checked the signature, the
 timestamp and the event type; this only decides, under the write lock, whether
 the event is new and which waiting operations it may bring forward. A webhook
-is a hint: it sets `next_check_at` (and `woken_at`) to now, nothing else.
+is a hint: it sets `next_check_at` (and `woken_at`) to now, never before the
+operation's `not_before_at`, nothing else.
 """
 
 from __future__ import annotations

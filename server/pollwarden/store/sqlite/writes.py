@@ -49,7 +49,6 @@ def create_operation(
                 values["provider"],
                 values["account_context"],
                 values["provider_job_id"],
-                values["owner"],
             )
             if owner is not None:
                 return owner, False
@@ -66,10 +65,10 @@ def create_operation(
 
 
 def _job_owner(
-    conn: sqlite3.Connection, provider: object, account: object, job_id: object, principal: object
+    conn: sqlite3.Connection, provider: object, account: object, job_id: object
 ) -> OperationRecord | None:
-    """The operation holding this job for `principal` (one job, one budget), or None."""
-    params = {"provider": provider, "account_context": account, "provider_job_id": job_id, "owner": principal}
+    """The operation holding this job, whichever principal started it (one job, one budget), or None."""
+    params = {"provider": provider, "account_context": account, "provider_job_id": job_id}
     row = conn.execute(statements.SELECT_JOB_OWNER, params).fetchone()
     return None if row is None else executor.stored(row).record
 
@@ -93,7 +92,7 @@ def finish_submission(
         job_id = changes.get("provider_job_id")
         holder = None
         if job_id is not None:
-            holder = _job_owner(conn, record.provider, record.account_context, job_id, record.owner)
+            holder = _job_owner(conn, record.provider, record.account_context, job_id)
         plan = plans.finish_plan(
             record,
             owner=owner,
