@@ -217,7 +217,7 @@ async def test_an_agent_reopening_with_its_own_key_and_keys_file_sends_nothing(
         h.operator = trusted.policy(require_key=require_key)  # the server trusts only the operator's key
         job = f"self-{require_key}"
         await refused_once(h, job, http(403, body={"error": "token revoked"}), "authorization_denied")
-        cli(
+        done = cli(
             h,
             "reopen",
             f"op-{job}",
@@ -237,4 +237,8 @@ async def test_an_agent_reopening_with_its_own_key_and_keys_file_sends_nothing(
         assert len(fake.status_requests(job)) == 1
         kinds = [r.kind for r in read_rows(h.db_path, f"op-{job}")]
         assert "reopened" not in kinds
-        assert "approval_refused" in kinds
+        if require_key:  # the database's policy names the keys it trusts: the command refuses at once
+            assert done.returncode == 2
+            assert "not among the operator public keys" in done.stderr
+        else:  # the server refuses the key-signed decision when it would apply it
+            assert "approval_refused" in kinds
