@@ -49,15 +49,14 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import DEFAULT_PG_URL, RESULTS_DIR, dump_json, machine, percentile_ms, scratch_schema
-from pollwarden.audit_entry import AuditEvent, event
+from pollwarden.audit_entry import event
 from pollwarden.audit_verify import verify_chain
-from pollwarden.records import OperationRecord
-from pollwarden.store import DatabaseLocation, open_store
+from pollwarden.store import DatabaseLocation, open_store, plans
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Pool, Row
 from pollwarden.store.postgres.engine import PostgresStore
-from pollwarden.store.postgres.writer import answer_statement
-from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.store.postgres.executor import answer_statement
+from pollwarden.store.sqlite.executor import StoredOperation, stored
 from pollwarden.vocabulary import Outcome
 
 
@@ -123,11 +122,10 @@ async def _worker(url: str, kind: str, ops: list[str], seconds: float, start_at:
 async def _answer_as_reserved(pool: Pool, held: StoredOperation, now: float) -> StoredOperation:
     """One answer in one statement, as `CheckProcedure._answer_as_reserved` writes it, keeping the lease."""
     changes = {"polls_completed": held.record.polls_completed + 1, "last_http_status": 200}
-
-    def polled(updated: OperationRecord) -> AuditEvent:
-        return event(updated, "polled", now, outcome=Outcome.POLLED)
-
-    statement, params, after = answer_statement(held, changes, polled, at=now, owner="bench", key=None)
+    answered = plans.updated(held.record, changes, now)
+    polled = plans.Append(event(answered, "polled", now, outcome=Outcome.POLLED))
+    plan = plans.Plan(answered, (plans.Update(changes, now), polled))
+    statement, params, after = answer_statement(held, plan, owner="bench", key=None)
     await pool.write_one(statement, params)
     return after
 

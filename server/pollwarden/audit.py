@@ -300,7 +300,7 @@ def open_read_only(db: Path | str | DatabaseLocation) -> Generator[AuditReader]:
     """Open the database read-only, every read in one snapshot; never creates it, never writes to it."""
     where = location_of(db)
     if not where.is_sqlite:
-        from pollwarden.store.postgres.offline import read_only
+        from pollwarden.store.postgres.read_only import read_only
 
         with read_only(where) as reader:
             yield reader

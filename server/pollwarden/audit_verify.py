@@ -433,13 +433,19 @@ def rekey_chain(db_path: Path | str | DatabaseLocation, key: bytes, *, by: str, 
     :class:`AuditKeyError` when the chain is empty (a keyed server starts it
     keyed), already keyed, or broken.
     """
-    from pollwarden.store.sqlite.rows import append_audit  # the engine's one append path
+    from pollwarden.store.sqlite.executor import append_audit  # the engine's one append path
 
     where = location_of(db_path)
     if not where.is_sqlite:
         from pollwarden.store.postgres.offline import rekey
 
-        return rekey(where, key, by=by, at=at)
+        def verified(moved: list[list[object]]) -> dict[str, object]:
+            # Under the re-key's locks: nothing is appended while the unkeyed chain verifies.
+            result = verify_chain(where, None)
+            refuse_unless_rekeyable(result)
+            return rekey_payload(by, result, moved)
+
+        return rekey(where, key, at=at, payload_of=verified)
     with closing(sqlite3.connect(str(where.path), isolation_level=None)) as conn:
         conn.execute("BEGIN IMMEDIATE")
         try:

@@ -38,8 +38,8 @@ from pollwarden.audit import (
 from pollwarden.audit_cli import main as audit_main
 from pollwarden.audit_story import render_story
 from pollwarden.audit_verify import rekey_chain, verify_chain
-from pollwarden.store.sqlite.migrations import audit_table_v1
-from pollwarden.store.sqlite.rows import append_audit
+from pollwarden.store.migrations.sqlite import audit_table_v1
+from pollwarden.store.sqlite.executor import append_audit
 from tests.support.live import REPO_ROOT
 
 # The audit table as the store's first migration creates it (the chain alone, without operations).
@@ -675,7 +675,7 @@ WORKER = textwrap.dedent(
     """
     import os, sqlite3, sys, time
     from datetime import UTC, datetime
-    from pollwarden.store.sqlite.rows import append_audit
+    from pollwarden.store.sqlite.executor import append_audit
 
     def main(db: str, worker: str, go: str) -> None:
         print("ready", flush=True)  # imported and at the start line

@@ -14,8 +14,8 @@ import pytest
 
 from harness import database_in, db_rows, db_write
 from pollwarden.store import DatabaseLocation, open_store
-from pollwarden.store.postgres import schema as pg_schema
-from pollwarden.store.sqlite import migrations as sqlite_schema
+from pollwarden.store.migrations import postgres as pg_schema
+from pollwarden.store.migrations import sqlite as sqlite_schema
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]
 

@@ -21,7 +21,7 @@ import pytest
 from harness import Harness, check, database_in, db_rows, error_text, make_harness, track, view
 from pollwarden.audit import read_rows
 from pollwarden.store import open_store
-from pollwarden.store.sqlite.migrations import MIGRATIONS, split_sql
+from pollwarden.store.migrations.sqlite import MIGRATIONS, split_sql
 from tests.support.fake_provider import FakeProvider, failed, http, pending, succeeded
 from tests.support.live import stdio_server, write_table
 

@@ -36,7 +36,7 @@ from pollwarden.audit_verify import rekey_chain, verify_chain
 from pollwarden.errors import AuditKeyError, StoreError
 from pollwarden.server import controller_factory, seal_moved_chains, seal_periodically
 from pollwarden.store import DatabaseLocation, Engine, open_store
-from pollwarden.store.postgres import schema
+from pollwarden.store.migrations import postgres as schema
 from pollwarden.store.postgres.engine import PostgresStore
 from tests.support.fake_provider import FakeProvider, pending
 

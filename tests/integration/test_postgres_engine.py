@@ -29,7 +29,8 @@ from pollwarden.errors import ConfigError, StoreError
 from pollwarden.server import controller_factory
 from pollwarden.store import Engine, open_store
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.postgres import schema, sql
+from pollwarden.store.migrations import postgres as schema
+from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Pool
 from pollwarden.store.postgres.engine import PostgresStore
 from tests.support.fake_provider import FakeProvider, pending

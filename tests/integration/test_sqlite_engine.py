@@ -17,10 +17,10 @@ import pytest
 from harness import check, make_harness, track
 from pollwarden.errors import StoreError
 from pollwarden.server import controller_factory
-from pollwarden.store import open_store
-from pollwarden.store.sqlite import queries
+from pollwarden.store import open_store, statements
+from pollwarden.store.migrations.sqlite import LATEST, MIGRATIONS, split_sql
+from pollwarden.store.sqlite import sql as sqlite_sql
 from pollwarden.store.sqlite.engine import SQLiteStore
-from pollwarden.store.sqlite.migrations import LATEST, MIGRATIONS, split_sql
 from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -111,7 +111,7 @@ async def test_a_database_an_earlier_release_wrote_is_upgraded_and_keeps_its_rec
             2,
             DelaySource.LOCAL_BACKOFF,
         )
-        # The refused calls it had counted are still owed to the story, as early checks.
+        # The refused calls it had counted are still owed to the story, as early check_procedure.
         assert await store.flush_refusals("op-old") == 1
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == LATEST
@@ -132,11 +132,11 @@ async def test_a_database_a_newer_release_wrote_is_refused_with_the_fix(tmp_path
 @pytest.mark.parametrize(
     "sql",
     [
-        queries.LIST_OPERATIONS,
-        queries.LIST_OPERATIONS_BY_STATUS,
-        queries.LIST_OPERATIONS_BY_PROVIDER,
-        queries.SELECT_ALL_PENDING_REFUSALS,
-        queries.LIST_APPROVALS_BY_STATUS,
+        statements.list_operations(),
+        statements.list_operations("status"),
+        statements.list_operations("provider"),
+        sqlite_sql.SELECT_ALL_PENDING_REFUSALS,
+        statements.LIST_APPROVALS_BY_STATUS,
     ],
 )
 async def test_listing_and_scanning_use_an_index_not_a_sort_of_every_operation(

@@ -24,9 +24,8 @@ from harness import database_in, operation_record
 from pollwarden import stop
 from pollwarden.gate import may_reserve
 from pollwarden.records import OPERATION_COLUMNS, OperationRecord
-from pollwarden.store import DatabaseLocation, open_store
+from pollwarden.store import DatabaseLocation, open_store, statements
 from pollwarden.store.postgres import sql as postgres_sql
-from pollwarden.store.sqlite import queries as sqlite_sql
 from pollwarden.vocabulary import Status, StopReason
 
 pytestmark = pytest.mark.both_engines
@@ -71,7 +70,7 @@ class Database:
             self.conn: Any = psycopg.connect(location.dsn, autocommit=True)
         else:
             self.conn = sqlite3.connect(location.path, isolation_level=None)
-        self.sql = postgres_sql if self.postgres else sqlite_sql
+        self.reserve = postgres_sql.dialect(statements.RESERVE) if self.postgres else statements.RESERVE
 
     def param(self, name: str) -> str:
         return f"%({name})s" if self.postgres else f":{name}"
@@ -141,5 +140,5 @@ def test_the_reservation_takes_the_lease_exactly_when_the_gate_may_reserve(
         "operation_id": record.operation_id,
         "version": record.version,
     }
-    reserved = database.one(database.sql.RESERVE, params) is not None
+    reserved = database.one(database.reserve, params) is not None
     assert reserved == may_reserve(record, now)

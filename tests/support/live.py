@@ -386,7 +386,7 @@ def _read_only(db: Database) -> Generator[Any]:
     """A separate read-only connection to `db` (``?`` placeholders on both engines), closed afterwards."""
     where = _location(db)
     if not where.is_sqlite:
-        from pollwarden.store.postgres.offline import read_only
+        from pollwarden.store.postgres.read_only import read_only
 
         with read_only(where) as session:
             yield session

@@ -2,10 +2,10 @@
 
 A filtered, paged list of operations, the values there are to filter by, the
 audit rows of one operation, and when each status request of a provider was
-answered over a recent window (the fleet's pace). Each engine runs the SQL
-built here with its own placeholders; where the pace window starts is found
-by a binary search on the audit's `seq` whose probes each engine runs
-(`first_seq_at_or_after`), so a chart never scans the whole chain.
+answered over a recent window (the fleet's pace): the SQL (named parameters)
+that `store.reads` runs on either engine; where the pace window starts is
+found by a binary search on the audit's `seq` (`first_seq_at_or_after`), so a
+chart never scans the whole chain.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from pollwarden.records import OperationRecord
-from pollwarden.store.sqlite.queries import OPERATION_ROW
+from pollwarden.store.statements import OPERATION_ROW
 
 __all__ = [
     "OperationFacets",
@@ -29,14 +29,10 @@ __all__ = [
     "page_sql",
     "polled_sql",
     "polled_times_from",
-    "probe_sql",
-    "search_async",
+    "search",
     "search_sync",
     "status_counts_sql",
 ]
-
-# How a statement names a parameter: SQLite's ``:name`` or psycopg's ``%(name)s``.
-Mark = Callable[[str], str]
 
 
 @dataclass(frozen=True)
@@ -86,17 +82,15 @@ class OperationFacets:
     owners: list[str]
 
 
-# Where `needle` occurs in `column`, case-sensitive on both engines: SQLite's instr, PostgreSQL's strpos
-# (LIKE ignores case on SQLite and not on PostgreSQL, and would need its wildcards escaped).
-Contains = Callable[[str, str], str]
+# Where a value occurs in a column, case-sensitive on both engines: the engine's function of
+# (text, part), SQLite's instr or PostgreSQL's strpos (LIKE ignores case on SQLite and not on
+# PostgreSQL, and would need its wildcards escaped).
 
 
-def _where(filters: OperationFilter, mark: Mark, contains: Contains, *, status: bool = True) -> str:
-    given = filters.given()
-    clauses = [f"{c} = {mark(c)}" for c in given if status or c != "status"]
+def _where(filters: OperationFilter, contains: str, *, status: bool = True) -> str:
+    clauses = [f"{c} = :{c}" for c in filters.given() if status or c != "status"]
     if filters.search:
-        found = mark("search")
-        clauses.append(f"({contains('operation_id', found)} OR {contains('provider_job_id', found)})")
+        clauses.append(f"({contains}(operation_id, :search) > 0 OR {contains}(provider_job_id, :search) > 0)")
     return f"WHERE {' AND '.join(clauses)}" if clauses else ""
 
 
@@ -105,24 +99,23 @@ def filter_params(filters: OperationFilter) -> dict[str, object]:
     return {**filters.given(), **({"search": filters.search} if filters.search else {})}
 
 
-def page_sql(filters: OperationFilter, mark: Mark, contains: Contains) -> str:
+def page_sql(filters: OperationFilter, contains: str) -> str:
     """One page of the operations matching `filters`, newest first (parameters: the filters, limit, offset)."""
     return (
-        f"SELECT {OPERATION_ROW} FROM operations {_where(filters, mark, contains)} "
-        f"ORDER BY created_at DESC, operation_id LIMIT {mark('limit')} OFFSET {mark('offset')}"
+        f"SELECT {OPERATION_ROW} FROM operations {_where(filters, contains)} "
+        "ORDER BY created_at DESC, operation_id LIMIT :limit OFFSET :offset"
     )
 
 
-def count_sql(filters: OperationFilter, mark: Mark, contains: Contains) -> str:
+def count_sql(filters: OperationFilter, contains: str) -> str:
     """How many operations match `filters`."""
-    return f"SELECT count(*) FROM operations {_where(filters, mark, contains)}"
+    return f"SELECT count(*) FROM operations {_where(filters, contains)}"
 
 
-def status_counts_sql(filters: OperationFilter, mark: Mark, contains: Contains) -> str:
+def status_counts_sql(filters: OperationFilter, contains: str) -> str:
     """How many operations match `filters` but the status, per status (rows: status, count)."""
     return (
-        f"SELECT status, count(*) FROM operations {_where(filters, mark, contains, status=False)} "
-        "GROUP BY status"
+        f"SELECT status, count(*) FROM operations {_where(filters, contains, status=False)} GROUP BY status"
     )
 
 
@@ -132,14 +125,11 @@ def clamp_page(page: int, total: int, page_size: int) -> int:
 
 
 AUDIT_BOUNDS = "SELECT min(seq), max(seq) FROM audit"
+# The `at` of the first audit row at or after a seq.
+PROBE = "SELECT at FROM audit WHERE seq >= :seq ORDER BY seq LIMIT 1"
 
 
-def probe_sql(mark: Mark) -> str:
-    """The `at` of the first audit row at or after a seq (parameter: seq)."""
-    return f"SELECT at FROM audit WHERE seq >= {mark('seq')} ORDER BY seq LIMIT 1"
-
-
-def polled_sql(providers: Sequence[str], mark: Mark, *, text_order: str = "") -> tuple[str, list[str]]:
+def polled_sql(providers: Sequence[str], *, text_order: str = "") -> tuple[str, list[str]]:
     """When each status request of `providers` was answered, from a seq on; (statement, provider parameters).
 
     Parameters: seq, since (RFC 3339 text; fixed width, so text order is time order: `text_order`
@@ -149,8 +139,8 @@ def polled_sql(providers: Sequence[str], mark: Mark, *, text_order: str = "") ->
     names = [f"p{i}" for i in range(len(providers))]
     return (
         "SELECT o.provider, a.at FROM audit a JOIN operations o ON o.operation_id = a.operation_id "
-        f"WHERE a.seq >= {mark('seq')} AND a.kind = 'polled' AND a.at{text_order} >= {mark('since')} "
-        f"AND o.provider IN ({', '.join(mark(n) for n in names)}) ORDER BY a.seq",
+        f"WHERE a.seq >= :seq AND a.kind = 'polled' AND a.at{text_order} >= :since "
+        f"AND o.provider IN ({', '.join(':' + n for n in names)}) ORDER BY a.seq",
         names,
     )
 
@@ -184,7 +174,7 @@ def search_sync(search: Generator[int, str | None, int], probe: Callable[[int], 
         return int(done.value)
 
 
-async def search_async(
+async def search(
     search: Generator[int, str | None, int], probe: Callable[[int], Awaitable[str | None]]
 ) -> int:
     """Run `first_seq_at_or_after` with a probe that awaits (one statement each)."""
@@ -227,12 +217,10 @@ REQUESTS_BY_PROVIDER = (
 )
 
 
-def overdue_sql(mark: Mark) -> str:
-    """Waiting operations whose next allowed check is before a cutoff: how many, and the earliest (cutoff)."""
-    return (
-        "SELECT count(*), min(next_check_at) FROM operations "
-        f"WHERE status = 'waiting' AND next_check_at < {mark('cutoff')}"
-    )
+# Waiting operations whose next allowed check is before a cutoff: how many, and the earliest.
+OVERDUE = (
+    "SELECT count(*), min(next_check_at) FROM operations WHERE status = 'waiting' AND next_check_at < :cutoff"
+)
 
 
 def summarized_refusals_sql(count_of_payload: str) -> str:

@@ -7,19 +7,22 @@ and `engine` itself) are built on.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
 from pollwarden.errors import StoreError
-from pollwarden.records import ApprovalRecord
+from pollwarden.records import OperationRecord
 from pollwarden.store.location import DatabaseLocation
+from pollwarden.store.planned import PlannedWrites
+from pollwarden.store.plans import Plan
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
-from pollwarden.store.postgres.writer import Writer
-from pollwarden.store.sqlite.rows import StoredOperation
+from pollwarden.store.postgres.executor import Writer, operation
+from pollwarden.store.reads import Row
+from pollwarden.store.rows import StoredOperation
 from pollwarden.tool_errors import shown
 from pollwarden.vocabulary import Status
 
@@ -29,7 +32,7 @@ RESERVED_KEPT = 256
 KNOWN_KEPT = 4096
 
 
-class PostgresBase:
+class PostgresBase(PlannedWrites):
     """One process's store on a PostgreSQL database: what every group of its methods shares."""
 
     def __init__(self, pool: Pool, location: DatabaseLocation, audit_key: bytes | None) -> None:
@@ -64,6 +67,24 @@ class PostgresBase:
             yield
         finally:
             turn.release()
+
+    per_operation_chains = True
+    byte_order = ' COLLATE "C"'  # `audit.at` compared byte by byte, whatever the database's collation
+    followup_order = "inserted"
+    contains = "strpos"
+    payload_count = "(a.payload::jsonb ->> 'count')::bigint"
+
+    async def _carry_out_on(self, operation_id: str, plan_of: Callable[[OperationRecord], Plan]) -> Plan:
+        """One transaction on the operation row locked first: `plan_of` the row as read, carried out."""
+        async with self._locked(operation_id) as (writer, tx, cursor):
+            current = operation(await tx.read(cursor), operation_id)
+            plan = plan_of(current.record)
+            await writer.carry_out(current, plan)
+            return plan
+
+    async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
+        """One read statement outside a transaction (autocommit)."""
+        return await self._pool.read(statement, params or {})
 
     def _remember(self, current: StoredOperation) -> None:
         """Keep `current` as the row this process knows last (bounded: the oldest go first)."""
@@ -102,8 +123,3 @@ class PostgresBase:
         live in other rows, read on every check)."""
         known = self._known.get(operation_id)
         return known if known is not None and known.record.status == Status.WAITING else None
-
-    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        """One approval by id."""
-        row = await self._pool.read_one(sql.SELECT_APPROVAL, {"approval_id": approval_id})
-        return None if row is None else ApprovalRecord.from_row(row)

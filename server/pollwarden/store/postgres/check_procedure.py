@@ -16,28 +16,23 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 
 from pollwarden.audit_entry import (
     NO_REFUSALS,
-    REFUSALS_PER_SUMMARY,
-    AuditEvent,
     PendingRefusals,
-    event,
-    lease_recovered,
 )
-from pollwarden.fleet_pace import PaceBucket, bucket_from_row, decide_pace
-from pollwarden.gate import GateDecision, Step, decide_check, may_reserve
+from pollwarden.fleet_pace import PaceBucket, bucket_from_row
+from pollwarden.gate import GateDecision, Step, decide_check
 from pollwarden.records import (
     CheckStart,
     OperationRecord,
 )
+from pollwarden.store import plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, PostgresBase
-from pollwarden.store.postgres.connection import GuardFailed, Tx
-from pollwarden.store.postgres.writer import Writer, answer_statement, operation
-from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.store.postgres.connection import Tx
+from pollwarden.store.postgres.errors import GuardFailed
+from pollwarden.store.postgres.executor import Writer, answer_statement, operation
+from pollwarden.store.rows import StoredOperation, stored
 from pollwarden.vocabulary import (
-    DelaySource,
-    Outcome,
     Status,
-    status_for,
 )
 from pollwarden_providers.table_limits import FleetSpec
 
@@ -83,7 +78,7 @@ class CheckProcedure(PostgresBase):
                 quick = await self._one_statement(known, decision, at, owner, lease_seconds, fleets)
                 if quick is not None:
                     return quick
-        row = await self._pool.read_one(sql.SELECT_OPERATION, {"operation_id": operation_id})
+        row = await self._pool.read_one(statements.SELECT_OPERATION, {"operation_id": operation_id})
         if row is None:
             return None
         current = stored(row)
@@ -144,9 +139,9 @@ class CheckProcedure(PostgresBase):
         if apply_approvals and record.status == Status.ESCALATED:
             params = {"operation_id": record.operation_id, "now": now}
             if tx is None:
-                found = await self._pool.read_one(sql.HAS_DUE_EXTENSION_APPROVALS, params)
+                found = await self._pool.read_one(statements.HAS_DUE_EXTENSION_APPROVALS, params)
             else:
-                found = await tx.one(sql.HAS_DUE_EXTENSION_APPROVALS, params)
+                found = await tx.one(statements.HAS_DUE_EXTENSION_APPROVALS, params)
             due = found is not None
         return decide_check(
             record,
@@ -171,8 +166,7 @@ class CheckProcedure(PostgresBase):
         record = current.record
         outcome = decision.refusal
         if outcome is not None:
-            pending = current.refusals
-            if pending.must_flush_before(outcome) or pending.full_after_one_more(outcome):
+            if not plans.quiet_refusal(current.refusals, decision):
                 return None  # a summary row is due: the locked path writes it
             # Only a counter nothing budget-related reads: committed without waiting for the disk.
             params = {"outcome": outcome, "at": now, "operation_id": record.operation_id}
@@ -197,7 +191,7 @@ class CheckProcedure(PostgresBase):
             "operation_id": record.operation_id,
             "version": record.version,
         }
-        reserved = await self._pool.write_one(sql.RESERVE, params)
+        reserved = await self._pool.write_one(statements.RESERVE, params)
         if reserved is None:
             self._forget(record.operation_id)
             return None
@@ -232,18 +226,12 @@ class CheckProcedure(PostgresBase):
                 return answered.record, True
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
-            await writer.flush(current)
-            if current.record.lease_owner != owner:
-                late = event(
-                    current.record, "late_answer_ignored", at, outcome=Outcome.POLLED, extra=payload_extra
-                )
-                await writer.append(late, on=current)
-                return current.record, False
-            released = {**changes, "lease_owner": None, "lease_expires_at": None}
-            updated = await writer.write(current, released, at=at)
-            await writer.append(
-                event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra), on=current
+            plan = plans.answer_plan(
+                current.record, owner=owner, changes=changes, at=at, payload_extra=payload_extra
             )
+            updated = await writer.carry_out(current, plan)
+            if not plan.applied:
+                return updated, False
             await writer.finish()
             answered = StoredOperation(updated, NO_REFUSALS, writer.chain_of(operation_id))
         self._remember(answered)  # committed: the next check needs no read
@@ -267,14 +255,10 @@ class CheckProcedure(PostgresBase):
         """
         if reserved.refusals.count or reserved.chain is None or reserved.chain.rows == 0:
             return None  # a summary row first, or the operation's first row: the locked path writes it
-        released = {**changes, "lease_owner": None, "lease_expires_at": None}
-
-        def polled(updated: OperationRecord) -> AuditEvent:
-            return event(updated, "polled", at, outcome=Outcome.POLLED, extra=payload_extra)
-
-        statement, params, after = answer_statement(
-            reserved, released, polled, at=at, owner=owner, key=self._key
+        plan = plans.answer_plan(
+            reserved.record, owner=owner, changes=changes, at=at, payload_extra=payload_extra
         )
+        statement, params, after = answer_statement(reserved, plan, owner=owner, key=self._key)
         try:
             await self._pool.write_one(statement, params)
         except GuardFailed:
@@ -295,115 +279,28 @@ async def _carry_out(
     bucket: PaceBucket,
     fleet_slots: int | None = None,
 ) -> CheckStart:
-    """Write what the gate decided on the locked row (and the locked pace row).
-
-    Fair shares (`fleet_slots`): while the pace is used up, one principal holds at
-    most that many booked slots of it; its other checks wait for the earliest of
-    them (nothing taken from the pace), as on SQLite.
-    """
+    """Write what the gate decided on the locked row (and the locked pace row): `plans.check_plan`."""
     record = current.record
-    outcome = decision.refusal
-    if outcome is not None:
-        await _count_refusal(writer, current, outcome, now)
-        return CheckStart(record, decision)
-    if decision.step == Step.STOP:
-        assert decision.stop_reason is not None
-        await writer.flush(current)
-        if record.lease_owner is not None:  # the gate stops only once a lease has expired
-            await writer.append(lease_recovered(record, now), on=current)
-        changes = {
-            "status": status_for(decision.stop_reason),
-            "stop_reason": decision.stop_reason,
-            "stop_detail": decision.stop_detail,
-            "stopped_at": now,
-            "lease_owner": None,
-            "lease_expires_at": None,
+    step = plans.pace_step(record, decision, fleet, bucket, now=now)
+    booked = None
+    if plans.needs_booked_slots(step, fleet_slots):
+        params = {
+            "provider": record.provider,
+            "owner": record.owner,
+            "now": now,
+            "operation_id": record.operation_id,
         }
-        stopped = await writer.write(current, changes, at=now)
-        await writer.append(event(stopped, "stopped", now, outcome=Outcome.STOPPED), on=current)
-        return CheckStart(stopped, decision)
-    if fleet is not None and may_reserve(record, now):
-        verdict = decide_pace(
-            bucket,
-            now=now,
-            held_slot=record.fleet_slot_at,
-            rate=fleet.max_requests_per_second,
-            burst=fleet.burst,
-        )
-        if verdict.new_booking and fleet_slots is not None:
-            own = await _own_booked_slots(writer, record, now)
-            if own is not None and own[0] >= fleet_slots:
-                wait = {
-                    "fleet_slot_at": None,
-                    "next_check_at": own[1],
-                    "delay_source": DelaySource.FLEET_PACING,
-                }
-                waiting = await writer.write(current, wait, at=now)
-                return CheckStart(waiting, GateDecision(Step.PACED, allowed_at=waiting.next_check_at))
-        if verdict.bucket != bucket:
-            written = {
-                "provider": record.provider,
-                "tat": verdict.bucket.tat,
-                "sent_tat": verdict.bucket.sent_tat,
-            }
-            await writer.tx.queue(sql.SET_FLEET_TAT, written)
-        if not verdict.send:
-            slot = {
-                "fleet_slot_at": verdict.at,
-                "next_check_at": verdict.at,
-                "delay_source": DelaySource.FLEET_PACING,
-            }
-            booked = await writer.write(current, slot, at=now)
-            return CheckStart(booked, GateDecision(Step.PACED, allowed_at=booked.next_check_at))
-    if record.lease_owner is not None:
-        # A check that never finished held the lease until it expired: tell it in the story.
-        await writer.flush(current)
-        await writer.append(lease_recovered(record, now), on=current)
-    reserved = await writer.write(
-        current,
-        {
-            "status_requests_used": record.status_requests_used + 1,
-            "fleet_slot_at": None,
-            "lease_owner": owner,
-            "lease_expires_at": now + lease_seconds,
-        },
-        at=now,
+        row = await writer.tx.one(statements.PRINCIPAL_BOOKED_SLOTS, params)
+        booked = None if row is None else (int(row[0]), None if row[1] is None else float(row[1]))
+    plan = plans.check_plan(
+        record,
+        decision,
+        now=now,
+        owner=owner,
+        lease_seconds=lease_seconds,
+        step=step,
+        bucket=bucket,
+        booked=booked,
+        fleet_slots=fleet_slots,
     )
-    return CheckStart(reserved, decision)
-
-
-async def _own_booked_slots(writer: Writer, record: OperationRecord, now: float) -> tuple[int, float] | None:
-    """How many future slots of this provider's pace the record's principal holds, and the earliest."""
-    params = {
-        "provider": record.provider,
-        "owner": record.owner,
-        "now": now,
-        "operation_id": record.operation_id,
-    }
-    row = await writer.tx.one(sql.PRINCIPAL_BOOKED_SLOTS, params)
-    if row is None or row[1] is None:
-        return None
-    return int(row[0]), float(row[1])
-
-
-async def _count_refusal(writer: Writer, current: StoredOperation, outcome: Outcome, at: float) -> None:
-    """Count one refused call on the locked row, writing the summary rows that are due."""
-    pending = current.refusals
-    if pending.must_flush_before(outcome):
-        await writer.flush(current)
-        await writer.finish()  # the counters reset before this call is counted
-        pending = NO_REFUSALS
-    after = PendingRefusals(pending.count + 1, outcome, pending.first_at if pending.count else at, at)
-    if after.count >= REFUSALS_PER_SUMMARY:
-        await writer.flush(dataclasses.replace(current, refusals=after))
-        return
-    await writer.tx.queue(
-        sql.SET_REFUSALS,
-        {
-            "count": after.count,
-            "outcome": outcome,
-            "first_at": after.first_at,
-            "last_at": after.last_at,
-            "operation_id": current.record.operation_id,
-        },
-    )
+    return CheckStart(await writer.carry_out(current, plan), plan.decision or decision)

@@ -34,9 +34,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pollwarden import observe
 from pollwarden.errors import StoreError
-from pollwarden.store import schema_steps
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.postgres import schema
+from pollwarden.store.postgres.errors import describe, locked_table
+from pollwarden.store.postgres.sql import dialect
 
 Connection = AsyncConnection[TupleRow]
 Row = tuple[Any, ...]
@@ -70,21 +70,10 @@ def plain(params: Params) -> Params:
 
 
 def _query(text: str) -> LiteralString:
-    # Every statement is a constant of `sql` or built there from validated column names.
-    return cast("LiteralString", text)
+    # Every statement is a constant of `statements` or `sql`, or built there from validated column names.
+    return cast("LiteralString", dialect(text))
 
 
-class GuardFailed(StoreError):
-    """A guarded write found the row other than it was read; the transaction was rolled back."""
-
-
-# What each table's locked row is, for the lock_timeout message (issue 29).
-LOCKED_ROWS = {
-    "fleet_buckets": "a provider's [fleet] pace row",
-    "operations": "an operation's row",
-    "audit_head": "the audit chain's head",
-    "approvals": "an approval's row",
-}
 # A read waits for a connection of its own pool, never for one a lock waiter holds; a write waits
 # for a connection longer than any lock wait lasts (lock_timeout), so it gets one when they end.
 READ_POOL_SHARE = 2  # the read pool has half as many connections as the writers' (at least 2)
@@ -96,68 +85,6 @@ LOCK_HOLDERS = (
     "AND l.granted AND a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL "
     "ORDER BY a.xact_start LIMIT 1"
 )
-
-
-def locked_table(exc: BaseException) -> str | None:
-    """The table whose row a lock_timeout error waited for (from its CONTEXT line), if it says."""
-    context = getattr(getattr(exc, "diag", None), "context", None) or ""
-    for table in LOCKED_ROWS:
-        if f'relation "{table}"' in context:
-            return table
-    return None
-
-
-def describe(
-    exc: BaseException, location: DatabaseLocation, lock_timeout: float, holder: str | None = None
-) -> StoreError:
-    """A driver error as the problem and its fix; the transaction was rolled back (nothing changed).
-
-    `holder`: for a lock_timeout, the session that holds the lock, as `Pool.lock_holder` found it.
-    """
-    where = location.display
-    if isinstance(exc, psycopg.errors.LockNotAvailable):
-        table = locked_table(exc)
-        what = "a row this call needed" if table is None else f"{LOCKED_ROWS[table]} ({table})"
-        by = "another session" if holder is None else holder
-        return StoreError(
-            f"PostgreSQL ({where}): {what} stayed locked by {by} for more than {lock_timeout:g} s "
-            "(lock_timeout); nothing was changed and no request was sent — try again shortly, or end "
-            "the session holding it (pg_stat_activity, pg_terminate_backend)"
-        )
-    if isinstance(exc, psycopg.errors.QueryCanceled):
-        return StoreError(
-            f"PostgreSQL ({where}) cancelled a statement (statement_timeout or an operator's cancel); "
-            "nothing was changed and no request was sent — try again, or raise statement_timeout for "
-            "this role or database"
-        )
-    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
-        return StoreError(
-            f"PostgreSQL ({where}) runs this session read-only (default_transaction_read_only, or a "
-            "standby); nothing was changed and no request was sent — point --db at the primary, or "
-            "turn read-only mode off"
-        )
-    if isinstance(exc, psycopg.errors.DivisionByZero):
-        return GuardFailed(
-            f"PostgreSQL ({where}): an operation row changed under this transaction's lock (a guarded "
-            "write found another version); nothing was changed — try again"
-        )
-    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-        return StoreError(
-            f"PostgreSQL ({where}): the role may not do this ({_first_line(exc)}); nothing was changed — "
-            "grant it, or connect as the role that owns pollwarden's tables"
-        )
-    if isinstance(exc, PoolTimeout | psycopg.OperationalError | psycopg.InterfaceError):
-        return StoreError(
-            f"cannot use PostgreSQL at {where} ({_first_line(exc)}); nothing was sent to the provider "
-            "without a committed reservation — check that the server is up and reachable, then try "
-            "again (pollwarden reconnects by itself)"
-        )
-    return StoreError(f"PostgreSQL error on {where}: {_first_line(exc)}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class Tx:
@@ -369,51 +296,3 @@ class Pool:
         """The first row of `read`, or None."""
         found = await self.read(sql, params)
         return found[0] if found else None
-
-
-async def migrate(pool: Pool) -> None:
-    """Run the schema steps this database has not run, once, under an advisory lock; refuse a newer schema.
-
-    An up-to-date database is only read (a read-only session, e.g. a standby, can still serve reads);
-    otherwise the version is read again under the lock, so instances starting together run each step once.
-    Which steps ran is recorded by number (`pollwarden.store.schema_steps`: a step may ship late).
-    """
-    numbers = [step.number for step in schema.MIGRATIONS]
-    exists = await pool.read_one(schema.STATE_TABLES)
-    if exists is not None and exists[0] and exists[1]:
-        row = await pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
-        current = _checked_version(pool, 0 if row is None else int(row[0]))
-        recorded = {int(r[0]) for r in await pool.read("SELECT number FROM pollwarden_schema_steps")}
-        if not schema_steps.pending(numbers, version=current, recorded=recorded):
-            return
-    async with pool.transaction() as tx:
-        await tx.queue(schema.MIGRATION_LOCK)
-        await tx.queue(schema.VERSION_TABLE)
-        await tx.queue(schema.STEPS_TABLE)
-        row = await tx.one("SELECT max(version) FROM pollwarden_schema")
-        current = _checked_version(pool, 0 if row is None or row[0] is None else int(row[0]))
-        # An empty record was made just now: the database kept none before (a kept one is never empty).
-        recorded = {int(r[0]) for r in await tx.all("SELECT number FROM pollwarden_schema_steps")} or None
-        todo = schema_steps.pending(numbers, version=current, recorded=recorded)
-        if recorded is None:  # the record starts with what the database ran before it kept one
-            for number in (n for n in numbers if n not in todo):
-                await tx.queue("INSERT INTO pollwarden_schema_steps (number) VALUES (%s)", (number,))
-        for step in sorted((s for s in schema.MIGRATIONS if s.number in todo), key=lambda s: s.number):
-            for statement in step.statements:
-                if statement.strip():
-                    await tx.queue(statement)
-            await tx.queue("INSERT INTO pollwarden_schema_steps (number) VALUES (%s)", (step.number,))
-            current = max(current, step.number)
-            await tx.queue("DELETE FROM pollwarden_schema")
-            await tx.queue("INSERT INTO pollwarden_schema (version) VALUES (%s)", (current,))
-        await tx.one("SELECT 1")  # surface a failed step here, inside the transaction
-
-
-def _checked_version(pool: Pool, current: int) -> int:
-    if current > schema.LATEST:
-        raise StoreError(
-            f"the PostgreSQL database {pool.location.display} is at schema version {current}, newer "
-            f"than this pollwarden knows ({schema.LATEST}); upgrade pollwarden, or point --db at "
-            "another database"
-        )
-    return current

@@ -21,42 +21,37 @@ from the caller's clock.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 
 import anyio
 
 from pollwarden.approval_policy import ApprovalPolicy
-from pollwarden.audit import REKEY_OPERATION, SEAL_KIND, AuditRow
+from pollwarden.audit import REKEY_OPERATION, SEAL_KIND
 from pollwarden.audit_entry import (
     NO_REFUSALS,
     AuditEvent,
     OperationChain,
-    event,
     unlinked,
 )
 from pollwarden.errors import StoreError
-from pollwarden.job_identity import account_parts, duplicate_changes
 from pollwarden.records import (
-    ApprovalRecord,
-    FollowupRecord,
     OperationRecord,
     WakeOutcome,
     WakeResult,
     new_record,
 )
-from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
+from pollwarden.store import plans, statements
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.postgres import browse, sql
+from pollwarden.store.migrations.postgres import LATEST, migrate
+from pollwarden.store.planned import approval_policy_params
+from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.check_procedure import CheckProcedure
-from pollwarden.store.postgres.connection import Pool, migrate
+from pollwarden.store.postgres.connection import Pool
 from pollwarden.store.postgres.decisions import Decisions
-from pollwarden.store.postgres.writer import Writer, operation, seal_entries
-from pollwarden.store.sqlite.queries import new_operation_values
-from pollwarden.store.sqlite.rows import StoredOperation, stored
-from pollwarden.timefmt import iso
+from pollwarden.store.postgres.executor import Writer, operation, seal_entries
+from pollwarden.store.rows import StoredOperation, new_operation_values, stored
 from pollwarden.vocabulary import (
-    DelaySource,
     Status,
 )
 
@@ -64,9 +59,6 @@ from pollwarden.vocabulary import (
 POOL_SIZE = 10
 # Operations named by one seal row at most: a seal holds the audit head, which every start waits for.
 SEAL_BATCH = 1000
-
-# What a submission answer that named another operation's job still records about itself.
-_SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
 
 
 class PostgresStore(CheckProcedure, Decisions):
@@ -80,92 +72,12 @@ class PostgresStore(CheckProcedure, Decisions):
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         """The current record, or None."""
-        row = await self._pool.read_one(sql.SELECT_OPERATION, {"operation_id": operation_id})
+        row = await self._pool.read_one(statements.SELECT_OPERATION, {"operation_id": operation_id})
         if row is None:
             return None
         current = stored(row)
         self._remember(current)
         return current.record
-
-    async def list_operations(
-        self,
-        *,
-        status: str | None = None,
-        provider: str | None = None,
-        limit: int = 50,
-        owner: str | None = None,
-    ) -> list[OperationRecord]:
-        """Most recent operations first (only `owner`'s when given)."""
-        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
-        query = sql.list_operations(
-            *(name for name in ("status", "provider", "owner") if params[name] is not None)
-        )
-        found = await self._pool.read(query, params)
-        return [stored(row).record for row in found]
-
-    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
-        """(active operations, operations created after `since`) of one principal."""
-        active = await self._pool.read_one(sql.COUNT_ACTIVE_OF_OWNER, {"owner": owner})
-        started = await self._pool.read_one(
-            sql.COUNT_CREATED_SINCE_BY_OWNER, {"owner": owner, "since": since}
-        )
-        return (0 if active is None else int(active[0])), (0 if started is None else int(started[0]))
-
-    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
-        """The operations recorded with this request fingerprint, newest first."""
-        found = await self._pool.read(sql.LIST_BY_FINGERPRINT, {"fingerprint": fingerprint, "limit": limit})
-        return [stored(row).record for row in found]
-
-    async def count_operations(self) -> int:
-        """How many operations the database holds."""
-        row = await self._pool.read_one(sql.COUNT_OPERATIONS)
-        return 0 if row is None else int(row[0])
-
-    async def list_approvals(
-        self, *, status: str | None = None, operation_id: str | None = None
-    ) -> list[ApprovalRecord]:
-        """Approvals, newest first."""
-        if operation_id is not None:
-            query = sql.LIST_APPROVALS_OF if status is None else sql.LIST_APPROVALS_OF_BY_STATUS
-        else:
-            query = sql.LIST_APPROVALS if status is None else sql.LIST_APPROVALS_BY_STATUS
-        found = await self._pool.read(query, {"status": status, "operation_id": operation_id})
-        return [ApprovalRecord.from_row(row) for row in found]
-
-    async def list_followups(self, operation_id: str) -> list[FollowupRecord]:
-        """The follow-ups of one operation, oldest first."""
-        found = await self._pool.read(sql.LIST_FOLLOWUPS, {"operation_id": operation_id})
-        return [FollowupRecord.from_row(row) for row in found]
-
-    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
-
-    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
-        """One page of the operations matching `filters`, newest first, and how many match."""
-        return await browse.operations_page(self._pool, filters, max(1, page), page_size)
-
-    async def operation_facets(self) -> OperationFacets:
-        """Every provider, stop reason and owner some operation has (to filter by)."""
-        return await browse.facets(self._pool)
-
-    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
-        """One operation's audit rows in chain order (its story and timeline)."""
-        return await browse.audit_rows(self._pool, operation_id)
-
-    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
-        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
-        return await browse.polled_times(self._pool, providers, iso(since) or "")
-
-    async def not_ready(self) -> str | None:
-        """Why the database cannot serve now (gone, replaced, schema dropped or behind), or None: ready."""
-        return await browse.not_ready(self._pool)
-
-    async def database_time(self) -> float | None:
-        """The database server's clock (epoch s) for `pollwarden doctor`'s skew check; None: this machine's."""
-        return await browse.database_time(self._pool)
-
-    async def metrics_snapshot(self, *, now: float, principals: bool = False) -> MetricsSnapshot:
-        """What a metrics scrape reads (`pollwarden.metrics`): aggregates over every process's work."""
-        return await browse.metrics_snapshot(self._pool, now, principals)
 
     # -- the check procedure ------------------------------------------------------------------
 
@@ -192,8 +104,10 @@ class PostgresStore(CheckProcedure, Decisions):
             if values["submit_payload_json"] is not None:
                 payload = {"request_fingerprint": values["request_fingerprint"]}
                 await tx.queue(sql.LOCK_PAYLOAD, payload)
-                same_id = await tx.queue(sql.SELECT_OPERATION, {"operation_id": operation_id})
-                in_flight = await tx.one(sql.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]})
+                same_id = await tx.queue(statements.SELECT_OPERATION, {"operation_id": operation_id})
+                in_flight = await tx.one(
+                    statements.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]}
+                )
                 if in_flight is not None and await tx.read(same_id) is None:
                     return stored(in_flight).record, False
             # Its first row is a row of the one chain: the head is locked before the row is inserted, as
@@ -202,14 +116,14 @@ class PostgresStore(CheckProcedure, Decisions):
             inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
             row = await tx.read(inserted)
             if row is None:
-                existing = await tx.one(sql.SELECT_OPERATION, {"operation_id": operation_id})
+                existing = await tx.one(statements.SELECT_OPERATION, {"operation_id": operation_id})
                 if existing is None and values["provider_job_id"] is not None:
                     job = {k: values[k] for k in ("provider", "account_context", "provider_job_id", "owner")}
-                    existing = await tx.one(sql.SELECT_JOB_OWNER, job)
+                    existing = await tx.one(statements.SELECT_JOB_OWNER, job)
                 return operation(existing, operation_id).record, False
             created = stored(row).record
             await writer.append(
-                event(created, kind, at, extra=_opening_facts(created)),
+                plans.opening_event(created, kind, at),
                 on=StoredOperation(created, NO_REFUSALS, OperationChain(0, "")),
             )
             await writer.finish()
@@ -227,32 +141,11 @@ class PostgresStore(CheckProcedure, Decisions):
         or the chain is keyed); the caller goes the locked way, which answers with what holds them.
         """
         record = new_record(values)
-        first = unlinked(event(record, kind, at, extra=_opening_facts(record)))
+        first = unlinked(plans.opening_event(record, kind, at))
         async with self._pool.transaction() as tx:
             cursor = await tx.queue(sql.OPEN_OPERATION, {**values, **vars(first)})
         row = await cursor.fetchone()
         return None if row is None else stored(row)
-
-    async def claim_submission(
-        self, operation_id: str, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str
-    ) -> OperationRecord | None:
-        """Take the submission lease before the submit request is sent (None: not free); committed first."""
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            record = current.record
-            await writer.flush(current)
-            stale = allow_stale and (record.lease_expires_at or 0.0) <= now
-            if record.status != Status.SUBMITTING or not (record.lease_owner is None or stale):
-                return None
-            if record.held_for_approval:
-                return None  # a resubmission a person has not approved is never sent
-            claimed = await writer.write(
-                current,
-                {"lease_owner": owner, "lease_expires_at": now + lease_seconds, "submit_sent_at": now},
-                at=now,
-            )
-            await writer.append(event(claimed, "submit_sending", now, note=note), on=current)
-            return claimed
 
     async def finish_submission(
         self,
@@ -269,32 +162,28 @@ class PostgresStore(CheckProcedure, Decisions):
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             record = current.record
-            await writer.flush(current)
-            if record.status != Status.SUBMITTING or (owner is not None and record.lease_owner != owner):
-                return None
-            released: dict[str, object] = {**changes, "lease_owner": None, "lease_expires_at": None}
+            holder = None
             job_id = changes.get("provider_job_id")
-            if job_id is not None:
-                # The provider named a job another operation holds: this submission adopts nothing.
+            if job_id is not None and record.status == Status.SUBMITTING:
                 job = {
                     "provider": record.provider,
                     "account_context": record.account_context,
                     "owner": record.owner,
                 }
-                found = await tx.one(sql.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
+                found = await tx.one(statements.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
                 holder = None if found is None else stored(found).record
-                if holder is not None and holder.operation_id != operation_id:
-                    kept = {k: v for k, v in changes.items() if k in _SUBMIT_ANSWER_FACTS}
-                    other = holder.owner != record.owner
-                    released = {
-                        **kept,
-                        **duplicate_changes(holder.operation_id, str(job_id), at=at, another_principal=other),
-                    }
-                    released["provider_job_id"] = job_id
-                    kind, note = "stopped", str(released["stop_detail"])
-            finished = await writer.write(current, released, at=at)
-            await writer.append(event(finished, kind, at, note=note, extra=payload_extra), on=current)
-            return finished
+            plan = plans.finish_plan(
+                record,
+                owner=owner,
+                changes=changes,
+                kind=kind,
+                at=at,
+                note=note,
+                payload_extra=payload_extra,
+                job_holder=holder,
+            )
+            record = await writer.carry_out(current, plan)
+            return record if plan.applied else None
 
     # -- extensions and approvals ---------------------------------------------------------------
 
@@ -314,49 +203,50 @@ class PostgresStore(CheckProcedure, Decisions):
         decides); only the guarded UPDATE's rows move, each audited as `woken_by_webhook`.
         """
         job = {"provider": provider, "job_id": job_id}
-        if await self._pool.read_one(sql.KNOWS_JOB, job) is None:
+        if await self._pool.read_one(statements.KNOWS_JOB, job) is None:
             return WakeResult(WakeOutcome.UNKNOWN_JOB, ())
         async with self._locked() as (writer, tx, _):
-            await tx.queue(sql.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds})
+            await tx.queue(
+                statements.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds}
+            )
             remembered = await tx.one(
-                sql.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
+                statements.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
             )
             if remembered is None:
                 return WakeResult(WakeOutcome.REPLAYED, ())
-            woken = [stored(row) for row in await tx.all(sql.WAKE, {**job, "now": now})]
-            extra = {
-                "event_id": event_id,
-                "event_type": event_type,
-                "delay_source": DelaySource.PROVIDER_WEBHOOK,
-            }
-            for current in woken:
-                self._forget(current.record.operation_id)
-                await writer.flush(current)
-                await writer.append(event(current.record, "woken_by_webhook", now, extra=extra), on=current)
-            ids = tuple(c.record.operation_id for c in woken)
-            return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
-
-    async def approval_policy(self) -> ApprovalPolicy:
-        """The database's approval policy (`pollwarden.approval_policy`)."""
-        row = await self._pool.read_one(sql.APPROVAL_POLICY)
-        return ApprovalPolicy() if row is None else ApprovalPolicy.stored(bool(row[0]), row[1], row[2])
+            woken: list[str] = []
+            for row in await tx.all(sql.LOCK_WAITING_ON_JOB, job):
+                current = stored(row)
+                plan = plans.wake_plan(current.record, now=now, event_id=event_id, event_type=event_type)
+                if plan is not None:
+                    self._forget(current.record.operation_id)
+                    await writer.carry_out(current, plan)
+                    woken.append(current.record.operation_id)
+            return WakeResult(WakeOutcome.WOKEN if woken else WakeOutcome.NOT_WOKEN, tuple(woken))
 
     async def write_approval_policy(
         self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
     ) -> bool:
         """Store the approval policy (guarded, one statement); whether it was written."""
-        row = await self._pool.write_one(
-            sql.WRITE_APPROVAL_POLICY,
-            {
-                "require": policy.require_operator_key,
-                "channels": ",".join(sorted(policy.channels)),
-                "keys": policy.key_lines(),
-                "at": at,
-                "by": by,
-                "only_raising": only_raising_to_a_key,
-            },
-        )
-        return row is not None
+        params = approval_policy_params(policy, at=at, by=by, only_raising_to_a_key=only_raising_to_a_key)
+        return await self._pool.write_one(sql.WRITE_APPROVAL_POLICY, params) is not None
+
+    async def not_ready(self) -> str | None:
+        """Why the database cannot serve now (unreachable, schema dropped or behind), or None: ready."""
+        try:
+            row = await self._pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
+            await self._pool.read("SELECT 1 FROM operations LIMIT 1")
+        except StoreError as exc:
+            return str(exc)
+        version = 0 if row is None else int(row[0])
+        if version < LATEST:
+            return f"the database is at schema step {version}, this pollwarden needs {LATEST}: restart to migrate"
+        return None
+
+    async def database_time(self) -> float | None:
+        """The database server's clock (epoch s) for `pollwarden doctor`'s skew check."""
+        row = await self._pool.read_one("SELECT extract(epoch FROM clock_timestamp())")
+        return None if row is None else float(str(row[0]))
 
     async def seal(self, *, at: float, batch: int = SEAL_BATCH) -> int:
         """Seal every operation's audit chain that moved since the last seal; how many were named.
@@ -391,7 +281,7 @@ class PostgresStore(CheckProcedure, Decisions):
     async def flush_refusals(self, operation_id: str | None = None) -> int:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""
         if operation_id is None:
-            if await self._pool.read_one(sql.ANY_PENDING_REFUSALS) is None:
+            if await self._pool.read_one(statements.ANY_PENDING_REFUSALS) is None:
                 return 0
             async with self._locked() as (writer, tx, _):
                 written = 0
@@ -400,21 +290,14 @@ class PostgresStore(CheckProcedure, Decisions):
                     # A row another flush emptied while this one waited for its lock writes nothing.
                     written += 1 if await writer.flush(stored(row)) else 0
                 return written
-        if await self._pool.read_one(sql.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id}) is None:
+        if (
+            await self._pool.read_one(statements.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id})
+            is None
+        ):
             return 0
         async with self._locked(operation_id) as (writer, tx, cursor):
             current = operation(await tx.read(cursor), operation_id)
             return 1 if await writer.flush(current) else 0
-
-
-def _opening_facts(created: OperationRecord) -> dict[str, object]:
-    """What an operation's first audit row names beside its record: the account and the expected end."""
-    origin, credential_env = account_parts(created.account_context)
-    return {
-        "account_origin": origin,
-        "account_credential_env": credential_env,
-        "expected_terminal_state": created.expected_terminal_state,
-    }
 
 
 @asynccontextmanager

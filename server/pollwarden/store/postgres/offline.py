@@ -1,66 +1,28 @@
-"""For the operator commands on PostgreSQL: read the audit read-only, re-key it, flush refusals.
-
-The audit readers (`pollwarden.audit`) write their SQL with ``?``
-placeholders for SQLite; `read_only` gives them a read-only session that takes
-the same statements. Nothing here prints the URL's password.
-"""
+"""For the operator commands on PostgreSQL: re-key the audit, seal it, flush refusals before reading it."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, LiteralString, cast
 
 import anyio
-import psycopg
-from psycopg.rows import TupleRow
 
 from pollwarden.audit import REKEY_KIND, REKEY_OPERATION, AuditError
 from pollwarden.audit_entry import ChainHead, chain_row
-from pollwarden.audit_verify import refuse_unless_rekeyable, rekey_payload, verify_chain
 from pollwarden.errors import StoreError
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
-from pollwarden.store.postgres.connection import describe
-from pollwarden.store.postgres.writer import seal_entries
+from pollwarden.store.postgres.executor import seal_entries
+from pollwarden.store.postgres.read_only import connect
 
 
-class ReadOnlySession:
-    """A read-only PostgreSQL session that runs the audit readers' ``?`` statements."""
-
-    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
-        self._conn = conn
-
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[TupleRow]:
-        """Run one statement (``?`` placeholders) and return its cursor."""
-        return self._conn.execute(cast("LiteralString", sql.replace("?", "%s")), list(parameters))
-
-
-def _connect(location: DatabaseLocation) -> psycopg.Connection[TupleRow]:
-    try:
-        return psycopg.connect(location.dsn, autocommit=True, application_name="pollwarden-audit")
-    except psycopg.Error as exc:
-        raise AuditError(str(describe(exc, location, 5.0))) from None
-
-
-@contextmanager
-def read_only(location: DatabaseLocation) -> Generator[ReadOnlySession]:
-    """A read-only session on the database, every read in one snapshot (a verification sees rows and
-    the operations' records of them as of one moment); AuditError when it cannot be reached or has no audit."""
-    with _connect(location) as conn:
-        try:
-            conn.execute(
-                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
-            )
-            conn.execute("SELECT 1 FROM audit LIMIT 1").fetchall()
-        except psycopg.Error as exc:
-            raise AuditError(f"no readable audit table in {location.display}: {exc}") from None
-        with conn.transaction():
-            yield ReadOnlySession(conn)
-
-
-def rekey(location: DatabaseLocation, key: bytes, *, by: str, at: datetime) -> int:
+def rekey(
+    location: DatabaseLocation,
+    key: bytes,
+    *,
+    at: datetime,
+    payload_of: Callable[[list[list[object]]], dict[str, object]],
+) -> int:
     """`pollwarden.audit_verify.rekey_chain` on PostgreSQL; the re-key row's seq.
 
     Locks the head's table (EXCLUSIVE: plain reads go on, every chain row waits), then the audit
@@ -71,21 +33,19 @@ def rekey(location: DatabaseLocation, key: bytes, *, by: str, at: datetime) -> i
     operation's chain not sealed yet (read under those locks), so their unkeyed rows are linked to
     it; the next seal names them again, which is harmless.
     """
-    with _connect(location) as conn, conn.transaction():
+    with connect(location) as conn, conn.transaction():
         conn.execute("LOCK TABLE audit_head IN EXCLUSIVE MODE")
         conn.execute("LOCK TABLE audit IN SHARE MODE")
         head = conn.execute(sql.READ_AUDIT_HEAD).fetchone()
         if head is None:
             raise AuditError(f"no audit head in {location.display}")
-        result = verify_chain(location, None)
-        refuse_unless_rekeyable(result)
         moved = seal_entries(conn.execute(sql.MOVED_OPERATIONS).fetchall())
         row = chain_row(
             ChainHead(int(head[0]), str(head[1]), bool(head[2])),
             operation_id=REKEY_OPERATION,
             at=at,
             kind=REKEY_KIND,
-            payload=rekey_payload(by, result, moved),
+            payload=payload_of(moved),
             key=key,
         )
         inserted = conn.execute(sql.INSERT_CHAIN_ROW + " RETURNING seq", vars(row)).fetchone()

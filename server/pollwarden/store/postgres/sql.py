@@ -1,5 +1,9 @@
-"""Every SQL statement the PostgreSQL engine runs, by name (psycopg's %(name)s parameters).
+"""The SQL only the PostgreSQL engine runs, by name, and the dialect it runs the shared statements in.
 
+The statements both engines run are `pollwarden.store.statements` (named
+``:name`` parameters); `dialect` gives their PostgreSQL text (psycopg's
+``%(name)s``, and an operation row read with its own audit chain's head), and
+every statement goes through it on its way to the server (`connection`).
 Writes are computed from a row this transaction locked (`… FOR UPDATE`), so
 the decision and the write see the same row; each write still states its
 guard (the version it read) and the engine checks it held. The reservation and
@@ -9,53 +13,31 @@ guarded `UPDATE … RETURNING` each, committed in the same trip.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 from pollwarden.audit_entry import REFUSALS_PER_SUMMARY
-from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
-from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
-from pollwarden.store.sqlite.queries import MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS
+from pollwarden.store import statements
+from pollwarden.store.rows import CHAIN_COLUMNS, MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS, REFUSAL_COLUMNS
+from pollwarden.store.statements import APPROVAL_ROW
 
-REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
-# The operation's own audit chain (schema step 13): how many rows, and the last one's hash.
-CHAIN_COLUMNS = ("audit_rows", "audit_hash")
-OPERATION_ROW = ", ".join((*OPERATION_COLUMNS, *REFUSAL_COLUMNS, *CHAIN_COLUMNS))
-
-SELECT_OPERATION = f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = %(operation_id)s"
-LOCK_OPERATION = SELECT_OPERATION + " FOR UPDATE"
-LOCK_PENDING_REFUSALS = (
-    f"SELECT {OPERATION_ROW} FROM operations WHERE refused_count > 0 ORDER BY operation_id FOR UPDATE"
-)
-# Ordered by the partial index's key, so the plan walks that index (a few entries) whatever the
-# statistics say; without the order a stale estimate of many refusals makes it a scan of every row.
-ANY_PENDING_REFUSALS = "SELECT 1 FROM operations WHERE refused_count > 0 ORDER BY operation_id LIMIT 1"
-ANY_PENDING_REFUSALS_OF = (
-    "SELECT 1 FROM operations WHERE operation_id = %(operation_id)s AND refused_count > 0"
-)
-
-_LIST = (
-    f"SELECT {OPERATION_ROW} FROM operations {{where}} ORDER BY created_at DESC, operation_id LIMIT %(limit)s"
-)
-_LIST_FILTERS = {
-    "status": "status = %(status)s",
-    "provider": "provider = %(provider)s",
-    "owner": "owner = %(owner)s",
-}
+# An operation row as this engine reads it: the shared one, then its own audit chain's head.
+OPERATION_ROW = f"{statements.OPERATION_ROW}, {', '.join(CHAIN_COLUMNS)}"
+_SHARED_ROW = re.compile(re.escape(statements.OPERATION_ROW) + "(?!, audit_rows)")
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
 @cache
-def list_operations(*filters: str) -> str:
-    """The listing with these filters (names from `_LIST_FILTERS`, in that order)."""
-    where = " AND ".join(_LIST_FILTERS[f] for f in filters)
-    return _LIST.format(where=f"WHERE {where}" if where else "")
+def dialect(statement: str) -> str:
+    """A statement as PostgreSQL runs it: ``:name`` parameters as ``%(name)s`` (a ``::`` cast is kept),
+    and the shared operation row with this engine's chain columns."""
+    return _NAMED.sub(r"%(\1)s", _SHARED_ROW.sub(OPERATION_ROW, statement))
 
 
-COUNT_OPERATIONS = "SELECT count(*) FROM operations"
-LIST_BY_FINGERPRINT = (
-    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(fingerprint)s "
-    "ORDER BY created_at DESC, operation_id LIMIT %(limit)s"
+LOCK_OPERATION = dialect(statements.SELECT_OPERATION) + " FOR UPDATE"
+LOCK_PENDING_REFUSALS = (
+    f"SELECT {OPERATION_ROW} FROM operations WHERE refused_count > 0 ORDER BY operation_id FOR UPDATE"
 )
-
 INSERT_OPERATION = (
     f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
     f"VALUES ({', '.join(f'%({c})s' for c in NEW_OPERATION_COLUMNS)}) "
@@ -83,52 +65,11 @@ OPEN_OPERATION = (
     "SELECT * FROM opened"
 )
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity), whichever principal
-# started it (issue 30: the provider sees one caller and one job; another principal is told only that
-# the job is tracked); the partial UNIQUE index operations_one_per_job serves it and makes a second
-# holder impossible.
-SELECT_JOB_OWNER = (
-    f"SELECT {OPERATION_ROW} FROM operations WHERE provider = %(provider)s "
-    "AND account_context = %(account_context)s AND provider_job_id = %(provider_job_id)s "
-    "AND duplicate_of IS NULL"
-)
-
-# Fair shares (issue 19): the future fleet slots one principal holds for a provider (read with the
-# provider's pace row locked, which every booking takes first).
-PRINCIPAL_BOOKED_SLOTS = (
-    "SELECT count(*), min(fleet_slot_at) FROM operations WHERE provider = %(provider)s "
-    "AND owner = %(owner)s AND fleet_slot_at > %(now)s AND status = 'waiting' "
-    "AND operation_id <> %(operation_id)s"
-)
-COUNT_ACTIVE_OF_OWNER = (
-    "SELECT count(*) FROM operations WHERE owner = %(owner)s AND status IN ('waiting', 'submitting')"
-)
-COUNT_CREATED_SINCE_BY_OWNER = (
-    "SELECT count(*) FROM operations WHERE owner = %(owner)s AND created_at > %(since)s"
-)
-
 # One payload in flight is one job (pollwarden.job_identity). Submissions of one payload take this
 # transaction-scoped lock before they look for an operation of it in flight and insert, so two
 # processes starting it at once make one operation. The two-key form keeps it apart from the
 # migration lock's one-key space; the first key is "poll".
 LOCK_PAYLOAD = "SELECT pg_advisory_xact_lock(1886350444, hashtext(%(request_fingerprint)s))"
-SELECT_PAYLOAD_IN_FLIGHT = (
-    f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = %(request_fingerprint)s "
-    "AND owner = %(owner)s "
-    "AND status IN ('submitting', 'waiting') AND submit_payload_json IS NOT NULL AND duplicate_of IS NULL "
-    "ORDER BY created_at DESC, operation_id LIMIT 1"
-)
-
-# The reservation as one statement: the gate's conditions again (pollwarden.stop's), and the version it read.
-RESERVE = (
-    "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
-    "lease_owner = %(owner)s, lease_expires_at = %(lease_expires_at)s, version = version + 1, "
-    "updated_at = %(now)s "
-    "WHERE operation_id = %(operation_id)s AND version = %(version)s AND status = 'waiting' "
-    f"AND {deadline_open_sql('%(now)s')} AND %(now)s >= next_check_at AND %(now)s >= coalesce(not_before_at, %(now)s) AND {BUDGET_LEFT_SQL} "
-    f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
-)
-
 # One refused call, counted on the operation as the gate read it (version guard), unless a summary row
 # is due first (a run of the other outcome pending) or with it (this call completes the run): those go
 # the locked way, which writes the row.
@@ -143,18 +84,13 @@ COUNT_REFUSAL = (
     f"AND refused_count < {REFUSALS_PER_SUMMARY - 1} "
     f"RETURNING {', '.join(REFUSAL_COLUMNS)}"
 )
-RESET_REFUSALS = (
-    "UPDATE operations SET refused_count = 0, refused_outcome = NULL, refused_first_at = NULL, "
-    "refused_last_at = NULL WHERE operation_id = %(operation_id)s"
-)
-
 # The counters after a refused call counted on the locked row (a summary row may have been written).
 SET_REFUSALS = (
     "UPDATE operations SET refused_count = %(count)s, refused_outcome = %(outcome)s, "
     "refused_first_at = %(first_at)s, refused_last_at = %(last_at)s WHERE operation_id = %(operation_id)s"
 )
 
-_WRITABLE = tuple(sorted(MUTABLE_COLUMNS | {"extensions_used"}))
+_WRITABLE = tuple(sorted(MUTABLE_COLUMNS))
 
 
 _RESET = "refused_count = 0, refused_outcome = NULL, refused_first_at = NULL, refused_last_at = NULL, "
@@ -204,75 +140,16 @@ SET_FLEET_TAT = (
 
 # -- approvals --------------------------------------------------------------------------------------
 
-APPROVAL_ROW = ", ".join(APPROVAL_COLUMNS)
-SELECT_APPROVAL = f"SELECT {APPROVAL_ROW} FROM approvals WHERE approval_id = %(approval_id)s"
-LOCK_APPROVAL = SELECT_APPROVAL + " FOR UPDATE"
-_LIST_APPROVALS = f"SELECT {APPROVAL_ROW} FROM approvals {{where}} ORDER BY asked_at DESC"
-LIST_APPROVALS = _LIST_APPROVALS.format(where="")
-LIST_APPROVALS_BY_STATUS = _LIST_APPROVALS.format(where="WHERE status = %(status)s")
-LIST_APPROVALS_OF = _LIST_APPROVALS.format(where="WHERE operation_id = %(operation_id)s")
-LIST_APPROVALS_OF_BY_STATUS = _LIST_APPROVALS.format(
-    where="WHERE operation_id = %(operation_id)s AND status = %(status)s"
-)
-HAS_DUE_EXTENSION_APPROVALS = (
-    "SELECT 1 FROM approvals WHERE operation_id = %(operation_id)s AND kind IN ('extension', 'reopen') "
-    "AND (status IN ('approved', 'denied') OR (status = 'pending' AND expires_at <= %(now)s)) LIMIT 1"
-)
-FIND_PENDING_APPROVAL = (
-    f"SELECT {APPROVAL_ROW} FROM approvals WHERE operation_id = %(operation_id)s AND kind = %(kind)s "
-    "AND bound_version = %(version)s AND request_json = %(request_json)s AND status = 'pending' "
-    "AND expires_at > %(at)s"
-)
-INSERT_APPROVAL = (
-    "INSERT INTO approvals (approval_id, operation_id, kind, status, request_json, bound_version, "
-    "asked_at, expires_at) VALUES (%(approval_id)s, %(operation_id)s, %(kind)s, 'pending', "
-    f"%(request_json)s, %(version)s, %(at)s, %(expires_at)s) RETURNING {APPROVAL_ROW}"
-)
-DECIDE_APPROVAL = (
-    "UPDATE approvals SET status = %(status)s, decided_at = %(at)s, decided_by = %(by)s, "
-    "decided_method = %(method)s, decision_signature = %(signature)s "
-    f"WHERE approval_id = %(approval_id)s AND status = 'pending' RETURNING {APPROVAL_ROW}"
-)
+LOCK_APPROVAL = dialect(statements.SELECT_APPROVAL) + " FOR UPDATE"
 CLOSE_APPROVAL = (
     "UPDATE approvals SET status = %(status)s, note = %(note)s, decided_at = COALESCE(decided_at, %(at)s) "
     "WHERE approval_id = %(approval_id)s AND status = ANY(%(allowed)s) "
     f"RETURNING {APPROVAL_ROW}"
 )
-MARK_APPROVAL_APPLIED = (
-    "UPDATE approvals SET status = 'applied', note = 'applied' WHERE approval_id = %(approval_id)s"
-)
-MARK_APPROVAL_USED = (
-    "UPDATE approvals SET status = 'applied', note = %(note)s "
-    "WHERE approval_id = %(approval_id)s AND status = 'approved'"
-)
-
-# -- follow-ups ---------------------------------------------------------------------------------------
-
-FOLLOWUP_ROW = ", ".join(FOLLOWUP_COLUMNS)
-INSERT_FOLLOWUP = (
-    f"INSERT INTO followups ({FOLLOWUP_ROW}) VALUES ({', '.join(f'%({c})s' for c in FOLLOWUP_COLUMNS)})"
-)
-LIST_FOLLOWUPS = (
-    f"SELECT {FOLLOWUP_ROW} FROM followups WHERE operation_id = %(operation_id)s "
-    "ORDER BY requested_at, inserted"
-)
-
 # -- webhook wake-ups (issue 21): the same conditions as SQLite's ---------------------------------------
 
-KNOWS_JOB = "SELECT 1 FROM operations WHERE provider = %(provider)s AND provider_job_id = %(job_id)s LIMIT 1"
-PRUNE_WEBHOOK_EVENTS = "DELETE FROM webhook_events WHERE provider = %(provider)s AND received_at < %(before)s"
-REMEMBER_WEBHOOK_EVENT = (
-    "INSERT INTO webhook_events (provider, event_id, received_at) VALUES (%(provider)s, %(event_id)s, %(now)s) "
-    "ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id"
-)
-_WOKEN_AT = "greatest(%(now)s, not_before_at)"  # greatest() skips a NULL
-WAKE = (
-    f"UPDATE operations SET next_check_at = {_WOKEN_AT}, woken_at = {_WOKEN_AT}, version = version + 1, "
-    "updated_at = %(now)s WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
-    f"AND status = 'waiting' AND {_WOKEN_AT} < next_check_at AND delay_source <> 'fleet_pacing' "
-    f"AND {deadline_open_sql('%(now)s')} "
-    f"AND (lease_owner IS NULL OR lease_expires_at <= %(now)s) RETURNING {OPERATION_ROW}"
-)
+# The job's waiting operations, locked in id order, which a webhook may wake (`plans.may_wake` decides).
+LOCK_WAITING_ON_JOB = dialect(statements.WAITING_ON_JOB) + " FOR UPDATE"
 
 # -- the audit: the one chain's head row, and the rows (pollwarden.audit_verify) ----------------------
 
@@ -332,10 +209,4 @@ MOVED_OPERATIONS = (
     "SELECT operation_id, audit_rows, audit_hash FROM operations WHERE audit_rows > audit_sealed_rows"
 )
 
-# The approval policy (`pollwarden.approval_policy`): one row, raised without a read in between.
-APPROVAL_POLICY = "SELECT require_operator_key, channels, operator_keys FROM approval_policy WHERE id = 1"
-WRITE_APPROVAL_POLICY = (
-    "UPDATE approval_policy SET require_operator_key = %(require)s, channels = %(channels)s, "
-    "operator_keys = %(keys)s, updated_at = %(at)s, updated_by = %(by)s "
-    "WHERE id = 1 AND (NOT require_operator_key OR NOT %(only_raising)s) RETURNING id"
-)
+WRITE_APPROVAL_POLICY = dialect(statements.WRITE_APPROVAL_POLICY)

@@ -41,8 +41,8 @@ import anyio.to_thread
 
 from pollwarden import observe
 from pollwarden.errors import StoreError
-from pollwarden.store.sqlite import queries
-from pollwarden.store.sqlite.migrations import migrate
+from pollwarden.store.migrations.sqlite import migrate
+from pollwarden.store.sqlite import sql
 
 T = TypeVar("T")
 
@@ -160,18 +160,18 @@ class Session:
         db.check_identity()
         self.durable = durable
         if durable != db.synchronous_full:
-            conn.execute(queries.SYNCHRONOUS_FULL if durable else queries.SYNCHRONOUS_NORMAL)
+            conn.execute(sql.SYNCHRONOUS_FULL if durable else sql.SYNCHRONOUS_NORMAL)
             db.synchronous_full = durable
         with observe.db_transaction("sqlite"):  # from BEGIN (waiting for the lock) to COMMIT
-            conn.execute(queries.BEGIN_IMMEDIATE)
+            conn.execute(sql.BEGIN_IMMEDIATE)
             try:
                 self._leave_if_cancelled()
                 yield conn
-                conn.execute(queries.COMMIT)
+                conn.execute(sql.COMMIT)
             except BaseException:
                 if conn.in_transaction:
                     with suppress(sqlite3.Error):
-                        conn.execute(queries.ROLLBACK)
+                        conn.execute(sql.ROLLBACK)
                 db.stats.rollbacks += 1
                 raise
         if durable:
@@ -203,12 +203,12 @@ def connect(path: Path, busy_timeout: float) -> Database:
     except sqlite3.Error as exc:
         raise describe(exc, path, busy_timeout) from exc
     try:
-        conn.execute(queries.busy_timeout(busy_timeout))
-        conn.execute(queries.JOURNAL_MODE_WAL).fetchone()
+        conn.execute(sql.busy_timeout(busy_timeout))
+        conn.execute(sql.JOURNAL_MODE_WAL).fetchone()
         # FULL: the reservation must be on disk before the request leaves.
-        conn.execute(queries.SYNCHRONOUS_FULL)
+        conn.execute(sql.SYNCHRONOUS_FULL)
         migrate(conn)
-        conn.execute(queries.FOREIGN_KEYS_ON)
+        conn.execute(sql.FOREIGN_KEYS_ON)
     except sqlite3.Error as exc:
         conn.close()
         raise describe(exc, path, busy_timeout) from exc

@@ -1,14 +1,15 @@
 """The SQLite engine: the `Store` interface over one file shared by every server process.
 
 Each method is one hop to the database thread (`Database.run`) that runs one
-whole transaction there: see `checks` (the check procedure), `writes` (every
-other change) and `queries` (the SQL). Reads run without a transaction (WAL
-readers see the last commit and never wait for a writer).
+whole transaction there: see `check_procedure`, `writes` (every other change)
+and `wakes`; each reads what its plan (`pollwarden.store.plans`) needs and
+`executor` carries the plan out. Reads (`pollwarden.store.reads`) run without
+a transaction (WAL readers see the last commit and never wait for a writer).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -16,20 +17,22 @@ from pathlib import Path
 import anyio
 
 from pollwarden.approval_policy import ApprovalPolicy
-from pollwarden.audit import AuditRow
 from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
-from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
-from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
+from pollwarden.records import ApprovalRecord, CheckStart, OperationRecord, WakeResult
+from pollwarden.store import statements
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.sqlite import browse, checks, queries, rows, wakes, writes
+from pollwarden.store.migrations.sqlite import LATEST, schema_version
+from pollwarden.store.planned import PlannedWrites, approval_policy_params
+from pollwarden.store.plans import Plan
+from pollwarden.store.reads import Row
+from pollwarden.store.sqlite import check_procedure, executor, wakes, writes
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
-from pollwarden.timefmt import iso
-from pollwarden.vocabulary import ApprovalKind, ApprovalStatus, FollowupKind, FollowupStatus
+from pollwarden.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden_providers.table_limits import FleetSpec
 
 
-class SQLiteStore:
+class SQLiteStore(PlannedWrites):
     """One process's store on a SQLite file (implements `pollwarden.store.Store`)."""
 
     def __init__(self, db: Database, location: DatabaseLocation, audit_key: bytes | None) -> None:
@@ -47,121 +50,41 @@ class SQLiteStore:
         """Hops to the database thread and commits by durability, since the store opened."""
         return self._db.stats
 
-    # -- reads ------------------------------------------------------------------------------
+    async def _carry_out_on(self, operation_id: str, plan_of: Callable[[OperationRecord], Plan]) -> Plan:
+        """One transaction in one hop, under the write lock: `plan_of` the row as read, carried out."""
 
-    async def get(self, operation_id: str) -> OperationRecord | None:
-        """The current record, or None."""
-
-        def work(s: Session) -> OperationRecord | None:
-            found = rows.fetch(s.conn, operation_id)
-            return None if found is None else found.record
-
-        return await self._db.run(work)
-
-    async def list_operations(
-        self,
-        *,
-        status: str | None = None,
-        provider: str | None = None,
-        limit: int = 50,
-        owner: str | None = None,
-    ) -> list[OperationRecord]:
-        """Most recent operations first (only `owner`'s when given)."""
-        params = {"status": status, "provider": provider, "owner": owner, "limit": limit}
-        sql = queries.list_operations(
-            *(name for name in ("status", "provider", "owner") if params[name] is not None)
-        )
-
-        def work(s: Session) -> list[OperationRecord]:
-            return [rows.stored(row).record for row in s.conn.execute(sql, params).fetchall()]
+        def work(s: Session) -> Plan:
+            with s.transaction() as conn:
+                current = executor.must_fetch(conn, operation_id)
+                plan = plan_of(current.record)
+                executor.carry_out(conn, current, plan, self._key)
+                return plan
 
         return await self._db.run(work)
 
-    async def operations_of_fingerprint(self, fingerprint: str, *, limit: int = 20) -> list[OperationRecord]:
-        """The operations recorded with this request fingerprint, newest first."""
-        params = {"fingerprint": fingerprint, "limit": limit}
-
-        def work(s: Session) -> list[OperationRecord]:
-            found = s.conn.execute(queries.LIST_BY_FINGERPRINT, params).fetchall()
-            return [rows.stored(row).record for row in found]
-
-        return await self._db.run(work)
-
-    async def count_operations(self) -> int:
-        """How many operations the database holds."""
-
-        def work(s: Session) -> int:
-            row = s.conn.execute(queries.COUNT_OPERATIONS).fetchone()
-            return int(row[0]) if row else 0
-
-        return await self._db.run(work)
-
-    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        """One approval by id."""
-
-        def work(s: Session) -> ApprovalRecord | None:
-            row = s.conn.execute(queries.SELECT_APPROVAL, (approval_id,)).fetchone()
-            return None if row is None else ApprovalRecord.from_row(row)
-
-        return await self._db.run(work)
-
-    async def list_approvals(
-        self, *, status: str | None = None, operation_id: str | None = None
-    ) -> list[ApprovalRecord]:
-        """Approvals, newest first."""
-        if operation_id is not None:
-            sql = queries.LIST_APPROVALS_OF if status is None else queries.LIST_APPROVALS_OF_BY_STATUS
-        else:
-            sql = queries.LIST_APPROVALS if status is None else queries.LIST_APPROVALS_BY_STATUS
-        params = {"status": status, "operation_id": operation_id}
-
-        def work(s: Session) -> list[ApprovalRecord]:
-            return [ApprovalRecord.from_row(row) for row in s.conn.execute(sql, params).fetchall()]
-
-        return await self._db.run(work)
-
-    async def list_followups(self, operation_id: str) -> list[FollowupRecord]:
-        """The follow-ups of one operation, oldest first."""
-
-        def work(s: Session) -> list[FollowupRecord]:
-            found = s.conn.execute(queries.LIST_FOLLOWUPS, (operation_id,)).fetchall()
-            return [FollowupRecord.from_row(row) for row in found]
-
-        return await self._db.run(work)
-
-    # -- reads for a person looking at everything (the console; see `pollwarden.store.browse`) ---
-
-    async def operations_page(self, filters: OperationFilter, *, page: int, page_size: int) -> OperationPage:
-        """One page of the operations matching `filters`, newest first, and how many match."""
-        return await self._db.run(lambda s: browse.operations_page(s.conn, filters, max(1, page), page_size))
-
-    async def operation_facets(self) -> OperationFacets:
-        """Every provider, stop reason and owner some operation has (to filter by)."""
-        return await self._db.run(lambda s: browse.facets(s.conn))
-
-    async def audit_rows(self, operation_id: str) -> list[AuditRow]:
-        """One operation's audit rows in chain order (its story and timeline)."""
-        return await self._db.run(lambda s: browse.audit_rows(s.conn, operation_id))
-
-    async def polled_times(self, providers: Sequence[str], *, since: float) -> dict[str, list[float]]:
-        """When each status request of `providers` was answered since `since` (epoch s), per provider."""
-        at = iso(since) or ""
-        return await self._db.run(lambda s: browse.polled_times(s.conn, providers, at))
+    async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
+        """One read statement in one hop, outside any transaction."""
+        return await self._db.run(lambda s: s.conn.execute(statement, params or {}).fetchall())
 
     async def not_ready(self) -> str | None:
         """Why the database cannot serve now (gone, replaced, schema dropped or behind), or None: ready."""
+
+        def work(s: Session) -> str | None:
+            s.db.check_identity()
+            version = schema_version(s.conn)
+            if version < LATEST:
+                return f"the database is at schema step {version}, this pollwarden needs {LATEST}: restart to migrate"
+            s.conn.execute("SELECT 1 FROM operations LIMIT 1").fetchall()
+            return None
+
         try:
-            return await self._db.run(browse.not_ready)
+            return await self._db.run(work)
         except StoreError as exc:
             return str(exc)
 
     async def database_time(self) -> float | None:
         """The database server's clock (epoch s) for `pollwarden doctor`'s skew check; None: this machine's."""
         return None  # the file is on this machine: its clock is this clock
-
-    async def metrics_snapshot(self, *, now: float, principals: bool = False) -> MetricsSnapshot:
-        """What a metrics scrape reads (`pollwarden.metrics`): aggregates over every process's work."""
-        return await self._db.run(lambda s: browse.metrics_snapshot(s.conn, now, principals))
 
     # -- the check procedure ------------------------------------------------------------------
 
@@ -183,7 +106,7 @@ class SQLiteStore:
         """Decide one round of check_status and write it, in one transaction (None: no such operation)."""
         return await self._db.run(
             partial(
-                checks.begin_check,
+                check_procedure.begin_check,
                 needs_person=needs_person,
                 operation_id=operation_id,
                 now=now,
@@ -199,16 +122,6 @@ class SQLiteStore:
             )
         )
 
-    async def principal_usage(self, owner: str, *, since: float) -> tuple[int, int]:
-        """(active operations, operations created after `since`) of one principal."""
-
-        def work(s: Session) -> tuple[int, int]:
-            active = s.conn.execute(queries.COUNT_ACTIVE_OF_OWNER, (owner,)).fetchone()
-            started = s.conn.execute(queries.COUNT_CREATED_SINCE_BY_OWNER, (owner, since)).fetchone()
-            return int(active[0]), int(started[0])
-
-        return await self._db.run(work)
-
     async def apply_answer(
         self,
         operation_id: str,
@@ -221,7 +134,7 @@ class SQLiteStore:
         """Persist what one status answer meant and release the lease; (record, applied)."""
         return await self._db.run(
             partial(
-                checks.apply_answer,
+                check_procedure.apply_answer,
                 operation_id=operation_id,
                 owner=owner,
                 changes=changes,
@@ -239,23 +152,6 @@ class SQLiteStore:
         """Insert the record (and its first audit row) unless the id exists; (record, created)."""
         return await self._db.run(
             partial(writes.create_operation, values=values, kind=kind, at=at, key=self._key)
-        )
-
-    async def claim_submission(
-        self, operation_id: str, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str
-    ) -> OperationRecord | None:
-        """Take the submission lease before the submit request is sent (None: not free)."""
-        return await self._db.run(
-            partial(
-                writes.claim_submission,
-                operation_id=operation_id,
-                owner=owner,
-                now=now,
-                lease_seconds=lease_seconds,
-                allow_stale=allow_stale,
-                note=note,
-                key=self._key,
-            )
         )
 
     async def finish_submission(
@@ -285,30 +181,6 @@ class SQLiteStore:
         )
 
     # -- extensions and approvals ---------------------------------------------------------------
-
-    async def apply_extension(
-        self,
-        operation_id: str,
-        *,
-        bound_version: int,
-        changes: Mapping[str, object],
-        at: float,
-        approval_id: str | None,
-        payload_extra: Mapping[str, object],
-    ) -> OperationRecord | None:
-        """Grant a new authorization, only if the operation is still as it was when asked."""
-        return await self._db.run(
-            partial(
-                writes.apply_extension,
-                operation_id=operation_id,
-                bound_version=bound_version,
-                changes=changes,
-                at=at,
-                approval_id=approval_id,
-                payload_extra=payload_extra,
-                key=self._key,
-            )
-        )
 
     async def open_approval(
         self,
@@ -379,78 +251,6 @@ class SQLiteStore:
 
     # -- follow-ups and the audit ------------------------------------------------------------------
 
-    async def record_followup(
-        self,
-        *,
-        followup_id: str,
-        operation_id: str,
-        kind: str,
-        status: str,
-        at: float,
-        approval_id: str | None = None,
-        http_status: int | None = None,
-        answer: str | None = None,
-        note: str | None = None,
-        operation_changes: Mapping[str, object] | None = None,
-        expect_version: int | None = None,
-    ) -> FollowupRecord | None:
-        """Record one follow-up and its audit row; optionally change the operation (if still `expect_version`)."""
-        return await self._db.run(
-            partial(
-                writes.record_followup,
-                followup_id=followup_id,
-                operation_id=operation_id,
-                kind=FollowupKind(kind),
-                status=FollowupStatus(status),
-                at=at,
-                approval_id=approval_id,
-                http_status=http_status,
-                answer=answer,
-                note=note,
-                operation_changes=operation_changes,
-                expect_version=expect_version,
-                key=self._key,
-            )
-        )
-
-    async def audit_event(
-        self, operation_id: str, *, kind: str, at: float, note: str | None, extra: Mapping[str, object]
-    ) -> None:
-        """Append one audit row about an operation."""
-        await self._db.run(
-            partial(
-                writes.audit_event,
-                operation_id=operation_id,
-                kind=kind,
-                at=at,
-                note=note,
-                extra=extra,
-                key=self._key,
-            )
-        )
-
-    async def reopen(
-        self,
-        operation_id: str,
-        *,
-        bound_version: int,
-        next_check_at: float,
-        at: float,
-        extra: Mapping[str, object],
-    ) -> OperationRecord | None:
-        """An operator's reopen after a refusal, only if the operation is still as shown (None otherwise)."""
-        return await self._db.run(
-            partial(
-                writes.reopen,
-                operation_id=operation_id,
-                bound_version=bound_version,
-                next_check_at=next_check_at,
-                at=at,
-                extra=extra,
-                key=self._key,
-            )
-        )
-
     async def wake(
         self,
         *,
@@ -479,31 +279,15 @@ class SQLiteStore:
         """Write pending summaries of refused calls (one operation's, or all); how many were written."""
         return await self._db.run(partial(writes.flush_refusals, operation_id=operation_id, key=self._key))
 
-    async def approval_policy(self) -> ApprovalPolicy:
-        """The database's approval policy (`pollwarden.approval_policy`)."""
-
-        def work(s: Session) -> ApprovalPolicy:
-            row = s.conn.execute(queries.APPROVAL_POLICY).fetchone()
-            return ApprovalPolicy() if row is None else ApprovalPolicy.stored(bool(row[0]), row[1], row[2])
-
-        return await self._db.run(work)
-
     async def write_approval_policy(
         self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
     ) -> bool:
         """Store the approval policy (guarded, one statement); whether it was written."""
-        params = (
-            int(policy.require_operator_key),
-            ",".join(sorted(policy.channels)),
-            policy.key_lines(),
-            at,
-            by,
-            int(only_raising_to_a_key),
-        )
+        params = approval_policy_params(policy, at=at, by=by, only_raising_to_a_key=only_raising_to_a_key)
 
         def work(s: Session) -> bool:
             with s.transaction() as conn:
-                return conn.execute(queries.WRITE_APPROVAL_POLICY, params).rowcount == 1
+                return conn.execute(statements.WRITE_APPROVAL_POLICY, params).fetchone() is not None
 
         return await self._db.run(work)
 

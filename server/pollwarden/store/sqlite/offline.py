@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pollwarden.audit import AuditKeyError
 from pollwarden.errors import StoreError
-from pollwarden.store.sqlite import queries, writes
+from pollwarden.store.migrations.sqlite import up_to_date
+from pollwarden.store.sqlite import sql, writes
 from pollwarden.store.sqlite.connection import Database, Session
-from pollwarden.store.sqlite.migrations import up_to_date
 
 
 def flush_refusals_before_reading(path: Path, *, audit_key: bytes | None, busy_timeout: float) -> str | None:
@@ -33,8 +33,8 @@ def flush_refusals_before_reading(path: Path, *, audit_key: bytes | None, busy_t
     try:
         if not up_to_date(conn):
             return None  # an older file: a server summarises its refusals when it opens it
-        conn.execute(queries.busy_timeout(busy_timeout))
-        conn.execute(queries.SYNCHRONOUS_FULL)
+        conn.execute(sql.busy_timeout(busy_timeout))
+        conn.execute(sql.SYNCHRONOUS_FULL)
         writes.flush_refusals(Session(Database(conn, path, busy_timeout), None), None, audit_key)
     except (sqlite3.Error, StoreError, AuditKeyError) as exc:
         return str(exc)

@@ -9,11 +9,10 @@ operation's `not_before_at`, nothing else.
 
 from __future__ import annotations
 
-from pollwarden.audit_entry import event
 from pollwarden.records import WakeOutcome, WakeResult
-from pollwarden.store.sqlite import queries, rows
+from pollwarden.store import plans, statements
+from pollwarden.store.sqlite import executor
 from pollwarden.store.sqlite.connection import Session
-from pollwarden.vocabulary import DelaySource
 
 
 def wake(
@@ -34,21 +33,26 @@ def wake(
     pruned first (the receiver refuses events older than that anyway).
     """
     conn = session.conn
-    if conn.execute(queries.KNOWS_JOB, (provider, job_id)).fetchone() is None:
+    if conn.execute(statements.KNOWS_JOB, {"provider": provider, "job_id": job_id}).fetchone() is None:
         return WakeResult(WakeOutcome.UNKNOWN_JOB, ())
     with session.transaction():
-        conn.execute(queries.PRUNE_WEBHOOK_EVENTS, (provider, now - remember_seconds))
-        if conn.execute(queries.REMEMBER_WEBHOOK_EVENT, (provider, event_id, now)).fetchone() is None:
+        conn.execute(
+            statements.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds}
+        )
+        if (
+            conn.execute(
+                statements.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
+            ).fetchone()
+            is None
+        ):
             return WakeResult(WakeOutcome.REPLAYED, ())
-        woken = [
-            rows.stored(row).record
-            for row in conn.execute(
-                queries.WAKE, {"now": now, "provider": provider, "job_id": job_id}
-            ).fetchall()
-        ]
-        extra = {"event_id": event_id, "event_type": event_type, "delay_source": DelaySource.PROVIDER_WEBHOOK}
-        for record in woken:
-            rows.flush_refusals(conn, record.operation_id, key)
-            rows.append(conn, event(record, "woken_by_webhook", now, extra=extra), key)
-        ids = tuple(r.operation_id for r in woken)
-        return WakeResult(WakeOutcome.WOKEN if ids else WakeOutcome.NOT_WOKEN, ids)
+        woken: list[str] = []
+        for row in conn.execute(
+            statements.WAITING_ON_JOB, {"provider": provider, "job_id": job_id}
+        ).fetchall():
+            current = executor.stored(row)
+            plan = plans.wake_plan(current.record, now=now, event_id=event_id, event_type=event_type)
+            if plan is not None:
+                executor.carry_out(conn, current, plan, key)
+                woken.append(current.record.operation_id)
+        return WakeResult(WakeOutcome.WOKEN if woken else WakeOutcome.NOT_WOKEN, tuple(woken))

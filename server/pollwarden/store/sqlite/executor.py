@@ -7,10 +7,8 @@ are the pieces the engine's one-trip operations are made of.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from pollwarden.audit_entry import (
     NO_REFUSALS,
@@ -18,7 +16,6 @@ from pollwarden.audit_entry import (
     AuditEvent,
     ChainHead,
     ChainRow,
-    OperationChain,
     PendingRefusals,
     chain_row,
     link,
@@ -26,35 +23,16 @@ from pollwarden.audit_entry import (
 )
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
-from pollwarden.store.sqlite import queries
+from pollwarden.store import statements
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
+from pollwarden.store.rows import StoredOperation, stored, writable
+from pollwarden.store.sqlite import sql
 from pollwarden.vocabulary import Outcome
-
-
-@dataclass(frozen=True)
-class StoredOperation:
-    """An operation row: the record, the refused calls counted on it and not yet audited, and (on
-    PostgreSQL, where each operation's audit rows form a chain of their own) that chain's head."""
-
-    record: OperationRecord
-    refusals: PendingRefusals
-    chain: OperationChain | None = None
-
-
-def stored(row: Sequence[Any]) -> StoredOperation:
-    """A row of `queries.OPERATION_ROW` as the record and its refusal counters (and, when the row
-    carries two more columns, PostgreSQL's `audit_rows` and `audit_hash`, the operation's chain)."""
-    width = queries.OPERATION_ROW_WIDTH
-    record = OperationRecord.from_row(row[:width])
-    count, outcome, first_at, last_at = row[width : width + 4]
-    chain = None if len(row) == width + 4 else OperationChain(int(row[width + 4]), str(row[width + 5] or ""))
-    if not count:
-        return StoredOperation(record, NO_REFUSALS, chain)
-    return StoredOperation(record, PendingRefusals(int(count), Outcome(outcome), first_at, last_at), chain)
 
 
 def fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation | None:
     """The operation, or None."""
-    row = conn.execute(queries.SELECT_OPERATION, (operation_id,)).fetchone()
+    row = conn.execute(statements.SELECT_OPERATION, {"operation_id": operation_id}).fetchone()
     return None if row is None else stored(row)
 
 
@@ -72,20 +50,51 @@ def returned(cursor: sqlite3.Cursor) -> StoredOperation | None:
     return None if row is None else stored(row)
 
 
-def update_operation(
+class StaleRow(StoreError):
+    """A plan's guarded write found the operation changed since it was read: nothing may be committed."""
+
+
+def carry_out(
     conn: sqlite3.Connection,
-    operation_id: str,
-    changes: Mapping[str, object],
-    guard: queries.Guard,
+    current: StoredOperation,
+    plan: Plan,
+    key: bytes | None,
     *,
-    at: float,
-    **guard_values: object,
-) -> OperationRecord | None:
-    """One decided change of an operation under `guard`; the row written, or None when the guard did not hold."""
-    params = {f"c_{column}": value for column, value in changes.items()}
-    params.update(guard_values, at=at, operation_id=operation_id)
-    updated = returned(conn.execute(queries.update_operation(tuple(changes), guard), params))
-    return None if updated is None else updated.record
+    durable: bool = True,
+    fresh: bool = True,
+) -> OperationRecord:
+    """Carry out `plan`, made from `current`, in the caller's open transaction; the record it leaves.
+
+    `fresh`: `current` was read under this transaction's write lock (its refusal counters are exact);
+    otherwise they are read again before a summary is written. Raises `StaleRow` when an `Update`'s
+    version guard (or a count's) did not hold: the caller rolls the transaction back.
+    """
+    op_id = current.record.operation_id
+    for write in plan.writes:
+        if isinstance(write, Flush):
+            if not fresh:
+                flush_refusals(conn, op_id, key)
+            elif current.refusals.count:
+                _write_summary(conn, current, key)
+                current = StoredOperation(current.record, NO_REFUSALS)
+        elif isinstance(write, Update):
+            params = {f"c_{column}": value for column, value in write.changes.items()}
+            params.update(at=write.at, operation_id=op_id, version=current.record.version)
+            if conn.execute(sql.update_operation(writable(tuple(write.changes))), params).fetchone() is None:
+                raise StaleRow(f"operation {op_id!r} changed since it was read")
+        elif isinstance(write, Append):
+            append(conn, write.entry, key)
+        elif isinstance(write, CountRefusal):
+            if count_refusal(conn, current, write.outcome, write.at, key, durable=durable) is None:
+                raise StaleRow(f"operation {op_id!r} changed since it was read")
+        elif isinstance(write, Execute):
+            conn.execute(write.statement, dict(write.params))
+        else:  # SetPace
+            conn.execute(
+                sql.UPSERT_FLEET_TAT,
+                {"provider": write.provider, "tat": write.tat, "sent_tat": write.sent_tat},
+            )
+    return plan.record
 
 
 def append(conn: sqlite3.Connection, entry: AuditEvent, key: bytes | None) -> int:
@@ -119,23 +128,13 @@ def append_audit(
 
 
 def _head(conn: sqlite3.Connection) -> ChainHead | None:
-    head = conn.execute(queries.AUDIT_HEAD).fetchone()
+    head = conn.execute(sql.AUDIT_HEAD).fetchone()
     return None if head is None else ChainHead(int(head[0]), str(head[1]), bool(head[2]))
 
 
 def _insert(conn: sqlite3.Connection, row: ChainRow) -> None:
     # A SQLite row's place in the chain is its seq: every row is a chain row.
-    values = (
-        row.position,
-        row.operation_id,
-        row.at,
-        row.kind,
-        row.payload,
-        row.prev_hash,
-        row.hash,
-        row.keyed,
-    )
-    conn.execute(queries.INSERT_AUDIT_ROW, values)
+    conn.execute(sql.INSERT_AUDIT_ROW, vars(row))
 
 
 def flush_refusals(conn: sqlite3.Connection, operation_id: str, key: bytes | None) -> None:
@@ -144,14 +143,14 @@ def flush_refusals(conn: sqlite3.Connection, operation_id: str, key: bytes | Non
     Called first by every transaction that changes the operation or appends to
     its story, so the summary lands before the decision that follows it.
     """
-    row = conn.execute(queries.SELECT_PENDING_REFUSALS, (operation_id,)).fetchone()
+    row = conn.execute(sql.SELECT_PENDING_REFUSALS, {"operation_id": operation_id}).fetchone()
     if row is not None:
         _write_summary(conn, stored(row), key)
 
 
 def flush_all_refusals(conn: sqlite3.Connection, key: bytes | None) -> int:
     """Write every operation's pending summary of refused calls; how many were written."""
-    rows = conn.execute(queries.SELECT_ALL_PENDING_REFUSALS).fetchall()
+    rows = conn.execute(sql.SELECT_ALL_PENDING_REFUSALS).fetchall()
     for row in rows:
         _write_summary(conn, stored(row), key)
     return len(rows)
@@ -159,7 +158,7 @@ def flush_all_refusals(conn: sqlite3.Connection, key: bytes | None) -> int:
 
 def _write_summary(conn: sqlite3.Connection, pending: StoredOperation, key: bytes | None) -> None:
     append(conn, refusal_summary(pending.record, pending.refusals), key)
-    conn.execute(queries.RESET_REFUSALS, (pending.record.operation_id,))
+    conn.execute(statements.RESET_REFUSALS, {"operation_id": pending.record.operation_id})
 
 
 def count_refusal(
@@ -183,7 +182,7 @@ def count_refusal(
             return None
         _write_summary(conn, current, key)
     counted = conn.execute(
-        queries.COUNT_REFUSAL,
+        sql.COUNT_REFUSAL,
         {
             "outcome": outcome,
             "at": at,

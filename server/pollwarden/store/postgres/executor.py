@@ -20,7 +20,7 @@ server with the COMMIT.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,19 +30,24 @@ from psycopg.rows import TupleRow
 from pollwarden.audit import AuditKeyError, key_mismatch
 from pollwarden.audit_entry import (
     NO_REFUSALS,
+    REFUSALS_PER_SUMMARY,
     AuditEvent,
     ChainHead,
     ChainRow,
     OperationChain,
+    PendingRefusals,
     link,
     link_in_operation,
     refusal_summary,
 )
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
+from pollwarden.store import statements
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Row, Tx
-from pollwarden.store.sqlite.rows import StoredOperation, stored
+from pollwarden.store.rows import StoredOperation, stored
+from pollwarden.vocabulary import Outcome
 
 # The version guard of a write to a locked row, stated in SQL: zero rows written divides by zero.
 _GUARDED = "WITH written AS ({update} RETURNING 1) SELECT 1 / count(*) FROM written"
@@ -62,40 +67,35 @@ def seal_entries(rows: list[Row]) -> list[list[object]]:
 
 
 def answer_statement(
-    reserved: StoredOperation,
-    changes: Mapping[str, Any],
-    entry_of: Callable[[OperationRecord], AuditEvent],
-    *,
-    at: float,
-    owner: str,
-    key: bytes | None,
+    reserved: StoredOperation, plan: Plan, *, owner: str, key: bytes | None
 ) -> tuple[str, dict[str, object], StoredOperation]:
-    """The answer to `owner`'s reservation of `reserved` as one statement: (SQL, parameters, the row after).
+    """The answer `plan` to `owner`'s reservation of `reserved` as one statement: (SQL, parameters, the row after).
 
-    The write is guarded by the row as reserved (still at its version, leased by `owner`, no refused
-    call counted and no audit row written since: `sql.write_operation(…, unlocked=True)`); the audit
-    row, `entry_of` the new record, follows the operation's last row. If the guard fails, nothing is
-    written (`sql.answer_statement`).
+    The plan's `Update` is guarded by the row as reserved (still at its version, leased by `owner`, no
+    refused call counted and no audit row written since: `sql.write_operation(…, unlocked=True)`); its
+    audit row follows the operation's last row. If the guard fails, nothing is written
+    (`sql.answer_statement`).
     """
     before = reserved.record
     if reserved.chain is None or reserved.chain.rows == 0:
         raise StoreError(f"operation {before.operation_id!r} was reserved without its audit chain")
-    updated = dataclasses.replace(before, **changes, version=before.version + 1, updated_at=at)
-    row = link_in_operation(reserved.chain, entry_of(updated), key=key)
-    params: dict[str, object] = {f"c_{c}": v for c, v in changes.items()}
+    update = next(w for w in plan.writes if isinstance(w, Update))
+    entry = next(w.entry for w in plan.writes if isinstance(w, Append))
+    row = link_in_operation(reserved.chain, entry, key=key)
+    params: dict[str, object] = {f"c_{c}": v for c, v in update.changes.items()}
     params.update(
         operation_id=before.operation_id,
         version=before.version,
         new_version=before.version + 1,
-        at=at,
+        at=update.at,
         owner=owner,
         rows_before=reserved.chain.rows,
         audit_rows=row.position,
         audit_hash=row.hash,
     )
     params.update({f"a_{name}": value for name, value in vars(row).items()})
-    after = StoredOperation(updated, NO_REFUSALS, OperationChain(row.position, row.hash))
-    return sql.answer_statement(tuple(changes)), params, after
+    after = StoredOperation(plan.record, NO_REFUSALS, OperationChain(row.position, row.hash))
+    return sql.answer_statement(tuple(update.changes)), params, after
 
 
 @dataclass
@@ -199,11 +199,50 @@ class Writer:
     async def flush(self, current: StoredOperation) -> bool:
         """Append the pending summary of refused calls (if any); the counters reset with the next write."""
         refusals = current.refusals
-        if refusals.count == 0:
+        if refusals.count == 0 or self._entry(current).reset_refusals:
             return False
         await self.append(refusal_summary(current.record, refusals), on=current)
         self._entry(current).reset_refusals = True
         return True
+
+    async def carry_out(self, current: StoredOperation, plan: Plan) -> OperationRecord:
+        """Queue `plan`'s writes, made from `current` (a row this transaction locked); the record it leaves."""
+        for write in plan.writes:
+            if isinstance(write, Flush):
+                await self.flush(current)
+            elif isinstance(write, Update):
+                await self.write(current, write.changes, at=write.at)
+            elif isinstance(write, Append):
+                await self.append(write.entry, on=current)
+            elif isinstance(write, CountRefusal):
+                await self._count_refusal(current, write.outcome, write.at)
+            elif isinstance(write, Execute):
+                await self.tx.queue(write.statement, write.params)
+            else:  # SetPace
+                await self.tx.queue(
+                    sql.SET_FLEET_TAT,
+                    {"provider": write.provider, "tat": write.tat, "sent_tat": write.sent_tat},
+                )
+        return plan.record
+
+    async def _count_refusal(self, current: StoredOperation, outcome: Outcome, at: float) -> None:
+        """Count one refused call on the locked row, writing the summary rows that are due."""
+        pending = current.refusals
+        if pending.must_flush_before(outcome):
+            await self.flush(current)
+            await self.finish()  # the counters reset before this call is counted
+            pending = NO_REFUSALS
+        after = PendingRefusals(pending.count + 1, outcome, pending.first_at if pending.count else at, at)
+        if after.count >= REFUSALS_PER_SUMMARY:
+            await self.flush(dataclasses.replace(current, refusals=after))
+            return
+        counters = {
+            "count": after.count,
+            "outcome": outcome,
+            "first_at": after.first_at,
+            "last_at": after.last_at,
+        }
+        await self.tx.queue(sql.SET_REFUSALS, {**counters, "operation_id": current.record.operation_id})
 
     async def write(
         self, current: StoredOperation, changes: Mapping[str, Any], *, at: float
@@ -239,7 +278,7 @@ class Writer:
             chain = {"audit_rows": now.rows, "audit_hash": now.hash}
         if pending.new_version is None:
             if chain or pending.reset_refusals:
-                statement = sql.move_chain(pending.reset_refusals) if chain else sql.RESET_REFUSALS
+                statement = sql.move_chain(pending.reset_refusals) if chain else statements.RESET_REFUSALS
                 await self.tx.queue(statement, {"operation_id": op_id, **chain})
             return
         before = pending.before

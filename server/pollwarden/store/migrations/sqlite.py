@@ -12,7 +12,7 @@ two new stop reasons and makes a job belong to one operation.
 
 Steps run in number order, but a step may ship after a higher one did (step 8
 after 9): the `schema_steps` table records which steps ran, and
-`pollwarden.store.schema_steps` says which are still to run.
+`pollwarden.store.migrations` says which are still to run.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from pollwarden.errors import StoreError
-from pollwarden.store import schema_steps
+from pollwarden.store.migrations import pending
 
 
 @dataclass(frozen=True)
@@ -479,7 +479,7 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
 
 LATEST = max(step.number for step in MIGRATIONS)
 
-# The steps a database ran, by number (`pollwarden.store.schema_steps`: a step may ship late).
+# The steps a database ran, by number (`pollwarden.store.migrations`: a step may ship late).
 STEPS_TABLE = "CREATE TABLE IF NOT EXISTS schema_steps (number INTEGER PRIMARY KEY)"
 
 
@@ -511,7 +511,7 @@ def migrate(conn: sqlite3.Connection) -> None:
                 )
             recorded = _recorded(conn)
             numbers = [step.number for step in MIGRATIONS]
-            todo = schema_steps.pending(numbers, version=current, recorded=recorded)
+            todo = pending(numbers, version=current, recorded=recorded)
             conn.execute(STEPS_TABLE)
             if recorded is None:  # the record starts with what the database ran before it kept one
                 ran = [(n,) for n in numbers if n not in todo]
@@ -546,7 +546,7 @@ def up_to_date(conn: sqlite3.Connection) -> bool:
     """Whether the database has run every step this pollwarden knows (late ones included)."""
     recorded = _recorded(conn)
     numbers = [s.number for s in MIGRATIONS]
-    return not schema_steps.pending(numbers, version=schema_version(conn), recorded=recorded)
+    return not pending(numbers, version=schema_version(conn), recorded=recorded)
 
 
 def split_sql(script: str) -> list[str]:

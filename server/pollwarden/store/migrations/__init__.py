@@ -1,4 +1,4 @@
-"""Which schema steps a database still has to run, for both engines.
+"""The schema of both engines, as frozen numbered steps: `sqlite` and `postgres`, and which steps a database still has to run.
 
 Step numbers are handed out ahead of time, so a step can ship after a higher
 one did: step 8 (operation owners, issue 19) shipped after steps 9 and 12.

@@ -26,6 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pollwarden.audit import GENESIS_HASH
+from pollwarden.errors import StoreError
+from pollwarden.store.migrations import pending
+from pollwarden.store.postgres.connection import Pool
 
 
 @dataclass(frozen=True)
@@ -355,9 +358,57 @@ MIGRATIONS: tuple[Migration, ...] = (
 
 LATEST = max(step.number for step in MIGRATIONS)
 
-# The highest step run, and every step run by number (`pollwarden.store.schema_steps`: a step may ship late).
+# The highest step run, and every step run by number (`pollwarden.store.migrations`: a step may ship late).
 VERSION_TABLE = "CREATE TABLE IF NOT EXISTS pollwarden_schema (version integer NOT NULL)"
 STEPS_TABLE = "CREATE TABLE IF NOT EXISTS pollwarden_schema_steps (number integer PRIMARY KEY)"
 STATE_TABLES = (
     "SELECT to_regclass('pollwarden_schema') IS NOT NULL, to_regclass('pollwarden_schema_steps') IS NOT NULL"
 )
+
+
+async def migrate(pool: Pool) -> None:
+    """Run the schema steps this database has not run, once, under an advisory lock; refuse a newer schema.
+
+    An up-to-date database is only read (a read-only session, e.g. a standby, can still serve reads);
+    otherwise the version is read again under the lock, so instances starting together run each step once.
+    Which steps ran is recorded by number (`pollwarden.store.migrations`: a step may ship late).
+    """
+    numbers = [step.number for step in MIGRATIONS]
+    exists = await pool.read_one(STATE_TABLES)
+    if exists is not None and exists[0] and exists[1]:
+        row = await pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
+        current = _checked_version(pool, 0 if row is None else int(row[0]))
+        recorded = {int(r[0]) for r in await pool.read("SELECT number FROM pollwarden_schema_steps")}
+        if not pending(numbers, version=current, recorded=recorded):
+            return
+    async with pool.transaction() as tx:
+        await tx.queue(MIGRATION_LOCK)
+        await tx.queue(VERSION_TABLE)
+        await tx.queue(STEPS_TABLE)
+        row = await tx.one("SELECT max(version) FROM pollwarden_schema")
+        current = _checked_version(pool, 0 if row is None or row[0] is None else int(row[0]))
+        # An empty record was made just now: the database kept none before (a kept one is never empty).
+        recorded = {int(r[0]) for r in await tx.all("SELECT number FROM pollwarden_schema_steps")} or None
+        todo = pending(numbers, version=current, recorded=recorded)
+        if recorded is None:  # the record starts with what the database ran before it kept one
+            for number in (n for n in numbers if n not in todo):
+                await tx.queue("INSERT INTO pollwarden_schema_steps (number) VALUES (%s)", (number,))
+        for step in sorted((s for s in MIGRATIONS if s.number in todo), key=lambda s: s.number):
+            for statement in step.statements:
+                if statement.strip():
+                    await tx.queue(statement)
+            await tx.queue("INSERT INTO pollwarden_schema_steps (number) VALUES (%s)", (step.number,))
+            current = max(current, step.number)
+            await tx.queue("DELETE FROM pollwarden_schema")
+            await tx.queue("INSERT INTO pollwarden_schema (version) VALUES (%s)", (current,))
+        await tx.one("SELECT 1")  # surface a failed step here, inside the transaction
+
+
+def _checked_version(pool: Pool, current: int) -> int:
+    if current > LATEST:
+        raise StoreError(
+            f"the PostgreSQL database {pool.location.display} is at schema version {current}, newer "
+            f"than this pollwarden knows ({LATEST}); upgrade pollwarden, or point --db at "
+            "another database"
+        )
+    return current

@@ -1,0 +1,542 @@
+"""Every store transaction's rules, written once: what a transaction read, turned into what it writes.
+
+Sans-IO. An engine reads what a transaction needs (the operation row, the
+provider's pace, the principal's booked slots, the approval row, …) in its own
+way — SQLite under its write lock or guarded by the version it read,
+PostgreSQL on rows locked `FOR UPDATE` — calls a plan function here, and
+carries out the `Plan` it returns: a short list of typed writes (`Flush`,
+`Update`, `Append`, `CountRefusal`, `SetPace`). An `Update` is always guarded
+by the version the plan was made from, so a plan made from a row that changed
+since writes nothing. The conditions themselves (when a deadline has passed, a
+budget is used, a request is in flight) are `pollwarden.stop`'s and the gate's
+(`pollwarden.gate`); this module only says what each verdict writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pollwarden.audit_entry import AuditEvent, PendingRefusals, event, lease_recovered
+from pollwarden.fleet_pace import PaceBucket, PaceVerdict, decide_pace
+from pollwarden.gate import GateDecision, Step, lease_busy, may_reserve
+from pollwarden.job_identity import REOPENABLE, account_parts, duplicate_changes
+from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.schedule import not_before
+from pollwarden.stop import reaches_deadline
+from pollwarden.store import statements
+from pollwarden.vocabulary import (
+    ApprovalStatus,
+    DelaySource,
+    Outcome,
+    Status,
+    status_for,
+)
+from pollwarden_providers.table_limits import FleetSpec
+
+__all__ = [
+    "Append",
+    "CountRefusal",
+    "Execute",
+    "Flush",
+    "Plan",
+    "SetPace",
+    "Update",
+    "Write",
+    "answer_plan",
+    "approval_outcome",
+    "check_plan",
+    "claim_plan",
+    "decision_plan",
+    "extension_plan",
+    "finish_plan",
+    "followup_plan",
+    "may_wake",
+    "needs_booked_slots",
+    "needs_pace",
+    "note_plan",
+    "opening_event",
+    "pace_step",
+    "question_plan",
+    "quiet_refusal",
+    "reopen_plan",
+    "wake_plan",
+]
+
+
+# -- the writes a plan is made of ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Flush:
+    """Write the operation's pending summary of refused calls (if any) and reset its counters."""
+
+
+@dataclass(frozen=True)
+class Update:
+    """Change the operation's fields (version + 1, `updated_at = at`), guarded by the version read."""
+
+    changes: Mapping[str, object]
+    at: float
+
+
+@dataclass(frozen=True)
+class Append:
+    """Append one audit row about the operation."""
+
+    entry: AuditEvent
+
+
+@dataclass(frozen=True)
+class CountRefusal:
+    """Count one refused call on the operation as read (a summary row written when one is due)."""
+
+    outcome: Outcome
+    at: float
+
+
+@dataclass(frozen=True)
+class SetPace:
+    """Move the provider's shared pace: its row's two clocks (`pollwarden.fleet_pace`)."""
+
+    provider: str
+    tat: float
+    sent_tat: float | None
+
+
+@dataclass(frozen=True)
+class Execute:
+    """Run one statement of `pollwarden.store.statements` beside the operation's writes (an approval
+    settled, a follow-up recorded)."""
+
+    statement: str
+    params: Mapping[str, object]
+
+
+Write = Flush | Update | Append | CountRefusal | SetPace | Execute
+
+FLUSH = Flush()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one transaction writes about one operation, and the record as the writes leave it."""
+
+    record: OperationRecord
+    writes: tuple[Write, ...] = ()
+    decision: GateDecision | None = None  # the check's verdict as carried out (PACED when a slot was booked)
+    applied: bool = True  # False: the guard did not hold (a late answer: audited, not applied)
+
+
+def refused(record: OperationRecord) -> Plan:
+    """The plan of a write whose guard did not hold: only the pending refusals are written."""
+    return Plan(record, (FLUSH,), applied=False)
+
+
+def updated(record: OperationRecord, changes: Mapping[str, Any], at: float) -> OperationRecord:
+    """The record after an `Update` of `changes` at `at` (what the guarded write makes of the row)."""
+    return dataclasses.replace(record, **changes, version=record.version + 1, updated_at=at)
+
+
+# -- the check procedure ---------------------------------------------------------------------------
+
+
+def quiet_refusal(refusals: PendingRefusals, decision: GateDecision) -> bool:
+    """Whether carrying out `decision` only counts a refused call, writing no audit row.
+
+    Such a commit need not wait for the disk: nothing that decides a budget, a
+    deadline or a lease reads that counter.
+    """
+    outcome = decision.refusal
+    if outcome is None:
+        return False
+    return not (refusals.must_flush_before(outcome) or refusals.full_after_one_more(outcome))
+
+
+def needs_pace(
+    record: OperationRecord, decision: GateDecision, fleet: FleetSpec | None, *, now: float
+) -> bool:
+    """Whether carrying out the verdict reads the provider's pace row: a reservation whose guard holds,
+    on a provider with a [fleet] pace."""
+    return decision.step == Step.RESERVE and fleet is not None and may_reserve(record, now)
+
+
+def pace_step(
+    record: OperationRecord,
+    decision: GateDecision,
+    fleet: FleetSpec | None,
+    bucket: PaceBucket,
+    *,
+    now: float,
+) -> PaceVerdict | None:
+    """What the provider's pace says for the gate's reservation now (`fleet_pace.decide_pace`, with the
+    operation's held slot); None when no pace is taken (`needs_pace`). `bucket`: the pace row as read."""
+    if fleet is None or not needs_pace(record, decision, fleet, now=now):
+        return None
+    return decide_pace(
+        bucket, now=now, held_slot=record.fleet_slot_at, rate=fleet.max_requests_per_second, burst=fleet.burst
+    )
+
+
+def needs_booked_slots(step: PaceVerdict | None, fleet_slots: int | None) -> bool:
+    """Whether the principal's booked slots decide the check (a new slot would be booked, fair shares apply)."""
+    return step is not None and step.new_booking and fleet_slots is not None
+
+
+def check_plan(
+    record: OperationRecord,
+    decision: GateDecision,
+    *,
+    now: float,
+    owner: str,
+    lease_seconds: float,
+    step: PaceVerdict | None = None,
+    bucket: PaceBucket | None = None,
+    booked: tuple[int, float | None] | None = None,
+    fleet_slots: int | None = None,
+) -> Plan:
+    """What the gate's verdict writes (the verdict must write: `decision.writes`).
+
+    A refused call is counted. A stop (deadline, budget) is written before any
+    request, after the pending refusals and, when an expired lease is taken,
+    the `lease_recovered` row. A reservation takes the provider's pace `step`
+    first (`pace_step`): when the pace is used up the operation books the next
+    free slot instead (PACED), unless fair shares apply — its principal already
+    holds `fleet_slots` booked slots (`booked`: how many, and the earliest) —
+    then it waits for the earliest of them and takes nothing from the pace.
+    Otherwise the request is counted and the lease taken (an expired lease
+    recovered and told first).
+    """
+    outcome = decision.refusal
+    if outcome is not None:
+        return Plan(record, (CountRefusal(outcome, now),), decision)
+    recovered: tuple[Write, ...] = ()
+    if record.lease_owner is not None:
+        # A check that never finished held the lease until it expired (the gate decides only then).
+        recovered = (FLUSH, Append(lease_recovered(record, now)))
+    first = recovered or (FLUSH,)
+    if decision.step == Step.STOP:
+        assert decision.stop_reason is not None
+        changes = {
+            "status": status_for(decision.stop_reason),
+            "stop_reason": decision.stop_reason,
+            "stop_detail": decision.stop_detail,
+            "stopped_at": now,
+            "lease_owner": None,
+            "lease_expires_at": None,
+        }
+        stopped = updated(record, changes, now)
+        writes = (
+            *first,
+            Update(changes, now),
+            Append(event(stopped, "stopped", now, outcome=Outcome.STOPPED)),
+        )
+        return Plan(stopped, writes, decision)
+    share_used = fleet_slots is not None and booked is not None and booked[0] >= fleet_slots
+    if needs_booked_slots(step, fleet_slots) and share_used and booked is not None and booked[1] is not None:
+        wait = {"fleet_slot_at": None, "next_check_at": booked[1], "delay_source": DelaySource.FLEET_PACING}
+        waiting = updated(record, wait, now)
+        return Plan(waiting, (Update(wait, now),), GateDecision(Step.PACED, allowed_at=booked[1]))
+    taken: tuple[Write, ...] = ()
+    if step is not None and step.bucket != bucket:
+        # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.
+        taken = (
+            SetPace(
+                record.provider, now if step.bucket.tat is None else step.bucket.tat, step.bucket.sent_tat
+            ),
+        )
+    if step is not None and not step.send:
+        slot = {"fleet_slot_at": step.at, "next_check_at": step.at, "delay_source": DelaySource.FLEET_PACING}
+        return Plan(
+            updated(record, slot, now),
+            (*taken, Update(slot, now)),
+            GateDecision(Step.PACED, allowed_at=step.at),
+        )
+    reserve = {
+        "status_requests_used": record.status_requests_used + 1,
+        "fleet_slot_at": None,
+        "lease_owner": owner,
+        "lease_expires_at": now + lease_seconds,
+    }
+    return Plan(updated(record, reserve, now), (*taken, *recovered, Update(reserve, now)), decision)
+
+
+def answer_plan(
+    record: OperationRecord,
+    *,
+    owner: str,
+    changes: Mapping[str, object],
+    at: float,
+    payload_extra: Mapping[str, object],
+) -> Plan:
+    """What one status answer writes: applied (and the lease released) only while `owner` holds the lease.
+
+    An answer that arrives after the lease was lost and taken over is audited
+    (`late_answer_ignored`), not applied; `Plan.record is record` tells it.
+    """
+    if record.lease_owner != owner:
+        late = event(record, "late_answer_ignored", at, outcome=Outcome.POLLED, extra=payload_extra)
+        return Plan(record, (FLUSH, Append(late)), applied=False)
+    released = {**changes, "lease_owner": None, "lease_expires_at": None}
+    after = updated(record, released, at)
+    polled = event(after, "polled", at, outcome=Outcome.POLLED, extra=payload_extra)
+    return Plan(after, (FLUSH, Update(released, at), Append(polled)))
+
+
+# -- creating and submitting -----------------------------------------------------------------------
+
+
+def opening_event(created: OperationRecord, kind: str, at: float) -> AuditEvent:
+    """An operation's first audit row: its record, the account context's origin and credential
+    variable, and the terminal state it expects."""
+    origin, credential_env = account_parts(created.account_context)
+    extra = {
+        "account_origin": origin,
+        "account_credential_env": credential_env,
+        "expected_terminal_state": created.expected_terminal_state,
+    }
+    return event(created, kind, at, extra=extra)
+
+
+def claim_plan(
+    record: OperationRecord, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str
+) -> Plan:
+    """Take the submission lease before the submit request is sent (not applied: not free).
+
+    Free: submitting, no lease held (or, with `allow_stale` — an idempotent
+    resend is safe — an expired one), and not a resubmission a person has yet
+    to approve (it is never sent).
+    """
+    stale = allow_stale and (record.lease_expires_at or 0.0) <= now
+    if record.status != Status.SUBMITTING or not (record.lease_owner is None or stale):
+        return refused(record)
+    if record.held_for_approval:
+        return refused(record)
+    changes = {"lease_owner": owner, "lease_expires_at": now + lease_seconds, "submit_sent_at": now}
+    claimed = updated(record, changes, now)
+    return Plan(
+        claimed, (FLUSH, Update(changes, now), Append(event(claimed, "submit_sending", now, note=note)))
+    )
+
+
+# What a submission answer that named another operation's job still records about itself.
+SUBMIT_ANSWER_FACTS = frozenset({"last_http_status", "last_http_at", "provider_request_id"})
+
+
+def finish_plan(
+    record: OperationRecord,
+    *,
+    owner: str | None,
+    changes: Mapping[str, object],
+    kind: str,
+    at: float,
+    note: str | None,
+    payload_extra: Mapping[str, object] | None,
+    job_holder: OperationRecord | None = None,
+) -> Plan:
+    """Record what a submission led to (not applied: the guard did not hold).
+
+    With `owner`, only while that call holds the submission lease, which is
+    released; without one, only while the operation is still submitting (a
+    stop decided with nothing in flight), and a stale lease is cleared too.
+    `job_holder`: the operation holding the job the provider named (one job, one
+    budget) — when it is another, this submission adopts nothing and stops.
+    """
+    if record.status != Status.SUBMITTING or (owner is not None and record.lease_owner != owner):
+        return refused(record)
+    released: dict[str, object] = {**changes, "lease_owner": None, "lease_expires_at": None}
+    job_id = changes.get("provider_job_id")
+    if job_id is not None and job_holder is not None and job_holder.operation_id != record.operation_id:
+        kept = {k: v for k, v in changes.items() if k in SUBMIT_ANSWER_FACTS}
+        other = job_holder.owner != record.owner
+        released = {
+            **kept,
+            **duplicate_changes(job_holder.operation_id, str(job_id), at=at, another_principal=other),
+        }
+        released["provider_job_id"] = job_id
+        kind, note = "stopped", str(released["stop_detail"])
+    after = updated(record, released, at)
+    return Plan(
+        after, (FLUSH, Update(released, at), Append(event(after, kind, at, note=note, extra=payload_extra)))
+    )
+
+
+# -- what people decide ----------------------------------------------------------------------------
+
+
+def extension_plan(
+    record: OperationRecord,
+    *,
+    bound_version: int,
+    changes: Mapping[str, object],
+    at: float,
+    approval_id: str | None,
+    payload_extra: Mapping[str, object],
+) -> Plan:
+    """Grant a new authorization, only if the operation is still as it was when the person was asked."""
+    if record.version != bound_version or record.status != Status.ESCALATED:
+        return refused(record)
+    granted = {**changes, "extensions_used": record.extensions_used + 1}
+    after = updated(record, granted, at)
+    told = event(after, "extension_approved", at, note=approval_id, extra=payload_extra)
+    applied: tuple[Write, ...] = ()
+    if approval_id is not None:
+        applied = (Execute(statements.MARK_APPROVAL_APPLIED, {"approval_id": approval_id}),)
+    return Plan(after, (FLUSH, Update(granted, at), *applied, Append(told)))
+
+
+_DECIDED_KIND = {
+    ApprovalStatus.APPROVED: "approval_granted",
+    ApprovalStatus.EXPIRED: "approval_expired",
+    ApprovalStatus.VOID: "approval_void",
+}
+
+
+def approval_outcome(
+    approval: ApprovalRecord, *, version_now: int, approve: bool, at: float
+) -> ApprovalStatus:
+    """A person's answer to a pending approval: expired when late, void when the operation changed
+    since they were asked (an approval only), else approved or denied."""
+    if at >= approval.expires_at:
+        return ApprovalStatus.EXPIRED
+    if approve and version_now != approval.bound_version:
+        return ApprovalStatus.VOID
+    return ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
+
+
+def decision_plan(
+    approval: ApprovalRecord, record: OperationRecord, *, approve: bool, by: str, at: float, method: str
+) -> tuple[ApprovalStatus, Plan]:
+    """The approval's outcome (`approval_outcome`), and the operation's story of it."""
+    status = approval_outcome(approval, version_now=record.version, approve=approve, at=at)
+    kind = _DECIDED_KIND.get(status, f"{approval.kind}_denied")
+    told = event(record, kind, at, note=f"{approval.approval_id} by {by}", extra={"authenticated_by": method})
+    return status, Plan(record, (FLUSH, Append(told)))
+
+
+def reopen_plan(
+    record: OperationRecord,
+    *,
+    bound_version: int,
+    next_check_at: float,
+    at: float,
+    extra: Mapping[str, object],
+) -> Plan:
+    """An operator reopens an operation stopped by a refusal (`job_identity.REOPENABLE`); not applied: it changed.
+
+    Back to waiting with the same budget, deadline and counters, only while it
+    is still as shown to the operator (`bound_version`) and holds its job.
+    """
+    if (
+        record.version != bound_version
+        or record.status != Status.ESCALATED
+        or record.stop_reason not in REOPENABLE
+        or record.provider_job_id is None
+        or record.duplicate_of is not None
+    ):
+        return refused(record)
+    changes = {
+        "status": Status.WAITING,
+        "stop_reason": None,
+        "stop_detail": None,
+        "stopped_at": None,
+        "next_check_at": next_check_at,
+        "delay_source": DelaySource.MANUAL_EXTENSION,
+        "fleet_slot_at": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+    after = updated(record, changes, at)
+    told = event(after, "reopened", at, note=str(extra.get("reason")), extra=extra)
+    return Plan(after, (FLUSH, Update(changes, at), Append(told)))
+
+
+def followup_plan(
+    record: OperationRecord,
+    followup: FollowupRecord,
+    *,
+    operation_changes: Mapping[str, object] | None,
+    expect_version: int | None,
+) -> Plan:
+    """One follow-up recorded with its story, the operation changed with it (not applied: the operation
+    is no longer at `expect_version`), and the approval it used marked so."""
+    writes: list[Write] = [FLUSH]
+    at = followup.requested_at
+    if operation_changes:
+        if record.version != expect_version:
+            return refused(record)
+        writes.append(Update(operation_changes, at))
+        record = updated(record, operation_changes, at)
+    writes.append(Execute(statements.INSERT_FOLLOWUP, followup.__dict__))
+    if followup.approval_id is not None:
+        used = {"note": f"used by {followup.followup_id}", "approval_id": followup.approval_id}
+        writes.append(Execute(statements.MARK_APPROVAL_USED, used))
+    extra = {
+        "followup_id": followup.followup_id,
+        "http_status": followup.http_status,
+        "approval_id": followup.approval_id,
+    }
+    kind = f"{followup.kind}_{followup.status}"
+    writes.append(Append(event(record, kind, at, note=followup.note, extra=extra)))
+    return Plan(record, tuple(writes))
+
+
+def note_plan(
+    record: OperationRecord,
+    kind: str,
+    at: float,
+    *,
+    note: str | None = None,
+    extra: Mapping[str, object] | None = None,
+) -> Plan:
+    """One audit row about the operation as it is (after its pending refusals)."""
+    return Plan(record, (FLUSH, Append(event(record, kind, at, note=note, extra=extra))))
+
+
+def question_plan(
+    record: OperationRecord, *, approval_id: str, kind: str, request: Mapping[str, object], at: float
+) -> Plan:
+    """A question put to a person about the operation as `record` shows it (`approval_pending`)."""
+    extra = {"request": dict(request), "approval_kind": str(kind)}
+    return note_plan(record, "approval_pending", at, note=approval_id, extra=extra)
+
+
+# -- webhook wake-ups ------------------------------------------------------------------------------
+
+
+def woken_at(record: OperationRecord, now: float) -> float:
+    """When a webhook's wake-up moves the next allowed check to: now, or the earliest allowed request if later."""
+    return not_before(now, record.not_before_at)
+
+
+def may_wake(record: OperationRecord, now: float) -> bool:
+    """Whether a verified webhook may bring this operation's next check forward (to `woken_at`).
+
+    A hint moves the next allowed check only forward: while waiting, to the later
+    of now and the earliest allowed request (`not_before_at`: a Retry-After, a
+    timed-out request) when that is before the planned time; never past a
+    deadline, never on a booked fleet slot (the check would be refused anyway),
+    never while a request is in flight (its answer sets the schedule).
+    """
+    return (
+        record.status == Status.WAITING
+        and woken_at(record, now) < record.next_check_at
+        and record.delay_source != DelaySource.FLEET_PACING
+        and not reaches_deadline(record, now)
+        and not lease_busy(record, now)
+    )
+
+
+def wake_plan(record: OperationRecord, *, now: float, event_id: str, event_type: str) -> Plan | None:
+    """A webhook's wake-up of one operation (None: `may_wake` says no): `next_check_at = woken_at`."""
+    if not may_wake(record, now):
+        return None
+    at = woken_at(record, now)
+    changes = {"next_check_at": at, "woken_at": at}
+    extra = {"event_id": event_id, "event_type": event_type, "delay_source": DelaySource.PROVIDER_WEBHOOK}
+    woken = updated(record, changes, now)
+    return Plan(
+        woken, (FLUSH, Update(changes, now), Append(event(woken, "woken_by_webhook", now, extra=extra)))
+    )

@@ -1,0 +1,227 @@
+"""Both engines carry out every kind of write a plan makes (`pollwarden.store.plans`), under races too.
+
+The rules are tests/unit/test_plans.py's; here each engine's executor is held to them through the
+`Store` interface on a real database: an `Update` guarded by the version it was planned from (two
+stores racing for one write: exactly one wins, the other writes nothing), `Flush` before any other
+row, `CountRefusal` (quiet, then a summary row), `SetPace` (one shared pace across stores),
+`Append` (the recovered lease told), and the wake-up's plan applied only where `plans.may_wake` says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import harness
+from pollwarden.audit_entry import REFUSALS_PER_SUMMARY
+from pollwarden.gate import Step
+from pollwarden.records import CheckStart, OperationRecord, WakeOutcome
+from pollwarden.store import Store, open_store
+from pollwarden.vocabulary import DelaySource, Status
+from pollwarden_providers.table_limits import FleetSpec
+
+pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]
+
+NOW = 10_000.0
+NO_FLEET: dict[str, FleetSpec | None] = {"acme": None}
+
+
+def values(operation_id: str, **changes: Any) -> dict[str, Any]:
+    """A waiting operation of `acme`, due at NOW, on job `job-<id>`, with `changes`."""
+    base: dict[str, Any] = {
+        "operation_id": operation_id,
+        "provider": "acme",
+        "provider_job_id": f"job-{operation_id}",
+        "account_context": "http://127.0.0.1:9 as anonymous",
+        "request_fingerprint": f"fp-{operation_id}",
+        "idempotency_key": None,
+        "expected_terminal_state": "succeeded",
+        "status": Status.WAITING,
+        "started_at": NOW - 100,
+        "deadline_at": NOW + 3600,
+        "business_deadline_at": None,
+        "max_status_requests": 10,
+        "max_transport_failures": 3,
+        "max_rate_limited": 3,
+        "next_check_at": NOW,
+        "delay_source": DelaySource.LOCAL_BACKOFF,
+        "submit_payload_json": None,
+        "created_at": NOW - 100,
+        "updated_at": NOW - 100,
+    }
+    return {**base, **changes}
+
+
+@asynccontextmanager
+async def stores(tmp_path: Path, count: int) -> AsyncGenerator[list[Store]]:
+    """`count` stores on one database, as `count` server processes would hold."""
+    where = harness.database_in(tmp_path)
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(open_store(where)) for _ in range(count)]
+
+
+async def kinds(store: Store, operation_id: str) -> list[str]:
+    """The operation's story, as audit kinds in chain order."""
+    await store.flush_refusals(operation_id)
+    return [row.kind for row in await store.audit_rows(operation_id)]
+
+
+async def check(store: Store, operation_id: str, now: float, **extra: Any) -> CheckStart:
+    """One begin_check at `now` (no waiting), leasing for 30 s."""
+    extra.setdefault("fleets", NO_FLEET)
+    started = await store.begin_check(
+        operation_id, now=now, wait_until=now, owner=f"call-{id(store)}", lease_seconds=30, **extra
+    )
+    assert started is not None
+    return started
+
+
+async def test_a_guarded_update_raced_by_two_stores_is_written_once(tmp_path: Path) -> None:
+    async with stores(tmp_path, 2) as (first, second):
+        await first.create_operation(values("op"), kind="started", at=NOW - 100)
+        results: list[CheckStart] = []
+
+        async def reserve(store: Store) -> None:
+            results.append(await check(store, "op", NOW))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reserve, first)
+            tg.start_soon(reserve, second)
+        steps = sorted(str(r.decision.step) for r in results)
+        record = await first.get("op")
+    assert steps == sorted([str(Step.RESERVE), str(Step.NOT_YET)]) or steps == sorted(
+        [str(Step.RESERVE), str(Step.WAIT)]
+    )
+    assert record is not None
+    assert record.status_requests_used == 1  # one request counted, one lease taken
+
+
+async def test_a_plan_whose_guard_no_longer_holds_writes_nothing_but_the_pending_refusals(
+    tmp_path: Path,
+) -> None:
+    async with stores(tmp_path, 2) as (first, second):
+        await first.create_operation(values("op", status=Status.SUBMITTING), kind="started", at=NOW - 100)
+        won = await first.claim_submission(
+            "op", owner="a", now=NOW, lease_seconds=30, allow_stale=False, note="sending"
+        )
+        lost = await second.claim_submission(
+            "op", owner="b", now=NOW, lease_seconds=30, allow_stale=False, note="sending"
+        )
+        story = await kinds(first, "op")
+    assert won is not None
+    assert won.lease_owner == "a"
+    assert lost is None
+    assert story == ["started", "submit_sending"]
+
+
+async def test_refused_calls_are_counted_quietly_and_flushed_before_the_next_row(tmp_path: Path) -> None:
+    async with stores(tmp_path, 1) as (store,):
+        await store.create_operation(values("op", next_check_at=NOW + 600), kind="started", at=NOW - 100)
+        for i in range(3):
+            refused = await check(store, "op", NOW + i)
+            assert refused.decision.step == Step.NOT_YET
+        before = [row.kind for row in await store.audit_rows("op")]
+        await store.audit_event("op", kind="noted", at=NOW + 10, note=None, extra={})
+        after = [row.kind for row in await store.audit_rows("op")]
+    assert before == ["started"]  # counted on the row, no audit row yet
+    assert after[0] == "started"
+    assert after[-1] == "noted"
+    assert len(after) == 3  # the summary of the three refusals, before the row that follows them
+
+
+async def test_a_full_run_of_refusals_becomes_one_summary_row_at_once(tmp_path: Path) -> None:
+    async with stores(tmp_path, 1) as (store,):
+        await store.create_operation(values("op", next_check_at=NOW + 600), kind="started", at=NOW - 100)
+        for i in range(REFUSALS_PER_SUMMARY):
+            await check(store, "op", NOW + i)
+        rows = await store.audit_rows("op")
+    assert len(rows) == 2  # written as the run completed, not when the story was read
+
+
+async def test_one_pace_is_shared_by_every_store_on_the_database(tmp_path: Path) -> None:
+    fleet: dict[str, FleetSpec | None] = {"acme": FleetSpec(max_requests_per_second=2.0, burst=1)}
+    async with stores(tmp_path, 2) as (first, second):
+        await first.create_operation(values("a"), kind="started", at=NOW - 100)
+        await first.create_operation(values("b"), kind="started", at=NOW - 100)
+        admitted = await check(first, "a", NOW, fleets=fleet)
+        paced = await check(second, "b", NOW, fleets=fleet)
+        booked = await second.get("b")
+    assert admitted.decision.step == Step.RESERVE
+    assert paced.decision.step == Step.PACED
+    assert paced.decision.allowed_at == NOW + 0.5
+    assert booked is not None
+    assert (booked.fleet_slot_at, booked.next_check_at, booked.status_requests_used) == (
+        NOW + 0.5,
+        NOW + 0.5,
+        0,
+    )
+
+
+async def test_a_recovered_lease_is_told_before_the_reservation_that_takes_it(tmp_path: Path) -> None:
+    async with stores(tmp_path, 2) as (first, second):
+        await first.create_operation(values("op"), kind="started", at=NOW - 100)
+        await check(first, "op", NOW)  # this call's process dies with the lease
+        taken = await check(second, "op", NOW + 31)
+        story = await kinds(second, "op")
+    assert taken.decision.step == Step.RESERVE
+    assert taken.record.status_requests_used == 2  # the lost request stays counted
+    assert story == ["started", "lease_recovered"]
+
+
+async def test_a_stop_before_any_request_is_written_with_its_story(tmp_path: Path) -> None:
+    async with stores(tmp_path, 1) as (store,):
+        await store.create_operation(values("op", deadline_at=NOW), kind="started", at=NOW - 100)
+        stopped = await check(store, "op", NOW)
+        story = await kinds(store, "op")
+    assert stopped.decision.step == Step.STOP
+    assert stopped.record.status == Status.ESCALATED
+    assert stopped.record.status_requests_used == 0
+    assert story == ["started", "stopped"]
+
+
+async def test_a_webhook_wakes_only_the_operations_its_plan_may_bring_forward(tmp_path: Path) -> None:
+    async with stores(tmp_path, 1) as (store,):
+        job = {"provider_job_id": "job-shared"}
+        await store.create_operation(
+            values("later", next_check_at=NOW + 60, **job), kind="started", at=NOW - 100
+        )
+        await store.create_operation(
+            values(
+                "retry",
+                next_check_at=NOW + 60,
+                delay_source=DelaySource.PROVIDER_RETRY_AFTER,
+                account_context="x",
+                **job,
+            ),
+            kind="started",
+            at=NOW - 100,
+        )
+        woken = await store.wake(
+            provider="acme",
+            job_id="job-shared",
+            event_id="ev",
+            event_type="done",
+            now=NOW,
+            remember_seconds=600,
+        )
+        replay = await store.wake(
+            provider="acme",
+            job_id="job-shared",
+            event_id="ev",
+            event_type="done",
+            now=NOW,
+            remember_seconds=600,
+        )
+        later: OperationRecord | None = await store.get("later")
+        story = await kinds(store, "later")
+    # Issue 30: a Retry-After delay no longer stops a wake-up; only its not_before_at bounds it (none here).
+    assert (woken.outcome, woken.woken) == (WakeOutcome.WOKEN, ("later", "retry"))
+    assert replay.outcome == WakeOutcome.REPLAYED
+    assert later is not None
+    assert (later.next_check_at, later.woken_at) == (NOW, NOW)
+    assert story == ["started", "woken_by_webhook"]

@@ -1,0 +1,563 @@
+"""The store's rules, once, in pure code (`pollwarden.store.plans`): what each transaction writes.
+
+Each engine reads what a plan needs and carries its writes out; the engine conformance suite
+(tests/integration/test_engine_conformance.py) shows both do. Here: the rules themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness import operation_record
+from pollwarden.audit_entry import NO_REFUSALS, PendingRefusals
+from pollwarden.fleet_pace import PaceBucket, PaceVerdict
+from pollwarden.gate import GateDecision, Step
+from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.store import plans
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, SetPace, Update
+from pollwarden.vocabulary import (
+    ApprovalKind,
+    ApprovalStatus,
+    DelaySource,
+    FollowupKind,
+    FollowupStatus,
+    Outcome,
+    Status,
+    StopReason,
+)
+from pollwarden_providers.table_limits import FleetSpec
+
+NOW = 2000.0
+RESERVE = GateDecision(Step.RESERVE)
+FLEET = FleetSpec(max_requests_per_second=1.0, burst=1)
+
+
+def waiting(**changes: Any) -> OperationRecord:
+    """A waiting operation, due at 1005 with requests left and no lease, with `changes`."""
+    return operation_record(status_requests_used=3, stopped_at=None, **changes)
+
+
+def kinds(plan: Plan) -> list[str]:
+    """The plan's writes as words: `Flush`, `Update`, `SetPace`, `Count:<outcome>`, `Append:<audit kind>`."""
+    out: list[str] = []
+    for write in plan.writes:
+        if isinstance(write, Append):
+            out.append(f"Append:{write.entry.kind}")
+        elif isinstance(write, CountRefusal):
+            out.append(f"Count:{write.outcome}")
+        else:
+            out.append(type(write).__name__)
+    return out
+
+
+def update_of(plan: Plan) -> dict[str, object]:
+    """The one `Update`'s changes."""
+    (update,) = [w for w in plan.writes if isinstance(w, Update)]
+    return dict(update.changes)
+
+
+# -- carrying out the gate's verdict ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lease", "expected"),
+    [
+        (None, ["Flush", "Update", "Append:stopped"]),
+        ("dead-call", ["Flush", "Append:lease_recovered", "Update", "Append:stopped"]),
+    ],
+)
+def test_a_stop_before_any_request_writes_the_refusals_then_the_stop_and_tells_a_lease_it_recovered(
+    lease: str | None, expected: list[str]
+) -> None:
+    record = waiting(lease_owner=lease, lease_expires_at=None if lease is None else NOW - 1)
+    stop = GateDecision(Step.STOP, stop_reason=StopReason.DEADLINE_EXCEEDED, stop_detail="passed")
+    plan = plans.check_plan(record, stop, now=NOW, owner="me", lease_seconds=30)
+    assert kinds(plan) == expected
+    assert plan.record.status == Status.ESCALATED
+    assert plan.record.stop_reason == StopReason.DEADLINE_EXCEEDED
+    assert (plan.record.lease_owner, plan.record.stopped_at, plan.record.version) == (
+        None,
+        NOW,
+        record.version + 1,
+    )
+    assert plan.record.status_requests_used == record.status_requests_used  # nothing sent, nothing counted
+
+
+@pytest.mark.parametrize("step", [Step.NOT_YET, Step.STOPPED])
+def test_a_refused_call_is_only_counted(step: Step) -> None:
+    record = waiting()
+    plan = plans.check_plan(record, GateDecision(step), now=NOW, owner="me", lease_seconds=30)
+    assert kinds(plan) == [f"Count:{GateDecision(step).refusal}"]
+    assert plan.record is record
+
+
+@pytest.mark.parametrize(
+    ("lease", "expected"),
+    [(None, ["Update"]), ("dead-call", ["Flush", "Append:lease_recovered", "Update"])],
+)
+def test_a_reservation_counts_the_request_and_takes_the_lease(lease: str | None, expected: list[str]) -> None:
+    record = waiting(
+        lease_owner=lease, lease_expires_at=None if lease is None else NOW - 1, fleet_slot_at=1990.0
+    )
+    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30)
+    assert kinds(plan) == expected
+    assert update_of(plan) == {
+        "status_requests_used": 4,
+        "fleet_slot_at": None,
+        "lease_owner": "me",
+        "lease_expires_at": NOW + 30,
+    }
+    assert plan.decision == RESERVE
+
+
+@pytest.mark.parametrize(
+    ("refusals", "decision", "quiet"),
+    [
+        (NO_REFUSALS, GateDecision(Step.NOT_YET), True),
+        (PendingRefusals(3, Outcome.NOT_YET, 1.0, 2.0), GateDecision(Step.NOT_YET), True),
+        (
+            PendingRefusals(3, Outcome.STOPPED, 1.0, 2.0),
+            GateDecision(Step.NOT_YET),
+            False,
+        ),  # the other kind first
+        (
+            PendingRefusals(99, Outcome.NOT_YET, 1.0, 2.0),
+            GateDecision(Step.NOT_YET),
+            False,
+        ),  # completes a row
+        (NO_REFUSALS, RESERVE, False),
+    ],
+)
+def test_only_a_count_that_writes_no_audit_row_is_quiet(
+    refusals: PendingRefusals, decision: GateDecision, quiet: bool
+) -> None:
+    assert plans.quiet_refusal(refusals, decision) is quiet
+
+
+# -- pacing and fair shares -------------------------------------------------------------------------
+
+
+NO_ROW = PaceBucket(None, None)
+
+
+@pytest.mark.parametrize(
+    ("record", "decision", "fleet", "taken"),
+    [
+        (waiting(), RESERVE, FLEET, True),
+        (waiting(), RESERVE, None, False),  # no [fleet] pace
+        (waiting(), GateDecision(Step.NOT_YET), FLEET, False),  # no reservation
+        (waiting(next_check_at=NOW + 1), RESERVE, FLEET, False),  # its guard would not hold
+        (waiting(fleet_slot_at=NOW), RESERVE, FLEET, True),  # its own slot: the sends' clock still decides
+    ],
+)
+def test_the_pace_is_read_only_by_a_reservation_whose_guard_holds_on_a_paced_provider(
+    record: OperationRecord, decision: GateDecision, fleet: FleetSpec | None, taken: bool
+) -> None:
+    assert plans.needs_pace(record, decision, fleet, now=NOW) is taken
+    assert (plans.pace_step(record, decision, fleet, NO_ROW, now=NOW) is not None) is taken
+
+
+def test_an_admitted_request_moves_both_clocks_and_is_reserved() -> None:
+    record = waiting()
+    step = plans.pace_step(record, RESERVE, FLEET, NO_ROW, now=NOW)
+    assert step is not None
+    assert step.send
+    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=NO_ROW)
+    assert kinds(plan) == ["SetPace", "Update"]
+    assert plan.writes[0] == SetPace("acme", NOW + 1.0, NOW + 1.0)
+    assert plan.decision == RESERVE
+
+
+def test_a_used_up_pace_books_the_next_free_slot_and_counts_nothing() -> None:
+    record = waiting()
+    bucket = PaceBucket(NOW + 3.0, NOW + 3.0)
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert step is not None
+    assert (step.send, step.new_booking) == (False, True)
+    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
+    assert kinds(plan) == ["SetPace", "Update"]
+    assert update_of(plan) == {
+        "fleet_slot_at": NOW + 3.0,
+        "next_check_at": NOW + 3.0,
+        "delay_source": DelaySource.FLEET_PACING,
+    }
+    assert plan.decision == GateDecision(Step.PACED, allowed_at=NOW + 3.0)
+    assert plan.record.status_requests_used == record.status_requests_used
+
+
+def test_a_slot_held_for_its_agent_is_kept_without_moving_the_pace() -> None:
+    record = waiting(fleet_slot_at=NOW + 2.0, next_check_at=NOW - 1)
+    bucket = PaceBucket(NOW + 3.0, NOW)
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert step is not None
+    assert (step.send, step.new_booking, step.at) == (False, False, NOW + 2.0)
+    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
+    assert kinds(plan) == ["Update"]  # the pace row is as read
+    assert plan.decision == GateDecision(Step.PACED, allowed_at=NOW + 2.0)
+
+
+@pytest.mark.parametrize(
+    ("booked", "fleet_slots", "waits_for"),
+    [
+        ((2, NOW + 1.0), 2, NOW + 1.0),  # its share is used: it waits for its earliest slot
+        ((3, NOW + 1.0), 2, NOW + 1.0),
+        ((1, NOW + 1.0), 2, None),  # room in its share: it books one more
+        ((0, None), 0, None),  # nothing booked to wait for
+        ((5, NOW + 1.0), None, None),  # no fair shares
+    ],
+)
+def test_fair_shares_a_principal_holding_its_share_of_slots_waits_for_its_earliest(
+    booked: tuple[int, float | None], fleet_slots: int | None, waits_for: float | None
+) -> None:
+    record = waiting()
+    bucket = PaceBucket(NOW + 3.0, NOW + 3.0)
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert plans.needs_booked_slots(step, fleet_slots) is (fleet_slots is not None)
+    plan = plans.check_plan(
+        record,
+        RESERVE,
+        now=NOW,
+        owner="me",
+        lease_seconds=30,
+        step=step,
+        bucket=bucket,
+        booked=booked,
+        fleet_slots=fleet_slots,
+    )
+    if waits_for is None:
+        assert kinds(plan) == ["SetPace", "Update"]
+        assert update_of(plan)["fleet_slot_at"] == NOW + 3.0
+    else:
+        assert kinds(plan) == ["Update"]  # nothing taken from the pace
+        assert update_of(plan) == {
+            "fleet_slot_at": None,
+            "next_check_at": waits_for,
+            "delay_source": DelaySource.FLEET_PACING,
+        }
+        assert plan.decision == GateDecision(Step.PACED, allowed_at=waits_for)
+
+
+def test_booked_slots_are_read_only_for_a_new_booking_under_fair_shares() -> None:
+    sends = PaceVerdict(True, NOW, NO_ROW, new_booking=False)
+    kept = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=False)
+    booking = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=True)
+    assert not plans.needs_booked_slots(None, 2)
+    assert not plans.needs_booked_slots(sends, 2)
+    assert not plans.needs_booked_slots(kept, 2)
+    assert plans.needs_booked_slots(booking, 2)
+    assert not plans.needs_booked_slots(booking, None)
+
+
+# -- the answer -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("holder", "applied", "expected"),
+    [
+        ("me", True, ["Flush", "Update", "Append:polled"]),
+        ("peer", False, ["Flush", "Append:late_answer_ignored"]),
+    ],
+)
+def test_an_answer_is_applied_only_while_its_call_holds_the_lease(
+    holder: str, applied: bool, expected: list[str]
+) -> None:
+    record = waiting(lease_owner=holder, lease_expires_at=NOW + 10)
+    plan = plans.answer_plan(record, owner="me", changes={"polls_completed": 13}, at=NOW, payload_extra={})
+    assert (plan.applied, kinds(plan)) == (applied, expected)
+    if applied:
+        assert update_of(plan) == {"polls_completed": 13, "lease_owner": None, "lease_expires_at": None}
+        assert plan.record.polls_completed == 13
+    else:
+        assert plan.record is record
+
+
+# -- submitting -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "allow_stale", "free"),
+    [
+        ({}, False, True),
+        ({"lease_owner": "peer", "lease_expires_at": NOW + 5}, True, False),  # a live send
+        ({"lease_owner": "peer", "lease_expires_at": NOW - 5}, True, True),  # a dead one, resend is safe
+        ({"lease_owner": "peer", "lease_expires_at": NOW - 5}, False, False),
+        ({"resubmission_of": "op-0"}, False, False),  # a person has yet to approve it
+        ({"resubmission_of": "op-0", "resubmission_approved_by": "ana"}, False, True),
+        ({"status": Status.WAITING}, False, False),
+    ],
+)
+def test_the_submission_lease_is_taken_only_when_free(
+    changes: dict[str, Any], allow_stale: bool, free: bool
+) -> None:
+    record = operation_record(**{"status": Status.SUBMITTING, **changes})
+    plan = plans.claim_plan(record, owner="me", now=NOW, lease_seconds=30, allow_stale=allow_stale, note="n")
+    assert plan.applied is free
+    assert kinds(plan) == (["Flush", "Update", "Append:submit_sending"] if free else ["Flush"])
+
+
+@pytest.mark.parametrize(
+    ("lease", "owner", "applied"),
+    [("me", "me", True), ("peer", "me", False), ("peer", None, True), (None, None, True)],
+)
+def test_a_submission_is_finished_only_by_the_call_holding_it(
+    lease: str | None, owner: str | None, applied: bool
+) -> None:
+    record = operation_record(status=Status.SUBMITTING, lease_owner=lease, lease_expires_at=NOW + 5)
+    plan = plans.finish_plan(
+        record,
+        owner=owner,
+        changes={"status": Status.WAITING},
+        kind="submitted",
+        at=NOW,
+        note=None,
+        payload_extra=None,
+    )
+    assert plan.applied is applied
+    if applied:
+        assert update_of(plan) == {"status": Status.WAITING, "lease_owner": None, "lease_expires_at": None}
+
+
+def test_a_submission_answered_with_another_operations_job_adopts_nothing_and_stops() -> None:
+    record = operation_record(status=Status.SUBMITTING, lease_owner="me", provider_job_id=None)
+    holder = operation_record(operation_id="op-holder", provider_job_id="job-9")
+    changes = {
+        "provider_job_id": "job-9",
+        "last_http_status": 202,
+        "state": "running",
+        "status": Status.WAITING,
+    }
+    plan = plans.finish_plan(
+        record,
+        owner="me",
+        changes=changes,
+        kind="submitted",
+        at=NOW,
+        note=None,
+        payload_extra=None,
+        job_holder=holder,
+    )
+    written = update_of(plan)
+    assert (written["status"], written["duplicate_of"]) == (Status.ESCALATED, "op-holder")
+    assert (written["provider_job_id"], written["last_http_status"]) == ("job-9", 202)
+    assert "state" not in written  # the other job's answer is not this operation's
+    assert kinds(plan)[-1] == "Append:stopped"
+    own = plans.finish_plan(
+        record,
+        owner="me",
+        changes=changes,
+        kind="submitted",
+        at=NOW,
+        note=None,
+        payload_extra=None,
+        job_holder=record,
+    )
+    assert update_of(own)["status"] == Status.WAITING
+
+
+# -- what people decide -----------------------------------------------------------------------------
+
+
+def approval(**changes: Any) -> ApprovalRecord:
+    """A pending extension approval asked at version 7, expiring at NOW + 60."""
+    values: dict[str, Any] = {
+        "approval_id": "ap-1",
+        "operation_id": "op",
+        "kind": ApprovalKind.EXTENSION,
+        "status": ApprovalStatus.PENDING,
+        "request_json": "{}",
+        "bound_version": 7,
+        "asked_at": NOW - 10,
+        "expires_at": NOW + 60,
+        "decided_at": None,
+        "decided_by": None,
+        "note": None,
+    }
+    return ApprovalRecord(**{**values, **changes})
+
+
+@pytest.mark.parametrize(
+    ("approve", "version_now", "at", "status", "kind"),
+    [
+        (True, 7, NOW, ApprovalStatus.APPROVED, "approval_granted"),
+        (False, 7, NOW, ApprovalStatus.DENIED, "extension_denied"),
+        (True, 8, NOW, ApprovalStatus.VOID, "approval_void"),  # the operation changed since asked
+        (False, 8, NOW, ApprovalStatus.DENIED, "extension_denied"),  # a no stands whatever changed
+        (True, 7, NOW + 60, ApprovalStatus.EXPIRED, "approval_expired"),  # too late
+        (False, 8, NOW + 61, ApprovalStatus.EXPIRED, "approval_expired"),
+    ],
+)
+def test_an_approvals_outcome_is_expired_void_approved_or_denied(
+    approve: bool, version_now: int, at: float, status: ApprovalStatus, kind: str
+) -> None:
+    asked = approval()
+    assert plans.approval_outcome(asked, version_now=version_now, approve=approve, at=at) == status
+    record = waiting(version=version_now)
+    decided, plan = plans.decision_plan(asked, record, approve=approve, by="ana", at=at, method="console")
+    assert decided == status
+    assert kinds(plan) == ["Flush", f"Append:{kind}"]
+    entry = plan.writes[-1]
+    assert isinstance(entry, Append)
+    assert entry.entry.payload["authenticated_by"] == "console"
+    assert entry.entry.payload["note"] == "ap-1 by ana"
+
+
+@pytest.mark.parametrize(
+    ("changes", "applied"),
+    [
+        ({"status": Status.ESCALATED, "version": 7}, True),
+        ({"status": Status.ESCALATED, "version": 8}, False),  # changed since the person was asked
+        ({"status": Status.WAITING, "version": 7}, False),
+    ],
+)
+def test_an_extension_is_granted_only_as_the_person_saw_the_operation(
+    changes: dict[str, Any], applied: bool
+) -> None:
+    record = operation_record(**changes)
+    plan = plans.extension_plan(
+        record,
+        bound_version=7,
+        changes={"max_status_requests": 20},
+        at=NOW,
+        approval_id="ap-1",
+        payload_extra={},
+    )
+    assert plan.applied is applied
+    if applied:
+        assert update_of(plan) == {"max_status_requests": 20, "extensions_used": 1}
+        assert kinds(plan) == [
+            "Flush",
+            "Update",
+            "Execute",
+            "Append:extension_approved",
+        ]  # the approval applied
+
+
+@pytest.mark.parametrize(
+    ("changes", "applied"),
+    [
+        ({"stop_reason": StopReason.AUTHORIZATION_DENIED}, True),
+        ({"stop_reason": StopReason.INTEGRATION_FAILURE}, True),
+        ({"stop_reason": StopReason.ACCOUNT_CONTEXT_CHANGED}, True),
+        ({"stop_reason": StopReason.DEADLINE_EXCEEDED}, False),  # not a refusal
+        ({"stop_reason": StopReason.AUTHORIZATION_DENIED, "version": 8}, False),  # not as shown
+        ({"stop_reason": StopReason.AUTHORIZATION_DENIED, "provider_job_id": None}, False),
+        ({"stop_reason": StopReason.AUTHORIZATION_DENIED, "duplicate_of": "op-0"}, False),
+        ({"stop_reason": StopReason.AUTHORIZATION_DENIED, "status": Status.WAITING}, False),
+    ],
+)
+def test_only_an_operation_stopped_by_a_refusal_is_reopened_and_only_as_shown(
+    changes: dict[str, Any], applied: bool
+) -> None:
+    record = operation_record(**{"status": Status.ESCALATED, "version": 7, **changes})
+    plan = plans.reopen_plan(
+        record, bound_version=7, next_check_at=NOW + 5, at=NOW, extra={"reason": "fixed"}
+    )
+    assert plan.applied is applied
+    if applied:
+        assert (plan.record.status, plan.record.stop_reason) == (Status.WAITING, None)
+        assert plan.record.next_check_at == NOW + 5
+        assert plan.record.delay_source == DelaySource.MANUAL_EXTENSION
+        assert plan.record.status_requests_used == record.status_requests_used  # same budget
+        assert kinds(plan) == ["Flush", "Update", "Append:reopened"]
+    else:
+        assert kinds(plan) == ["Flush"]
+
+
+@pytest.mark.parametrize(
+    ("operation_changes", "expect_version", "expected"),
+    [
+        (None, None, ["Flush", "Execute", "Append:cancel_sent"]),
+        ({"status": Status.SUCCEEDED}, 7, ["Flush", "Update", "Execute", "Append:cancel_sent"]),
+        ({"status": Status.SUCCEEDED}, 6, ["Flush"]),  # the operation moved: nothing but the refusals
+    ],
+)
+def test_a_follow_up_changes_the_operation_only_if_it_is_still_as_expected(
+    operation_changes: dict[str, object] | None, expect_version: int | None, expected: list[str]
+) -> None:
+    record = waiting(version=7)
+    followup = FollowupRecord(
+        "fu-1", "op", FollowupKind.CANCEL, FollowupStatus.SENT, None, NOW, NOW, 202, None, None
+    )
+    plan = plans.followup_plan(
+        record, followup, operation_changes=operation_changes, expect_version=expect_version
+    )
+    assert kinds(plan) == expected
+    assert plan.applied is (expected != ["Flush"])
+    if plan.applied:  # the follow-up's own row, with the operation's change in one transaction
+        (insert,) = [w for w in plan.writes if isinstance(w, Execute)]
+        assert insert.params["followup_id"] == "fu-1"
+
+
+# -- the webhook wake-up ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "wakes"),
+    [
+        ({"next_check_at": NOW + 60}, True),
+        ({"next_check_at": NOW}, False),  # already due: nothing to bring forward
+        # the earliest allowed request (a Retry-After) is the planned time: nothing to bring forward
+        (
+            {
+                "next_check_at": NOW + 60,
+                "delay_source": DelaySource.PROVIDER_RETRY_AFTER,
+                "not_before_at": NOW + 60,
+            },
+            False,
+        ),
+        ({"next_check_at": NOW + 60, "delay_source": DelaySource.FLEET_PACING}, False),
+        ({"next_check_at": NOW + 60, "delay_source": DelaySource.PROVIDER_POLL_HINT}, True),
+        ({"next_check_at": NOW + 60, "deadline_at": NOW}, False),  # past its deadline
+        ({"next_check_at": NOW + 60, "business_deadline_at": NOW - 1}, False),
+        ({"next_check_at": NOW + 60, "lease_owner": "peer", "lease_expires_at": NOW + 5}, False),  # in flight
+        ({"next_check_at": NOW + 60, "lease_owner": "peer", "lease_expires_at": NOW - 5}, True),  # lease dead
+        ({"next_check_at": NOW + 60, "status": Status.ESCALATED}, False),
+    ],
+)
+def test_a_webhook_wakes_only_a_waiting_operation_it_may_bring_forward(
+    changes: dict[str, Any], wakes: bool
+) -> None:
+    record = waiting(**changes)
+    assert plans.may_wake(record, NOW) is wakes
+    plan = plans.wake_plan(record, now=NOW, event_id="ev-1", event_type="job.done")
+    if not wakes:
+        assert plan is None
+        return
+    assert plan is not None
+    assert update_of(plan) == {"next_check_at": NOW, "woken_at": NOW}
+    assert kinds(plan) == ["Flush", "Update", "Append:woken_by_webhook"]
+    told = plan.writes[-1]
+    assert isinstance(told, Append)
+    assert told.entry.payload["event_id"] == "ev-1"
+    assert told.entry.payload["delay_source"] == DelaySource.PROVIDER_WEBHOOK
+
+
+def test_a_webhook_moves_the_next_check_to_the_earliest_allowed_request_when_that_is_later_than_now() -> None:
+    # Issue 30: a Retry-After in force (not_before_at) bounds the wake-up; it no longer cancels it.
+    record = waiting(
+        next_check_at=NOW + 60, not_before_at=NOW + 20, delay_source=DelaySource.PROVIDER_RETRY_AFTER
+    )
+    assert plans.woken_at(record, NOW) == NOW + 20
+    plan = plans.wake_plan(record, now=NOW, event_id="ev-1", event_type="job.done")
+    assert plan is not None
+    assert update_of(plan) == {"next_check_at": NOW + 20, "woken_at": NOW + 20}
+    assert (
+        plans.wake_plan(
+            waiting(next_check_at=NOW + 60, not_before_at=NOW + 90), now=NOW, event_id="e", event_type="t"
+        )
+        is None
+    )
+
+
+def test_every_plan_flushes_before_it_writes_about_the_operation() -> None:
+    # The pending summary of refused calls lands before the decision that follows it, in every plan.
+    record = waiting(lease_owner="me", lease_expires_at=NOW + 5, status=Status.WAITING)
+    made = [
+        plans.answer_plan(record, owner="me", changes={}, at=NOW, payload_extra={}),
+        plans.note_plan(record, "note", NOW),
+        plans.reopen_plan(record, bound_version=0, next_check_at=NOW, at=NOW, extra={}),
+    ]
+    for plan in made:
+        assert isinstance(plan.writes[0], Flush)
