@@ -22,8 +22,11 @@ class PlannedWrites(StoreReads):
     """Claiming a submission, extensions, reopening, follow-ups and audit rows (of `pollwarden.store.Store`)."""
 
     async def _carry_out_on(self, operation_id: str, plan_of: Callable[[OperationRecord], Plan]) -> Plan:
-        """One transaction on the operation: `plan_of` the row as read, carried out; the plan."""
-        raise NotImplementedError
+        """One transaction on the operation: `plan_of` the row as read, carried out; the plan.
+
+        Each engine overrides it with its own transaction mechanism.
+        """
+        raise NotImplementedError  # the engine class defines it; PlannedWrites alone is never used
 
     async def claim_submission(
         self, operation_id: str, *, owner: str, now: float, lease_seconds: float, allow_stale: bool, note: str

@@ -39,8 +39,8 @@ class StoreReads:
     payload_count: ClassVar[str] = "json_extract(a.payload, '$.count')"
 
     async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
-        """Run one read statement (named parameters); its rows."""
-        raise NotImplementedError
+        """Run one read statement (named parameters); its rows. Each engine overrides it (its one read hop)."""
+        raise NotImplementedError  # the engine class defines it; StoreReads alone is never used
 
     async def _read_one(self, statement: str, params: Mapping[str, object] | None = None) -> Row | None:
         found = await self._read(statement, params)
