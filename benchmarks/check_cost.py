@@ -77,11 +77,11 @@ from benchmarks.measure import (
     quiet_logs,
     scratch_schema,
 )
-from pollwarden.controller import Controller
-from pollwarden.server import build_server
+from pollwarden.flows.controller import Controller
 from pollwarden.store import DatabaseLocation
 from pollwarden.store.sqlite.engine import SQLiteStore
-from pollwarden.views import OperationView
+from pollwarden.surface.server import build_server
+from pollwarden.surface.views import OperationView
 
 # What one audit row weighs, roughly: the floor commits write one like it.
 AUDIT_ROW_BYTES = 700

@@ -27,9 +27,9 @@ import httpx2
 from pollwarden.config import ServerConfig
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
-from pollwarden.http_serve import HttpOptions, transport_security
-from pollwarden.records import OPERATION_COLUMNS
+from pollwarden.core.records import OPERATION_COLUMNS
 from pollwarden.store import DatabaseLocation
+from pollwarden.surface.http_serve import HttpOptions, transport_security
 
 COPIES = 2000
 RUNS = 25

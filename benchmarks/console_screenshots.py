@@ -24,12 +24,12 @@ import anyio
 from playwright.async_api import Page
 from tests.support.browser import chromium
 
+from pollwarden.cli.demo import DEMO_TABLE
 from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
-from pollwarden.demo import DEMO_TABLE
-from pollwarden.http_serve import HttpOptions, transport_security
 from pollwarden.store import DatabaseLocation
+from pollwarden.surface.http_serve import HttpOptions, transport_security
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -56,8 +56,8 @@ from benchmarks.measure import (
     scratch_schema,
 )
 from pollwarden.config import ServerConfig
-from pollwarden.server import controller_factory
 from pollwarden.store import DatabaseLocation, open_store
+from pollwarden.surface.server import controller_factory
 
 READY_TIMEOUT_SECONDS = 120.0
 IDLE_PER_WORKER = 20

@@ -38,7 +38,7 @@ from tests.support.crash import PROVIDER, CrashRun, crash_once
 from tests.support.live import FakeControl, fake_provider_process, stdio_server, write_provider_table
 
 from benchmarks.measure import RESULTS_DIR, run_and_report
-from pollwarden.steps import CHECK_STEPS
+from pollwarden.flows.check_hooks import CHECK_STEPS
 
 DEFAULT_OUT = RESULTS_DIR / "crash_matrix.json"
 

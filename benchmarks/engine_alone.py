@@ -49,15 +49,15 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import DEFAULT_PG_URL, RESULTS_DIR, dump_json, machine, percentile_ms, scratch_schema
-from pollwarden.audit_entry import event
-from pollwarden.audit_verify import verify_chain
+from pollwarden.audit.entry import event
+from pollwarden.audit.verify import verify_chain
+from pollwarden.core.vocabulary import Outcome
 from pollwarden.store import DatabaseLocation, open_store, plans
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Pool, Row
 from pollwarden.store.postgres.engine import PostgresStore
 from pollwarden.store.postgres.executor import answer_statement
 from pollwarden.store.sqlite.executor import StoredOperation, stored
-from pollwarden.vocabulary import Outcome
 
 
 def _values(operation_id: str) -> dict[str, object]:

@@ -47,7 +47,7 @@ if not __package__:  # run as `python benchmarks/fleet_simulation.py`: make `ben
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measure import RESULTS_DIR, dump_json, percentile
-from pollwarden.schedule import first_check_at, pace, plan_next_check, raw_delay
+from pollwarden.rules.schedule import first_check_at, pace, plan_next_check, raw_delay
 
 JOBS = 1_000
 START_SPREAD_SECONDS = 1.0

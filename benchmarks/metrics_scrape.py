@@ -1,6 +1,6 @@
 """How long one /metrics scrape takes to read the database, as the audit grows (issue 34).
 
-The database half of the exposition (`pollwarden.metrics.exposition`) is a few aggregate
+The database half of the exposition (`pollwarden.ops.metrics.exposition`) is a few aggregate
 statements per scrape; the refused calls already summarized in the audit are summed from the
 summary rows' JSON. This fills a SQLite database (a temporary directory) with operations and
 audit rows written directly (one summary row in `--summary-every`), then times the exposition:
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pollwarden.metrics import exposition
+from pollwarden.ops.metrics import exposition
 from pollwarden.store import open_store
 
 RESULTS = Path(__file__).parent / "results" / "metrics_scrape.json"

@@ -18,7 +18,7 @@ transaction, where the time is read again), its answer reaches the agent one
 round trip later (the commit), and a request reaches the provider then. The
 store's decision is modelled as the engines take it: the gate's "too early"
 (`next_check_at`), fair shares per principal (`PRINCIPAL_BOOKED_SLOTS`), and the
-pace rule: `pollwarden.fleet_pace.decide_pace` (new), or `old_rule` below, the
+pace rule: `pollwarden.rules.fleet_pace.decide_pace` (new), or `old_rule` below, the
 rule before issue 29 (a booked slot used only within 50 ms of its time, a later
 caller books again at the tail).
 
@@ -43,8 +43,8 @@ from pathlib import Path
 if not __package__:  # run as `python benchmarks/pace_simulation.py`: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pollwarden.fleet_pace import PaceBucket, PaceVerdict, decide_pace
-from pollwarden.schedule import pace
+from pollwarden.rules.fleet_pace import PaceBucket, PaceVerdict, decide_pace
+from pollwarden.rules.schedule import pace
 
 Rule = Callable[..., PaceVerdict]
 

@@ -191,7 +191,7 @@ def _bulk_copies(db: DatabaseLocation, template: str, fill: int) -> None:
     """
     import psycopg
 
-    from pollwarden.records import OPERATION_COLUMNS
+    from pollwarden.core.records import OPERATION_COLUMNS
 
     new_id = "'fill-' || lpad(g::text, 6, '0')"
     replaced = {

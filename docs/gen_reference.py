@@ -52,7 +52,7 @@ def cli_reference() -> str:
 
 
 def _cli_reference() -> str:
-    from pollwarden.cli import build_parser
+    from pollwarden.cli.main import build_parser
 
     parser = build_parser()
     parser.prog = "pollwarden"
@@ -69,7 +69,7 @@ def _cli_reference() -> str:
 
 async def _tools() -> list[dict[str, object]]:
     from pollwarden.config import ServerConfig
-    from pollwarden.server import build_server, controller_factory
+    from pollwarden.surface.server import build_server, controller_factory
     from pollwarden.store import DatabaseLocation
 
     with tempfile.TemporaryDirectory() as tmp:

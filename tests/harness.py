@@ -15,14 +15,14 @@ from mcp.client import Client
 from mcp_types import CallToolResult
 
 import pg_support
-from pollwarden.clock import FakeClock, RandomSource
+from pollwarden.access.operator_keys import PUBKEYS_ENV, OperatorPolicy, generate_key_file, load_public_keys
 from pollwarden.config import ServerConfig
-from pollwarden.operator_keys import PUBKEYS_ENV, OperatorPolicy, generate_key_file, load_public_keys
-from pollwarden.provider_http import HttpLimits
-from pollwarden.records import OperationRecord
-from pollwarden.server import build_server, controller_factory
+from pollwarden.core.clock import FakeClock, RandomSource
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.vocabulary import Category, DelaySource, Status
+from pollwarden.provider_io.provider_http import HttpLimits
 from pollwarden.store import DatabaseLocation, Engine
-from pollwarden.vocabulary import Category, DelaySource, Status
+from pollwarden.surface.server import build_server, controller_factory
 from pollwarden_providers import ProviderTable, TableError, load_table
 from tests.support.fake_provider import FakeProvider
 from tests.support.live import ALL_RESPONSE_FIELDS, fake_provider_table, table_toml, write_table

@@ -1,7 +1,7 @@
 """The category of a provider state: the one word of the vocabulary the tables define.
 
 It lives here because this package never imports ``pollwarden``; the server
-re-uses it (``pollwarden.vocabulary.Category``) in its records, views and SQL.
+re-uses it (``pollwarden.core.vocabulary.Category``) in its records, views and SQL.
 """
 
 from __future__ import annotations

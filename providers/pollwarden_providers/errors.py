@@ -2,7 +2,7 @@
 
 This package never imports the server, so the root lives with it; the server's
 errors derive from the same class, and the whole tree is drawn once, at the top
-of ``pollwarden/errors.py``.
+of ``pollwarden/core/errors.py``.
 """
 
 from __future__ import annotations

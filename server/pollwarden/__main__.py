@@ -2,6 +2,6 @@
 
 import sys
 
-from pollwarden.cli import main
+from pollwarden.cli.main import main
 
 sys.exit(main())

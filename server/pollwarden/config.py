@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pollwarden.errors import ConfigError
-from pollwarden.operator_keys import OperatorPolicy, load_policy
-from pollwarden.principals import PrincipalLimits
+from pollwarden.access.operator_keys import OperatorPolicy, load_policy
+from pollwarden.access.principals import PrincipalLimits
+from pollwarden.core.errors import ConfigError
 from pollwarden.store.location import DatabaseLocation
 from pollwarden_providers.loader import TableError, load_tables
 from pollwarden_providers.table import ProviderTable

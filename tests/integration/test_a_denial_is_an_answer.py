@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from harness import make_harness, make_operator, view
-from pollwarden.clock import FakeClock
-from pollwarden.questions import ASK_AGAIN_AFTER_SECONDS, MAX_QUESTIONS_PER_OPERATION
+from pollwarden.core.clock import FakeClock
+from pollwarden.rules.questions import ASK_AGAIN_AFTER_SECONDS, MAX_QUESTIONS_PER_OPERATION
 from pollwarden.store import open_store
 from tests.integration.test_approvals import ERAS, Person, _cli, _exhaust, _extend
 from tests.support.fake_provider import FakeProvider, pending

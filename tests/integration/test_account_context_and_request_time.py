@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from harness import check, make_harness, make_operator, track, view
-from pollwarden.audit import read_rows
-from pollwarden.clock import FakeClock
-from pollwarden.timefmt import parse_iso
+from pollwarden.audit.chain import read_rows
+from pollwarden.core.clock import FakeClock
+from pollwarden.core.timefmt import parse_iso
 from tests.integration.test_operator_decisions import cli
 from tests.support.fake_provider import FakeProvider, failed, pending, succeeded
 

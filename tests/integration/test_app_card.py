@@ -16,10 +16,10 @@ from mcp.client import Client
 from mcp.client.extension import advertise
 
 from harness import Harness, make_harness, view
-from pollwarden.app_card import APP_ONLY_TOOLS, CARD_URI
-from pollwarden.audit import read_rows
-from pollwarden.auth import TokenFileVerifier
-from pollwarden.operator_keys import OperatorPolicy
+from pollwarden.access.auth import TokenFileVerifier
+from pollwarden.access.operator_keys import OperatorPolicy
+from pollwarden.audit.chain import read_rows
+from pollwarden.surface.app_card import APP_ONLY_TOOLS, CARD_URI
 from tests.integration.test_http_auth import AGENT, add_token, served
 from tests.support.auth_helpers import bearer_client
 from tests.support.fake_provider import FakeProvider, pending

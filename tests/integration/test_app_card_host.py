@@ -20,8 +20,8 @@ from mcp.client import Client
 from playwright.async_api import Frame
 
 from harness import Harness, base_table, make_harness, make_operator, merge, view
-from pollwarden.app_card import APP_ONLY_TOOLS
-from pollwarden.audit import read_rows
+from pollwarden.audit.chain import read_rows
+from pollwarden.surface.app_card import APP_ONLY_TOOLS
 from tests.integration.test_restart_and_transports import (
     FAST,
     child_process,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pollwarden.core.vocabulary import ApprovalStatus
 from pollwarden.store import open_store
-from pollwarden.vocabulary import ApprovalStatus
 from tests.integration.test_operator_decisions import escalate_and_ask, harness
 from tests.support.fake_provider import FakeProvider
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness import Harness, make_operator, view
-from pollwarden.errors import ConfigError
-from pollwarden.operator_keys import REQUIRE_ENV, load_operator_key
-from pollwarden.server import controller_factory
+from pollwarden.access.operator_keys import REQUIRE_ENV, load_operator_key
+from pollwarden.core.errors import ConfigError
+from pollwarden.surface.server import controller_factory
 from tests.integration.test_operator_decisions import at_terminal, cli, escalate_and_ask, harness, next_check
 from tests.support.fake_provider import FakeProvider, pending
 

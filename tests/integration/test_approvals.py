@@ -14,7 +14,7 @@ from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, make_harness, make_operator, view
-from pollwarden.clock import FakeClock
+from pollwarden.core.clock import FakeClock
 from pollwarden.store import open_store
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -437,7 +437,7 @@ async def test_a_cancel_approved_by_an_operator_is_sent_on_the_next_call(
 async def test_the_person_sees_when_the_new_deadline_would_fall_after_the_business_deadline(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
-    from pollwarden.timefmt import iso
+    from pollwarden.core.timefmt import iso
 
     person = Person("accept", {"decision": "deny"})
     h = make_harness(tmp_path, fake)

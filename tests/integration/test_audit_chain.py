@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from pollwarden.audit import (
+from pollwarden.audit.chain import (
     GENESIS_HASH,
     REKEY_KIND,
     Anchor,
@@ -35,9 +35,9 @@ from pollwarden.audit import (
     row_hash,
     write_anchor,
 )
-from pollwarden.audit_cli import main as audit_main
-from pollwarden.audit_story import render_story
-from pollwarden.audit_verify import rekey_chain, verify_chain
+from pollwarden.audit.story import render_story
+from pollwarden.audit.verify import rekey_chain, verify_chain
+from pollwarden.cli.main import main as audit_main
 from pollwarden.store.migrations.sqlite import audit_table_v1
 from pollwarden.store.sqlite.executor import append_audit
 from tests.support.live import REPO_ROOT

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from harness import error_text, full_delays, make_harness, view
-from pollwarden.audit import read_rows
-from pollwarden.audit_story import render_story
-from pollwarden.audit_verify import verify_chain
+from pollwarden.audit.chain import read_rows
+from pollwarden.audit.story import render_story
+from pollwarden.audit.verify import verify_chain
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
 from tests.support.live import pollwarden_cli
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from harness import Harness, base_table, error_text, make_harness, merge, table_toml, view
-from pollwarden.timefmt import iso
+from pollwarden.core.timefmt import iso
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness import check, full_delays, make_harness, track
-from pollwarden.provider_http import HttpLimits
-from pollwarden.timefmt import parse_iso
+from pollwarden.core.timefmt import parse_iso
+from pollwarden.provider_io.provider_http import HttpLimits
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio

@@ -16,8 +16,8 @@ import httpx2
 import pytest
 
 from harness import check, make_harness, track
-from pollwarden.audit import read_rows
-from pollwarden.server import controller_factory
+from pollwarden.audit.chain import read_rows
+from pollwarden.surface.server import controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import audit_verify, read_record
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from pollwarden.cli import EXIT_CLOSED_PIPE, build_parser
-from pollwarden.cli_options import database_from
+from pollwarden.cli.main import EXIT_CLOSED_PIPE, build_parser
+from pollwarden.cli.options import database_from
 from pollwarden.config import default_db_path
 from pollwarden.store import DatabaseLocation, open_store
 from tests.support.live import REPO_ROOT

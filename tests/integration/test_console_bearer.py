@@ -18,11 +18,11 @@ import httpx2
 import pytest
 
 from harness import Harness, db_rows, view
-from pollwarden.audit import read_rows
-from pollwarden.auth import TokenFileVerifier
+from pollwarden.access.auth import TokenFileVerifier
+from pollwarden.audit.chain import read_rows
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
-from pollwarden.http_serve import HttpOptions, transport_security
+from pollwarden.surface.http_serve import HttpOptions, transport_security
 from tests.integration.test_owners_and_scopes import Team, start_args, team
 from tests.support.console import console_at_terminal
 from tests.support.fake_provider import FakeProvider, pending

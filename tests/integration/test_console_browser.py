@@ -22,12 +22,12 @@ import pytest
 from playwright.async_api import BrowserContext, Page
 
 from harness import Harness, make_harness, view
-from pollwarden.audit import read_rows
-from pollwarden.clock import FakeClock
+from pollwarden.audit.chain import read_rows
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
-from pollwarden.http_serve import HttpOptions, transport_security
+from pollwarden.core.clock import FakeClock
 from pollwarden.store import open_store
+from pollwarden.surface.http_serve import HttpOptions, transport_security
 from tests.support.a11y import serious_violations
 from tests.support.browser import NO_CHROMIUM, chromium, chromium_path
 from tests.support.console import console_at_terminal

@@ -25,13 +25,13 @@ import httpx2
 import pytest
 
 from harness import Harness, db_write, make_harness, make_operator, merge, view
-from pollwarden.audit import read_rows, write_anchor
-from pollwarden.clock import FakeClock
+from pollwarden.access.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from pollwarden.audit.chain import read_rows, write_anchor
 from pollwarden.console.anchors import MAX_ANCHOR_BYTES
 from pollwarden.console.app import ConsoleSettings, create_app
 from pollwarden.console.cli import running_console
-from pollwarden.http_serve import HttpOptions, transport_security
-from pollwarden.operator_keys import PUBKEYS_ENV, REQUIRE_ENV
+from pollwarden.core.clock import FakeClock
+from pollwarden.surface.http_serve import HttpOptions, transport_security
 from tests.support.console import clean_env, console_at_terminal
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import write_table
@@ -405,9 +405,9 @@ async def test_the_operation_page_takes_the_id_an_agent_chose_and_names_the_owne
 ) -> None:
     from functools import partial
 
-    from pollwarden.ownership import stored_id
-    from pollwarden.principals import Principal
-    from pollwarden.server import controller_factory
+    from pollwarden.access.ownership import stored_id
+    from pollwarden.access.principals import Principal
+    from pollwarden.surface.server import controller_factory
 
     h = harness(tmp_path, fake)
     factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import database_in
-from pollwarden.steps import CHECK_STEPS, CheckStep
+from pollwarden.flows.check_hooks import CHECK_STEPS, CheckStep
 from tests.support.crash import SENT_AT_CRASH, CrashRun, crash_once
 from tests.support.fake_provider import FakeProvider
 from tests.support.live import FakeControl, stdio_server, write_provider_table

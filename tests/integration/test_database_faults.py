@@ -21,12 +21,12 @@ import pytest
 from mcp.client import Client
 
 from harness import base_table, error_text, make_harness, make_operator, merge, track, view, write_table
-from pollwarden.clock import SystemClock
 from pollwarden.config import ServerConfig
-from pollwarden.controller import Controller
-from pollwarden.provider_http import ProviderHTTP
-from pollwarden.server import build_server, controller_factory
+from pollwarden.core.clock import SystemClock
+from pollwarden.flows.controller import Controller
+from pollwarden.provider_io.provider_http import ProviderHTTP
 from pollwarden.store import DatabaseLocation, open_store
+from pollwarden.surface.server import build_server, controller_factory
 from pollwarden_providers.table import ProviderTable
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import Rigging, audit_verify, call, pollwarden_cli, read_record, stdio_server

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import database_in
-from pollwarden.audit_verify import verify_chain
+from pollwarden.audit.verify import verify_chain
 from pollwarden.store import Engine
 from tests.support.ports import free_port
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import check, db_rows, full_delays, make_harness, track, view
-from pollwarden.provider_http import HttpLimits
+from pollwarden.provider_io.provider_http import HttpLimits
 from tests.integration.test_approvals import Person
 from tests.integration.test_webhooks import STANDARD, post, receiving, standard_post
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded

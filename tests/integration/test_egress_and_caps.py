@@ -13,9 +13,9 @@ from urllib.parse import quote
 import pytest
 
 from harness import base_table, error_text, make_harness, view, write_table
-from pollwarden.audit import read_rows
-from pollwarden.decide import UnusableAnswer
-from pollwarden.provider_http import HttpLimits, ProviderHTTP
+from pollwarden.audit.chain import read_rows
+from pollwarden.provider_io.provider_http import HttpLimits, ProviderHTTP
+from pollwarden.rules.status_answer import UnusableAnswer
 from pollwarden_providers.interpret import MAX_JSON_DEPTH
 from pollwarden_providers.loader import load_table
 from tests.support.fake_provider import FakeProvider, Step, http, pending, running_fake_provider

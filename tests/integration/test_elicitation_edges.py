@@ -21,8 +21,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, error_text, make_harness, view
-from pollwarden.audit import read_rows
-from pollwarden.audit_story import render_story
+from pollwarden.audit.chain import read_rows
+from pollwarden.audit.story import render_story
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio

@@ -18,11 +18,11 @@ import anyio
 import pytest
 
 import harness
-from pollwarden.audit_entry import REFUSALS_PER_SUMMARY
-from pollwarden.gate import Step
-from pollwarden.records import CheckStart, OperationRecord, WakeOutcome
+from pollwarden.audit.entry import REFUSALS_PER_SUMMARY
+from pollwarden.core.records import CheckStart, OperationRecord, WakeOutcome
+from pollwarden.core.vocabulary import DelaySource, Status
+from pollwarden.rules.gate import Step
 from pollwarden.store import Store, open_store
-from pollwarden.vocabulary import DelaySource, Status
 from pollwarden_providers.table_limits import FleetSpec
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]

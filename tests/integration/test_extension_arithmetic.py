@@ -16,8 +16,8 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import base_table, full_delays, make_harness, merge, operation_record, view
 from pollwarden.config import ExtensionCaps
-from pollwarden.extensions import extension_changes, plan_extension
-from pollwarden.timefmt import iso
+from pollwarden.core.timefmt import iso
+from pollwarden.rules.extensions import extension_changes, plan_extension
 from pollwarden_providers.table import ProviderTable
 from tests.support.fake_provider import FakeProvider, http, pending
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from harness import make_harness, view, write_table
-from pollwarden.auth import TokenFileVerifier
-from pollwarden.ownership import stored_id
-from pollwarden.principals import Principal, PrincipalLimits
-from pollwarden.server import controller_factory
+from pollwarden.access.auth import TokenFileVerifier
+from pollwarden.access.ownership import stored_id
+from pollwarden.access.principals import Principal, PrincipalLimits
+from pollwarden.surface.server import controller_factory
 from tests.integration.test_http_auth import AGENT, add_token, served
 from tests.integration.test_owners_and_scopes import answer_text, start_args
 from tests.support.auth_helpers import bearer_client

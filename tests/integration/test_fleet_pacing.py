@@ -24,17 +24,17 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from harness import database_in, full_delays, make_harness, merge, view, write_table
-from pollwarden.fleet_pace import (
+from pollwarden.core.timefmt import iso
+from pollwarden.rules.fleet_pace import (
     FLEET_SLOT_HOLD_SECONDS,
     PaceBucket,
     decide_pace,
     slot_held,
     slot_hold_seconds,
 )
-from pollwarden.gate import Step
-from pollwarden.schedule import pace
+from pollwarden.rules.gate import Step
+from pollwarden.rules.schedule import pace
 from pollwarden.store import open_store
-from pollwarden.timefmt import iso
 from pollwarden_providers import load_tables
 from tests.support.fake_provider import FakeProvider, pending, succeeded
 

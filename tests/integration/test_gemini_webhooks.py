@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from pollwarden.cli import main
-from pollwarden.webhooks import standard_signature_headers, verify
+from pollwarden.cli.main import main
+from pollwarden.provider_io.webhooks import standard_signature_headers, verify
 from pollwarden_providers import load_table, shipped_samples_dir, shipped_tables_dir
 from pollwarden_providers.webhook import read_event
 
@@ -42,7 +42,7 @@ def test_gemini_batch_events_wake_the_batch_they_name_and_others_are_ignored(
 
 
 def test_a_gemini_sample_signed_per_standard_webhooks_verifies_and_a_tampered_one_does_not() -> None:
-    from pollwarden.webhooks import Refused
+    from pollwarden.provider_io.webhooks import Refused
 
     table = load_table(shipped_tables_dir() / "gemini-batch.toml")
     assert table.webhook is not None

@@ -20,8 +20,8 @@ import pytest
 
 import pg_support
 from harness import Harness, make_harness, track
-from pollwarden.cli import build_parser
-from pollwarden.doctor import FAIL, cmd_doctor, diagnose
+from pollwarden.cli.doctor import FAIL, cmd_doctor, diagnose
+from pollwarden.cli.main import build_parser
 from pollwarden.store import Engine
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import pollwarden_cli, write_table

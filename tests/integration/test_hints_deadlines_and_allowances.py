@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import check, error_text, make_harness, track, view
-from pollwarden.timefmt import iso
+from pollwarden.core.timefmt import iso
 from tests.support.fake_provider import FakeProvider, http, pending
 
 pytestmark = pytest.mark.anyio

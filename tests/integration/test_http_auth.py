@@ -23,7 +23,7 @@ from mcp.server.auth.provider import TokenVerifier
 from mcp.shared.exceptions import MCPError
 
 from harness import Harness, make_harness, view
-from pollwarden.auth import (
+from pollwarden.access.auth import (
     AuthOptions,
     JwtVerifier,
     TokenFileVerifier,
@@ -32,10 +32,10 @@ from pollwarden.auth import (
     hash_token,
     read_token_file,
 )
-from pollwarden.errors import ConfigError
-from pollwarden.http_serve import HttpOptions, transport_security
-from pollwarden.principals import PrincipalLimits
-from pollwarden.server import build_server, controller_factory
+from pollwarden.access.principals import PrincipalLimits
+from pollwarden.core.errors import ConfigError
+from pollwarden.surface.http_serve import HttpOptions, transport_security
+from pollwarden.surface.server import build_server, controller_factory
 from tests.integration.test_restart_and_transports import FAST
 from tests.support.auth_helpers import Issuer, SigningKey, bearer_client, serving
 from tests.support.fake_provider import FakeProvider

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness import HARNESS_SEED, Harness, make_harness, view
-from pollwarden.timefmt import parse_iso
+from pollwarden.core.timefmt import parse_iso
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio

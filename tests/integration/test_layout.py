@@ -19,17 +19,6 @@ PACKAGES = {
     "pollwarden_providers": ROOT / "providers" / "pollwarden_providers",
 }
 
-# Circles outside the store, left for the package regrouping (issue 28, item 4): this list may only
-# shrink. (Circles through imports only the type checker reads remain too: gate/records/stop/
-# job_identity, and the controller with the flows over it.)
-KNOWN_CIRCLES: list[frozenset[str]] = [
-    frozenset(
-        {"pollwarden.audit_cli", "pollwarden.cli", "pollwarden.metrics_cli", "pollwarden.webhooks_cli"}
-    ),
-    # approvals imports controller.business_deadline inside a function (the controller imports approvals).
-    frozenset({"pollwarden.approvals", "pollwarden.controller", "pollwarden.resubmission"}),
-]
-
 
 def modules() -> dict[str, Path]:
     """Every module of the two packages, by dotted name."""
@@ -101,12 +90,10 @@ def circles() -> list[frozenset[str]]:
     return found
 
 
-def test_no_module_reaches_itself_through_its_imports_beyond_the_known_circles() -> None:
-    found = circles()
-    new = [sorted(group) for group in found if group not in KNOWN_CIRCLES]
-    assert not new, f"import circles: {new}"
-    gone = [sorted(group) for group in KNOWN_CIRCLES if group not in found]
-    assert not gone, f"these circles are gone: remove them from KNOWN_CIRCLES: {gone}"
+def test_no_module_reaches_itself_through_its_imports() -> None:
+    assert not [sorted(group) for group in circles()], (
+        "import circles (a module reaching itself through its imports)"
+    )
 
 
 def test_the_store_is_in_no_import_circle() -> None:

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from harness import Harness, check, db_rows, make_harness, track, view
-from pollwarden.metrics import MetricsOptions, exposition
-from pollwarden.records import ApprovalRecord
+from pollwarden.core.records import ApprovalRecord
+from pollwarden.ops.metrics import MetricsOptions, exposition
 from pollwarden.store import Store, open_store
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
 from tests.support.ops_http import receiver_on_loopback

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from harness import base_table, merge
-from pollwarden.cli import build_parser, serve_config
-from pollwarden.webhooks_cli import warn_without_standard_webhooks
+from pollwarden.cli.main import build_parser, serve_config
+from pollwarden.cli.webhooks import warn_without_standard_webhooks
 from pollwarden_providers import load_tables
 from tests.support.live import pollwarden_cli, write_table
 
-HIDE_AND_RUN = "import sys; sys.modules[{module!r}] = None; from pollwarden.cli import main; sys.exit(main(sys.argv[1:]))"
+HIDE_AND_RUN = "import sys; sys.modules[{module!r}] = None; from pollwarden.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def run_without(module: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from harness import Harness, check, database_in, db_rows, error_text, make_harness, track, view
-from pollwarden.audit import read_rows
+from pollwarden.audit.chain import read_rows
 from pollwarden.store import open_store
 from pollwarden.store.migrations.sqlite import MIGRATIONS, split_sql
 from tests.support.fake_provider import FakeProvider, failed, http, pending, succeeded

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from harness import database_in, db_rows, error_text, make_harness, view
-from pollwarden.audit import read_rows
+from pollwarden.audit.chain import read_rows
 from tests.integration.test_one_job_one_budget import _values as job_values
 from tests.integration.test_one_job_one_budget import race_two_connections, race_two_servers
 from tests.integration.test_resubmission import Person, submissions

@@ -1,4 +1,4 @@
-"""Per-operation audit chains under the one chain (PostgreSQL; `pollwarden.audit_verify`).
+"""Per-operation audit chains under the one chain (PostgreSQL; `pollwarden.audit.verify`).
 
 On PostgreSQL an operation's first audit row is a row of the one chain and
 every later row follows that operation's own last row, so answers to
@@ -30,14 +30,14 @@ import psycopg
 import pytest
 
 from harness import database_in, db_rows, db_write, error_text, make_harness
-from pollwarden.audit import CHAIN, OPERATION_LINK, SEAL_KIND, canonical_json, read_rows, row_hash
-from pollwarden.audit_entry import ChainHead, chain_row
-from pollwarden.audit_verify import rekey_chain, verify_chain
-from pollwarden.errors import AuditKeyError, StoreError
-from pollwarden.server import controller_factory, seal_moved_chains, seal_periodically
+from pollwarden.audit.chain import CHAIN, OPERATION_LINK, SEAL_KIND, canonical_json, read_rows, row_hash
+from pollwarden.audit.entry import ChainHead, chain_row
+from pollwarden.audit.verify import rekey_chain, verify_chain
+from pollwarden.core.errors import AuditKeyError, StoreError
 from pollwarden.store import DatabaseLocation, Engine, open_store
 from pollwarden.store.migrations import postgres as schema
 from pollwarden.store.postgres.engine import PostgresStore
+from pollwarden.surface.server import controller_factory, seal_moved_chains, seal_periodically
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]

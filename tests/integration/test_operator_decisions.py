@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from harness import Harness, Operator, db_rows, db_write, make_harness, make_operator, view
-from pollwarden.audit import read_rows
-from pollwarden.audit_story import render_story
-from pollwarden.clock import FakeClock
-from pollwarden.operator_keys import REQUIRE_ENV, load_operator_key
+from pollwarden.access.operator_keys import REQUIRE_ENV, load_operator_key
+from pollwarden.audit.chain import read_rows
+from pollwarden.audit.story import render_story
+from pollwarden.core.clock import FakeClock
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import pollwarden_cli
 

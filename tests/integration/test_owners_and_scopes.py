@@ -19,11 +19,11 @@ from mcp.client import Client, ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import db_rows, db_snapshot, make_harness, view
-from pollwarden.audit import read_rows
-from pollwarden.auth import TokenFileVerifier, hash_token
-from pollwarden.operator_keys import OperatorPolicy
-from pollwarden.principals import PrincipalLogFilter
-from pollwarden.untrusted import OneLineFormatter
+from pollwarden.access.auth import TokenFileVerifier, hash_token
+from pollwarden.access.operator_keys import OperatorPolicy
+from pollwarden.access.principals import PrincipalLogFilter
+from pollwarden.audit.chain import read_rows
+from pollwarden.core.untrusted import OneLineFormatter
 from tests.integration.test_http_auth import AGENT, OPERATOR, Served, add_token, served
 from tests.support.auth_helpers import bearer_client
 from tests.support.fake_provider import FakeProvider, failed, pending, succeeded

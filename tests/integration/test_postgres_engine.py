@@ -22,17 +22,17 @@ import pytest
 from psycopg import ClientCursor
 
 from harness import database_in, db_rows, db_write, make_harness
-from pollwarden.audit import GENESIS_HASH, AuditKeyError, export_jsonl, read_rows, row_hash
-from pollwarden.audit_verify import rekey_chain, verify_chain
+from pollwarden.audit.chain import GENESIS_HASH, AuditKeyError, export_jsonl, read_rows, row_hash
+from pollwarden.audit.verify import rekey_chain, verify_chain
 from pollwarden.config import load_config
-from pollwarden.errors import ConfigError, StoreError
-from pollwarden.server import controller_factory
+from pollwarden.core.errors import ConfigError, StoreError
 from pollwarden.store import Engine, open_store
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.migrations import postgres as schema
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Pool
 from pollwarden.store.postgres.engine import PostgresStore
+from pollwarden.surface.server import controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]

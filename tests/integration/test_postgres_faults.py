@@ -22,8 +22,8 @@ from mcp.client import Client
 
 from harness import error_text, make_harness, merge, track, view, write_table
 from pg_support import Cluster, with_options
-from pollwarden.server import build_server, controller_factory
 from pollwarden.store import DatabaseLocation
+from pollwarden.surface.server import build_server, controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres_only, pytest.mark.slow]

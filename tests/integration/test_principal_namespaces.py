@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from harness import error_text, make_harness, view
-from pollwarden.auth import EitherVerifier, JwtVerifier, TokenFileVerifier
-from pollwarden.errors import ConfigError
-from pollwarden.principals import principal_name_problem
+from pollwarden.access.auth import EitherVerifier, JwtVerifier, TokenFileVerifier
+from pollwarden.access.principals import principal_name_problem
+from pollwarden.core.errors import ConfigError
 from tests.integration.test_http_auth import AGENT, FAST, Now, add_token, served
 from tests.support.auth_helpers import Issuer, SigningKey, bearer_client, serving
 from tests.support.fake_provider import FakeProvider, pending

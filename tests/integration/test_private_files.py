@@ -17,8 +17,8 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from harness import error_text, make_harness, view, write_table
-from pollwarden.errors import StoreError
-from pollwarden.files import prepare_database_file, private_file_problem, write_private_file
+from pollwarden.core.errors import StoreError
+from pollwarden.core.files import prepare_database_file, private_file_problem, write_private_file
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import call, pollwarden_cli, stdio_server
 

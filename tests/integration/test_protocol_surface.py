@@ -32,8 +32,8 @@ from mcp_types import (
 )
 
 from harness import Harness, make_harness, track, view
-from pollwarden.protocol import surface_middleware
-from pollwarden.watch import Subscriptions, Watched, changed, parse_uri, watch_key
+from pollwarden.surface.protocol import surface_middleware
+from pollwarden.surface.watch import Subscriptions, Watched, changed, parse_uri, watch_key
 from tests.integration.test_restart_and_transports import (
     FAST,
     child_env,

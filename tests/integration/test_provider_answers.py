@@ -16,8 +16,8 @@ import pytest
 
 from harness import Harness, full_delays, make_harness, track
 from harness import check as check_once
-from pollwarden.audit import read_rows
-from pollwarden.timefmt import iso, parse_iso
+from pollwarden.audit.chain import read_rows
+from pollwarden.core.timefmt import iso, parse_iso
 from pollwarden_providers.interpret import MAX_PROVIDER_TEXT, parse_retry_after
 from tests.support.fake_provider import FakeProvider, Step, failed, http, pending
 

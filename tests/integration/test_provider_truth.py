@@ -25,7 +25,7 @@ from harness import (
     track,
     view,
 )
-from pollwarden.clock import FakeClock
+from pollwarden.core.clock import FakeClock
 from pollwarden_providers import ProviderTable, TableError, load_table, shipped_tables_dir
 from tests.support.fake_provider import FakeProvider, Step, http, pending, succeeded
 

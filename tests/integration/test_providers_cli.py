@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import base_table, merge, table_toml
-from pollwarden.cli import main
+from pollwarden.cli.main import main
 from pollwarden_providers import shipped_samples_dir
 from tests.support.live import pollwarden_cli
 

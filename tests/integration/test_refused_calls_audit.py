@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from harness import check, full_delays, make_harness, track
-from pollwarden.audit import read_rows
-from pollwarden.audit_story import render_story
+from pollwarden.audit.chain import read_rows
+from pollwarden.audit.story import render_story
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import audit_verify, pollwarden_cli
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from harness import Harness, error_text, make_harness, make_operator, view
-from pollwarden.audit import read_rows
-from pollwarden.clock import FakeClock
-from pollwarden.operator_keys import REQUIRE_ENV, DecisionFacts, load_operator_key
+from pollwarden.access.operator_keys import REQUIRE_ENV, DecisionFacts, load_operator_key
+from pollwarden.audit.chain import read_rows
+from pollwarden.core.clock import FakeClock
 from tests.integration.test_operator_decisions import at_terminal, cli
 from tests.support.fake_provider import FakeProvider, Step, http, pending
 

@@ -26,8 +26,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, TextResourceContents
 
 from harness import Harness, db_rows, error_text, full_delays, make_harness, view, write_table
-from pollwarden.clock import FakeClock
-from pollwarden.schedule import wait_bound
+from pollwarden.core.clock import FakeClock
+from pollwarden.rules.schedule import wait_bound
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
 from tests.support.ports import free_port
 

@@ -19,8 +19,8 @@ from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, make_harness, make_operator, view
-from pollwarden.audit import read_rows
-from pollwarden.clock import FakeClock
+from pollwarden.audit.chain import read_rows
+from pollwarden.core.clock import FakeClock
 from tests.support.fake_provider import FakeProvider, Step, failed, pending
 
 pytestmark = pytest.mark.anyio

@@ -18,7 +18,7 @@ import pytest
 from mcp_types import CallToolResult
 
 from harness import Harness, db_rows, error_text, make_harness, view
-from pollwarden.audit import export_jsonl
+from pollwarden.audit.chain import export_jsonl
 from tests.support.fake_provider import FakeProvider, Step, failed, http, pending
 
 pytestmark = pytest.mark.anyio

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from harness import Harness, SteppedRandom, view
-from pollwarden.clock import FakeClock
-from pollwarden.table_check import preview_answer, read_sample
-from pollwarden.timefmt import parse_iso
+from pollwarden.core.clock import FakeClock
+from pollwarden.core.timefmt import parse_iso
+from pollwarden.provider_io.table_check import preview_answer, read_sample
 from pollwarden_providers import ProviderTable, load_tables, shipped_samples_dir, shipped_tables_dir
 from tests.support.fake_provider import FakeProvider, Step
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from harness import check, make_harness, track
-from pollwarden.errors import StoreError
-from pollwarden.server import controller_factory
+from pollwarden.core.errors import StoreError
+from pollwarden.core.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from pollwarden.store import open_store, statements
 from pollwarden.store.migrations.sqlite import LATEST, MIGRATIONS, split_sql
 from pollwarden.store.sqlite import sql as sqlite_sql
 from pollwarden.store.sqlite.engine import SQLiteStore
-from pollwarden.vocabulary import Category, DelaySource, Outcome, Status, StopReason
+from pollwarden.surface.server import controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # PostgreSQL: test_postgres_engine.py

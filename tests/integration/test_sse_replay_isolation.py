@@ -21,10 +21,10 @@ import pytest
 from mcp_types import JSONRPCMessage, JSONRPCNotification, JSONRPCResponse
 
 from harness import Harness, make_harness, write_table
-from pollwarden.auth import AuthOptions, TokenFileVerifier, auth_settings
-from pollwarden.event_store import SessionEventStores
-from pollwarden.http_serve import HttpOptions, transport_security
-from pollwarden.server import PollwardenServer, build_server, controller_factory
+from pollwarden.access.auth import AuthOptions, TokenFileVerifier, auth_settings
+from pollwarden.surface.event_store import SessionEventStores
+from pollwarden.surface.http_serve import HttpOptions, transport_security
+from pollwarden.surface.server import PollwardenServer, build_server, controller_factory
 from tests.integration.test_http_auth import AGENT, add_token
 from tests.support.auth_helpers import bearer_client, serving
 from tests.support.fake_provider import FakeProvider, pending

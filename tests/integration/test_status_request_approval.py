@@ -23,13 +23,13 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import Harness, acme_refusal, acme_table, make_harness, make_operator, view
-from pollwarden.audit import read_rows
-from pollwarden.clock import FakeClock
-from pollwarden.records import ApprovalRecord
-from pollwarden.server import controller_factory
-from pollwarden.status_approval import StatusRequestFlow, plan
+from pollwarden.audit.chain import read_rows
+from pollwarden.core.clock import FakeClock
+from pollwarden.core.records import ApprovalRecord
+from pollwarden.core.vocabulary import ApprovalStatus
+from pollwarden.flows.status_approval import StatusRequestFlow, plan
 from pollwarden.store import Store
-from pollwarden.vocabulary import ApprovalStatus
+from pollwarden.surface.server import controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""One stop policy: the store's SQL guards state exactly the conditions `pollwarden.stop` decides by.
+"""One stop policy: the store's SQL guards state exactly the conditions `pollwarden.rules.stop` decides by.
 
 For drawn records and times (edges included: a time equal to a deadline, the
 last status request), each engine's real database, migrated by the store,
@@ -21,12 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import database_in, operation_record
-from pollwarden import stop
-from pollwarden.gate import may_reserve
-from pollwarden.records import OPERATION_COLUMNS, OperationRecord
+from pollwarden.core.records import OPERATION_COLUMNS, OperationRecord
+from pollwarden.core.vocabulary import Status, StopReason
+from pollwarden.rules import stop
+from pollwarden.rules.gate import may_reserve
 from pollwarden.store import DatabaseLocation, open_store, statements
 from pollwarden.store.postgres import sql as postgres_sql
-from pollwarden.vocabulary import Status, StopReason
 
 pytestmark = pytest.mark.both_engines
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness import Harness, check, make_harness, track, view
-from pollwarden.timefmt import iso
+from pollwarden.core.timefmt import iso
 from tests.support.fake_provider import FakeProvider, Step, drop_connection, failed, http, pending, succeeded
 
 pytestmark = pytest.mark.anyio

@@ -14,10 +14,10 @@ import anyio
 import pytest
 
 from harness import Harness, db_rows, error_text, make_harness, view, write_table
-from pollwarden.audit import read_rows
-from pollwarden.job_identity import account_context_of, fingerprint
-from pollwarden.provider_http import HttpLimits
-from pollwarden.server import controller_factory
+from pollwarden.audit.chain import read_rows
+from pollwarden.provider_io.provider_http import HttpLimits
+from pollwarden.rules.job_identity import account_context_of, fingerprint
+from pollwarden.surface.server import controller_factory
 from pollwarden_providers.loader import load_table
 from tests.support.fake_provider import (
     FakeProvider,

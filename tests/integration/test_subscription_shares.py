@@ -12,8 +12,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from harness import Harness, make_harness, track
-from pollwarden.server import build_server, controller_factory
-from pollwarden.watch import Subscriptions
+from pollwarden.surface.server import build_server, controller_factory
+from pollwarden.surface.watch import Subscriptions
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio

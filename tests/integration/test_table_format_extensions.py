@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from harness import acme_refusal, acme_table, check, make_harness, track, view
-from pollwarden.decide import ProviderAnswer
-from pollwarden.table_check import preview_answer
-from pollwarden.timefmt import iso
+from pollwarden.core.timefmt import iso
+from pollwarden.provider_io.table_check import preview_answer
+from pollwarden.rules.status_answer import ProviderAnswer
 from pollwarden_providers import ProviderTable, TableError
 from pollwarden_providers.interpret import read_status_body
 from pollwarden_providers.request_building import job_id_from_location, split_job_id, status_url

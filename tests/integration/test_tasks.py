@@ -17,10 +17,10 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from harness import Harness, db_rows, make_harness, view, write_table
-from pollwarden.auth import AuthOptions, TokenFileVerifier, auth_settings
-from pollwarden.http_serve import HttpOptions, transport_security
-from pollwarden.operator_keys import OperatorPolicy
-from pollwarden.server import build_server, controller_factory
+from pollwarden.access.auth import AuthOptions, TokenFileVerifier, auth_settings
+from pollwarden.access.operator_keys import OperatorPolicy
+from pollwarden.surface.http_serve import HttpOptions, transport_security
+from pollwarden.surface.server import build_server, controller_factory
 from tests.integration.test_http_auth import AGENT, add_token
 from tests.support.auth_helpers import bearer_client, serving
 from tests.support.fake_provider import FakeProvider, pending, succeeded

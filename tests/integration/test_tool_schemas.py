@@ -15,7 +15,7 @@ import pytest
 from mcp.client import Client
 
 from harness import check, make_harness, track
-from pollwarden.server import build_server, controller_factory
+from pollwarden.surface.server import build_server, controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import write_table
 

@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from harness import check, make_harness, track
-from pollwarden import decision_log
-from pollwarden.cli import log_handler
+from pollwarden.cli.main import log_handler
+from pollwarden.ops import decision_log
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio

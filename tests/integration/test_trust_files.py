@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness import make_operator
-from pollwarden.auth import TokenFileVerifier, hash_token
-from pollwarden.errors import ConfigError
-from pollwarden.operator_keys import load_public_keys
+from pollwarden.access.auth import TokenFileVerifier, hash_token
+from pollwarden.access.operator_keys import load_public_keys
+from pollwarden.core.errors import ConfigError
 from tests.integration.test_http_auth import AGENT, OPERATOR, add_token
 
 pytestmark = pytest.mark.anyio

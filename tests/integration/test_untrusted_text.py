@@ -22,10 +22,10 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import db_rows, db_write, make_harness, view
-from pollwarden.audit import read_rows
-from pollwarden.audit_story import render_story
-from pollwarden.clock import FakeClock
-from pollwarden.untrusted import escape_controls, quoted
+from pollwarden.audit.chain import read_rows
+from pollwarden.audit.story import render_story
+from pollwarden.core.clock import FakeClock
+from pollwarden.core.untrusted import escape_controls, quoted
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import write_table
 

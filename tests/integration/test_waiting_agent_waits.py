@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from harness import db_rows, make_harness, track, view
-from pollwarden.clock import FakeClock
+from pollwarden.core.clock import FakeClock
 from pollwarden.store import open_store
 from tests.support.fake_provider import FakeProvider, pending, succeeded
 

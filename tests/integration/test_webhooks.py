@@ -24,13 +24,11 @@ import pytest
 import uvicorn
 
 from harness import Harness, check, db_rows, make_harness, merge, track, view
-from pollwarden.audit import read_rows
-from pollwarden.audit_story import render_story
-from pollwarden.clock import Clock, SystemClock
-from pollwarden.http_serve import HttpOptions, transport_security
-from pollwarden.store import open_store
-from pollwarden.timefmt import parse_iso
-from pollwarden.webhooks import (
+from pollwarden.audit.chain import read_rows
+from pollwarden.audit.story import render_story
+from pollwarden.core.clock import Clock, SystemClock
+from pollwarden.core.timefmt import parse_iso
+from pollwarden.provider_io.webhooks import (
     TOLERANCE_SECONDS,
     WebhookReceiver,
     github_signature,
@@ -38,6 +36,8 @@ from pollwarden.webhooks import (
     sample_event,
     standard_signature_headers,
 )
+from pollwarden.store import open_store
+from pollwarden.surface.http_serve import HttpOptions, transport_security
 from pollwarden_providers import load_table, load_tables, shipped_samples_dir, shipped_tables_dir
 from pollwarden_providers.webhook import read_event
 from tests.support.fake_provider import FakeProvider, pending, succeeded

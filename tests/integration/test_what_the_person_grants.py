@@ -17,8 +17,8 @@ from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from harness import check, make_harness, track, view
-from pollwarden.audit import read_rows
-from pollwarden.timefmt import iso, parse_iso
+from pollwarden.audit.chain import read_rows
+from pollwarden.core.timefmt import iso, parse_iso
 from tests.support.fake_provider import FakeProvider, http, pending
 
 pytestmark = pytest.mark.anyio

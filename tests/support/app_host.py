@@ -27,7 +27,7 @@ from mcp.client.extension import advertise
 from mcp_types import CallToolResult
 from playwright.async_api import BrowserContext, Frame, Page
 
-from pollwarden.app_card import CARD_URI
+from pollwarden.surface.app_card import CARD_URI
 from tests.support.browser import chromium
 
 HOST_DIR = Path(__file__).resolve().parents[2] / "clients" / "app-host"

@@ -22,7 +22,7 @@ from pathlib import Path
 from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 
-from pollwarden.steps import CheckStep
+from pollwarden.flows.check_hooks import CheckStep
 from tests.support.fake_provider import pending
 from tests.support.live import (
     Database,

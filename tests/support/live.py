@@ -31,10 +31,10 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
 from pollwarden.config import ServerConfig
-from pollwarden.server import ControllerFactory, build_server, controller_factory
-from pollwarden.steps import CheckStep
+from pollwarden.core.vocabulary import Status, StopReason
+from pollwarden.flows.check_hooks import CheckStep
 from pollwarden.store import DatabaseLocation
-from pollwarden.vocabulary import Status, StopReason
+from pollwarden.surface.server import ControllerFactory, build_server, controller_factory
 from pollwarden_providers.loader import load_table
 from pollwarden_providers.table import ProviderTable
 from tests.support.fake_provider import Step, pending

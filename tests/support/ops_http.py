@@ -10,10 +10,10 @@ import httpx2
 import uvicorn
 
 from harness import Harness
-from pollwarden.health import ops_routes
-from pollwarden.http_serve import HttpOptions, transport_security
+from pollwarden.ops.health import ops_routes
+from pollwarden.provider_io.webhooks import WebhookReceiver, receiver_app
 from pollwarden.store import open_store
-from pollwarden.webhooks import WebhookReceiver, receiver_app
+from pollwarden.surface.http_serve import HttpOptions, transport_security
 from pollwarden_providers import load_tables
 from tests.support.live import write_table
 

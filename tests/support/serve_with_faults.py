@@ -6,7 +6,7 @@
 Takes every `pollwarden serve` flag, plus (before `serve`):
 
 * ``--fault-step STEP``: SIGKILL this process when a status check reaches STEP
-  (one of `pollwarden.steps.CHECK_STEPS`), through the controller's step hook;
+  (one of `pollwarden.flows.check_hooks.CHECK_STEPS`), through the controller's step hook;
 * ``--lease-seconds N``: the lease on one in-flight request, shortened so a
   recovery after the crash is seen in seconds.
 
@@ -24,9 +24,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from pollwarden.cli import build_parser, serve_config, setup_logging
-from pollwarden.server import build_server, controller_factory
-from pollwarden.steps import CHECK_STEPS, CheckStep, StepHook, ignore_step
+from pollwarden.cli.main import build_parser, serve_config, setup_logging
+from pollwarden.flows.check_hooks import CHECK_STEPS, CheckStep, StepHook, ignore_step
+from pollwarden.surface.server import build_server, controller_factory
 
 HOOK_LINE = "fault hook: SIGKILL at {step} (pid {pid})"
 

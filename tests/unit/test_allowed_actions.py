@@ -6,9 +6,9 @@ import pytest
 
 from harness import operation_record, provider_table
 from pollwarden.config import ExtensionCaps
-from pollwarden.extensions import plan_extension
-from pollwarden.records import status_for
-from pollwarden.views import allowed_actions, operation_view
+from pollwarden.core.records import status_for
+from pollwarden.rules.extensions import plan_extension
+from pollwarden.surface.views import allowed_actions, operation_view
 from pollwarden_providers.table import ProviderTable
 
 EXPECTED: dict[str, tuple[list[str], list[str]]] = {

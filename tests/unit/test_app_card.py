@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pollwarden.app_card import APP_ONLY_TOOLS, app_channel_refusal, plain_tool_list
+from pollwarden.access.operator_keys import METHOD_APP, DecisionFacts, OperatorPolicy, authenticate
+from pollwarden.access.principals import LOCAL, Principal
 from pollwarden.config import ServerConfig, load_config
-from pollwarden.errors import ConfigError
-from pollwarden.operator_keys import METHOD_APP, DecisionFacts, OperatorPolicy, authenticate
-from pollwarden.principals import LOCAL, Principal
+from pollwarden.core.errors import ConfigError
 from pollwarden.store import DatabaseLocation
+from pollwarden.surface.app_card import APP_ONLY_TOOLS, app_channel_refusal, plain_tool_list
 
 DB = DatabaseLocation.sqlite(Path("/nonexistent/pollwarden.db"))
 AGENT = Principal("agent-1", operator=False, authenticated=True)

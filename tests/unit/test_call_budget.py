@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pollwarden.config import MAX_WAIT_SECONDS
-from pollwarden.provider_http import HttpLimits
-from pollwarden.schedule import (
+from pollwarden.provider_io.provider_http import HttpLimits
+from pollwarden.rules.schedule import (
     CALL_BUDGET_SECONDS,
     CALL_MARGIN_SECONDS,
     CLIENT_REQUEST_TIMEOUT_SECONDS,

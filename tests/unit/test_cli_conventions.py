@@ -13,9 +13,9 @@ import re
 
 import pollwarden
 import pollwarden_providers
-from pollwarden import errors
-from pollwarden.cli import build_parser
-from pollwarden.errors import PollwardenError
+from pollwarden.cli.main import build_parser
+from pollwarden.core import errors
+from pollwarden.core.errors import PollwardenError
 
 
 def _product_exceptions() -> list[type[BaseException]]:

@@ -10,12 +10,12 @@ import json
 import pytest
 
 from harness import operation_record
-from pollwarden.audit import AuditRow
+from pollwarden.audit.chain import AuditRow
 from pollwarden.console.charts import DELAY_SOURCE_WORDS, legend_shapes, pace_chart, timeline
 from pollwarden.console.reading import deadline_words, next_check_words, relative, span, summary
+from pollwarden.core.timefmt import iso
+from pollwarden.core.vocabulary import Status
 from pollwarden.store.browse import first_seq_at_or_after, search_sync
-from pollwarden.timefmt import iso
-from pollwarden.vocabulary import Status
 
 
 def test_the_pace_chart_averages_each_minute_and_finds_the_busiest_second() -> None:

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from harness import SteppedRandom, operation_record, polling_record, provider_table
-from pollwarden.decide import (
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.vocabulary import DelaySource, Status, StopReason
+from pollwarden.rules.status_answer import (
     NoAnswer,
     ProviderAnswer,
     StatusClass,
@@ -24,9 +26,12 @@ from pollwarden.decide import (
     decide_after_response,
     sort_status,
 )
-from pollwarden.decide_submit import SendSubmission, SubmitOutcome, decide_after_submit, decide_before_submit
-from pollwarden.records import OperationRecord
-from pollwarden.vocabulary import DelaySource, Status, StopReason
+from pollwarden.rules.submit_answer import (
+    SendSubmission,
+    SubmitOutcome,
+    decide_after_submit,
+    decide_before_submit,
+)
 
 NOW = 1500.0  # the answer's arrival; the record started at 1000.0 and its deadline is 3400.0
 RATE_LIMIT_TABLE = {"rate_limit": {"remaining_header": "x-ratelimit-remaining"}}

@@ -6,13 +6,13 @@ The end-to-end checks (a signed webhook after a 503, a slow provider): tests/int
 from __future__ import annotations
 
 from harness import SteppedRandom, operation_record, provider_table
-from pollwarden.decide import NoAnswer, ProviderAnswer, decide_after_response
-from pollwarden.extensions import ExtensionPlan, extension_changes
-from pollwarden.gate import Step, decide_check, may_reserve
-from pollwarden.job_identity import reopen_next_check_at
-from pollwarden.records import OperationRecord
-from pollwarden.schedule import after_timeout, earliest_allowed, not_before, plan_next_check
-from pollwarden.vocabulary import DelaySource, Status, StopReason
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.vocabulary import DelaySource, Status, StopReason
+from pollwarden.rules.extensions import ExtensionPlan, extension_changes
+from pollwarden.rules.gate import Step, decide_check, may_reserve
+from pollwarden.rules.job_identity import reopen_next_check_at
+from pollwarden.rules.schedule import after_timeout, earliest_allowed, not_before, plan_next_check
+from pollwarden.rules.status_answer import NoAnswer, ProviderAnswer, decide_after_response
 
 TABLE = provider_table({"schedule": {"base_delay_seconds": 8, "max_delay_seconds": 120}})
 

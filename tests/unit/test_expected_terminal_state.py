@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from harness import base_table, merge, operation_record
-from pollwarden.decide import ProviderAnswer, decide_after_response
-from pollwarden.job_identity import expected_terminal_state_of
+from pollwarden.rules.job_identity import expected_terminal_state_of
+from pollwarden.rules.status_answer import ProviderAnswer, decide_after_response
 from pollwarden_providers.table import ProviderTable
 
 RECORD = operation_record(status="waiting", stop_reason=None, stopped_at=None, status_requests_used=2)

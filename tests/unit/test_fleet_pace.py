@@ -1,8 +1,8 @@
-"""The fleet pace's rule (`pollwarden.fleet_pace`), step by step on numbers."""
+"""The fleet pace's rule (`pollwarden.rules.fleet_pace`), step by step on numbers."""
 
 from __future__ import annotations
 
-from pollwarden.fleet_pace import PaceBucket, decide_pace, slot_hold_seconds
+from pollwarden.rules.fleet_pace import PaceBucket, decide_pace, slot_hold_seconds
 
 RATE = 5.0  # one slot every 0.2 s
 BURST = 1

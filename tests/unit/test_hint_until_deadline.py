@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 
 from harness import SteppedRandom, polling_record, provider_table
-from pollwarden.decide import ProviderAnswer, decide_after_response
-from pollwarden.records import OperationRecord
-from pollwarden.schedule import plan_next_check
-from pollwarden.views import operation_view
-from pollwarden.vocabulary import DelaySource, Status, StopReason
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.vocabulary import DelaySource, Status, StopReason
+from pollwarden.rules.schedule import plan_next_check
+from pollwarden.rules.status_answer import ProviderAnswer, decide_after_response
+from pollwarden.surface.views import operation_view
 
 NOW = 1100.0  # the record's deadline (3400.0) is 2,300 s away
 

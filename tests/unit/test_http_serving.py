@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pollwarden.errors import ConfigError
-from pollwarden.http_serve import HttpOptions, is_loopback, transport_security
+from pollwarden.core.errors import ConfigError
+from pollwarden.surface.http_serve import HttpOptions, is_loopback, transport_security
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "127.255.255.254", "::1", "[::1]", "localhost"])

@@ -16,11 +16,11 @@ import pytest
 
 from harness import operation_record, provider_table
 from pollwarden.config import ExtensionCaps
-from pollwarden.extensions import offered_extension_refusal, plan_extension
-from pollwarden.records import OperationRecord
-from pollwarden.timefmt import parse_iso
-from pollwarden.views import OperationView, allowed_actions, operation_view, suggested_extension
-from pollwarden.vocabulary import StopReason, status_for
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.timefmt import parse_iso
+from pollwarden.core.vocabulary import StopReason, status_for
+from pollwarden.rules.extensions import offered_extension_refusal, plan_extension
+from pollwarden.surface.views import OperationView, allowed_actions, operation_view, suggested_extension
 
 NOW = 1600.0
 CAPS = ExtensionCaps()

@@ -1,8 +1,8 @@
-"""Which stored operation an operator's name means (`pollwarden.operation_names`)."""
+"""Which stored operation an operator's name means (`pollwarden.access.operation_names`)."""
 
 from __future__ import annotations
 
-from pollwarden.operation_names import owner_pattern, resolve_name
+from pollwarden.access.operation_names import owner_pattern, resolve_name
 
 
 def test_the_stored_id_as_given_wins_over_an_owned_one_of_the_same_name() -> None:

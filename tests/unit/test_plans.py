@@ -11,13 +11,9 @@ from typing import Any
 import pytest
 
 from harness import operation_record
-from pollwarden.audit_entry import NO_REFUSALS, PendingRefusals
-from pollwarden.fleet_pace import PaceBucket, PaceVerdict
-from pollwarden.gate import GateDecision, Step
-from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
-from pollwarden.store import plans
-from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, SetPace, Update
-from pollwarden.vocabulary import (
+from pollwarden.audit.entry import NO_REFUSALS, PendingRefusals
+from pollwarden.core.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.core.vocabulary import (
     ApprovalKind,
     ApprovalStatus,
     DelaySource,
@@ -27,6 +23,10 @@ from pollwarden.vocabulary import (
     Status,
     StopReason,
 )
+from pollwarden.rules.fleet_pace import PaceBucket, PaceVerdict
+from pollwarden.rules.gate import GateDecision, Step
+from pollwarden.store import plans
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, SetPace, Update
 from pollwarden_providers.table_limits import FleetSpec
 
 NOW = 2000.0

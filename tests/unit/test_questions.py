@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pollwarden.questions import (
+from pollwarden.rules.questions import (
     ASK_AGAIN_AFTER_SECONDS,
     MAX_QUESTIONS_PER_OPERATION,
     Ask,

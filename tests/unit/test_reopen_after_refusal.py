@@ -6,7 +6,7 @@ The checks on real files, servers and processes: tests/integration/test_reopen_a
 from __future__ import annotations
 
 from harness import operation_record
-from pollwarden.job_identity import reopen_next_check_at
+from pollwarden.rules.job_identity import reopen_next_check_at
 
 
 def test_a_reopened_operation_never_sends_before_a_retry_after_still_in_force() -> None:

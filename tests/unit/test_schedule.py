@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from harness import SteppedRandom
-from pollwarden.schedule import (
+from pollwarden.rules.schedule import (
     HINT_FLOOR_FRACTION,
     first_check_at,
     jittered_delay,

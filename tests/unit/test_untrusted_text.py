@@ -5,7 +5,7 @@ The checks on real files, servers and processes: tests/integration/test_untruste
 
 from __future__ import annotations
 
-from pollwarden.untrusted import escape_controls, one_line, quoted
+from pollwarden.core.untrusted import escape_controls, one_line, quoted
 
 
 def test_a_plain_token_is_shown_as_it_is() -> None:

@@ -13,8 +13,8 @@ import os
 import stat
 from pathlib import Path
 
-from pollwarden.audit import Anchor, AuditError, anchor_from_text
-from pollwarden.untrusted import quoted
+from pollwarden.audit.chain import Anchor, AuditError, anchor_from_text
+from pollwarden.core.untrusted import quoted
 
 __all__ = ["MAX_ANCHOR_BYTES", "read_named_anchor"]
 

@@ -18,8 +18,8 @@ whose only script is the console's own file (``script-src 'self'``: it
 refreshes the page in place and shows local times), ``frame-ancestors 'none'``
 and ``nosniff``; the Host
 header is checked (DNS rebinding). Every value a provider or an agent wrote
-is escaped by the templates, put on one line (`pollwarden.untrusted`) and
-marked as untrusted. Decisions call `pollwarden.operator_decision.decide`,
+is escaped by the templates, put on one line (`pollwarden.core.untrusted`) and
+marked as untrusted. Decisions call `pollwarden.flows.operator_decision.decide`,
 as ``pollwarden approve``/``deny`` do.
 """
 
@@ -50,24 +50,24 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pollwarden.approvals import describe_request
-from pollwarden.audit import Anchor, AuditError, audit_operation_ids, export_jsonl
-from pollwarden.audit_story import render_story
-from pollwarden.audit_verify import VerifyResult, describe_mode, verify_chain
-from pollwarden.clock import Clock, SystemClock
+from pollwarden.access.operation_names import resolve_name
+from pollwarden.access.operator_keys import METHOD_CONSOLE, METHOD_HTTP_OPERATOR, OperatorKey
+from pollwarden.audit.chain import Anchor, AuditError, audit_operation_ids, export_jsonl
+from pollwarden.audit.story import render_story
+from pollwarden.audit.verify import VerifyResult, describe_mode, verify_chain
 from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console import bearer, charts, reading
 from pollwarden.console.anchors import read_named_anchor
-from pollwarden.health import ops_routes
-from pollwarden.operation_names import resolve_name
-from pollwarden.operator_decision import decide
-from pollwarden.operator_keys import METHOD_CONSOLE, METHOD_HTTP_OPERATOR, OperatorKey
-from pollwarden.records import OperationRecord
+from pollwarden.core.clock import Clock, SystemClock
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.timefmt import iso, to_datetime
+from pollwarden.core.untrusted import one_line, quoted
+from pollwarden.core.vocabulary import Status, StopReason
+from pollwarden.flows.approvals import describe_request
+from pollwarden.flows.operator_decision import decide
+from pollwarden.ops.health import ops_routes
 from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
-from pollwarden.timefmt import iso, to_datetime
-from pollwarden.untrusted import one_line, quoted
-from pollwarden.views import human_duration, operation_view
-from pollwarden.vocabulary import Status, StopReason
+from pollwarden.surface.views import human_duration, operation_view
 from pollwarden_providers.table import ProviderTable
 
 __all__ = [

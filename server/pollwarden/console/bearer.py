@@ -14,7 +14,7 @@ import logging
 from mcp.server.auth.provider import TokenVerifier
 from starlette.responses import PlainTextResponse, Response
 
-from pollwarden.principals import SCOPE_OPERATOR
+from pollwarden.access.principals import SCOPE_OPERATOR
 
 __all__ = ["judge"]
 

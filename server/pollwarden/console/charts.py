@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from pollwarden.audit import AuditRow
-from pollwarden.records import OperationRecord
-from pollwarden.timefmt import iso, to_datetime
-from pollwarden.untrusted import quoted
+from pollwarden.audit.chain import AuditRow
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.timefmt import iso, to_datetime
+from pollwarden.core.untrusted import quoted
 
 __all__ = [
     "DELAY_SOURCE_WORDS",

@@ -28,16 +28,16 @@ from pathlib import Path
 import anyio
 import uvicorn
 
-from pollwarden.audit import audit_key_from_env
-from pollwarden.cli_options import add_database_options, with_examples, writable_existing_database
+from pollwarden.access.operator_keys import PUBKEYS_ENV
+from pollwarden.access.person_gate import Deciding, operator_key_for, require_person
+from pollwarden.access.principals import SCOPE_OPERATOR
+from pollwarden.audit.chain import audit_key_from_env
+from pollwarden.cli.options import add_database_options, with_examples, writable_existing_database
+from pollwarden.cli.policy import deciding_config
 from pollwarden.config import default_db_path, load_config, load_provider_tables
-from pollwarden.errors import ConfigError
-from pollwarden.files import write_private_file
-from pollwarden.http_serve import GuardedH11Protocol, HttpOptions, transport_security
-from pollwarden.operator_keys import PUBKEYS_ENV
-from pollwarden.person_gate import Deciding, operator_key_for, require_person
-from pollwarden.policy_cli import deciding_config
-from pollwarden.principals import SCOPE_OPERATOR
+from pollwarden.core.errors import ConfigError
+from pollwarden.core.files import write_private_file
+from pollwarden.surface.http_serve import GuardedH11Protocol, HttpOptions, transport_security
 
 __all__ = ["DEFAULT_PORT", "add_console_command", "bind", "running_console", "uvicorn_config"]
 
@@ -142,7 +142,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         require_person(config, DECIDING)
     verifier = None
     if args.auth_tokens:
-        from pollwarden.auth import TokenFileVerifier
+        from pollwarden.access.auth import TokenFileVerifier
 
         verifier = TokenFileVerifier(Path(args.auth_tokens).expanduser())  # refuses a wrong or empty file
     settings = ConsoleSettings(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pollwarden.records import ApprovalRecord, OperationRecord
-from pollwarden.untrusted import quoted
+from pollwarden.core.records import ApprovalRecord, OperationRecord
+from pollwarden.core.untrusted import quoted
 
 __all__ = [
     "Needs",

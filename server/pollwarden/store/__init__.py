@@ -20,10 +20,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Protocol
 
-from pollwarden.approval_policy import ApprovalPolicy
-from pollwarden.audit import AuditRow
-from pollwarden.errors import StoreError
-from pollwarden.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
+from pollwarden.access.approval_policy import ApprovalPolicy
+from pollwarden.audit.chain import AuditRow
+from pollwarden.core.errors import StoreError
+from pollwarden.core.records import ApprovalRecord, CheckStart, FollowupRecord, OperationRecord, WakeResult
 from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation, Engine
 from pollwarden.store.sqlite.engine import open_sqlite
@@ -156,7 +156,7 @@ class Store(Protocol):
         `needs_person`: providers whose every status request a person approves, and none approved
         this call: where a request would go out, the gate answers NEEDS_PERSON and nothing is written.
 
-        Loads the operation, lets `pollwarden.gate.decide_check` decide, and
+        Loads the operation, lets `pollwarden.rules.gate.decide_check` decide, and
         writes that: a counted refusal (not_yet, stopped), a stop before any
         request (deadline, budget), or the reservation (the request counted and
         the lease taken, or a fleet slot booked), guarded by the same conditions.
@@ -194,7 +194,7 @@ class Store(Protocol):
     ) -> tuple[OperationRecord, bool]:
         """Insert the record (and its first audit row) unless the id or the job exists; (record, created).
 
-        One job, one budget (`pollwarden.job_identity`): when the job (provider,
+        One job, one budget (`pollwarden.rules.job_identity`): when the job (provider,
         account context, provider job id) already has an operation, that one is
         returned, with an `operation_id` other than the one asked for. Atomic
         across processes: two starts of one job make one operation.
@@ -333,7 +333,7 @@ class Store(Protocol):
         a replay, nothing changes. Otherwise the id is remembered and every operation
         on the job that is waiting, not on a booked fleet slot, not in flight and before
         its deadline gets `next_check_at` = now, or its `not_before_at` if later
-        (`pollwarden.schedule.not_before`), when that is earlier than planned (audited
+        (`pollwarden.rules.schedule.not_before`), when that is earlier than planned (audited
         as `woken_by_webhook`). Nothing else ever changes.
         """
         ...
@@ -347,7 +347,7 @@ class Store(Protocol):
         ...
 
     async def approval_policy(self) -> ApprovalPolicy:
-        """The database's approval policy (`pollwarden.approval_policy`): the one row every process reads."""
+        """The database's approval policy (`pollwarden.access.approval_policy`): the one row every process reads."""
         ...
 
     async def write_approval_policy(
@@ -364,7 +364,7 @@ class Store(Protocol):
         """Seal every operation's audit chain that moved since the last seal; how many were named.
 
         Only where operations' later rows form chains of their own (PostgreSQL,
-        `pollwarden.audit_verify`): from the seal on, rows deleted from the end of
+        `pollwarden.audit.verify`): from the seal on, rows deleted from the end of
         those chains are caught. A server seals periodically; `audit anchor` seals first.
         """
         ...

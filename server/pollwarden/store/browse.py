@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from pollwarden.records import OperationRecord
+from pollwarden.core.records import OperationRecord
 from pollwarden.store.statements import OPERATION_ROW
 
 __all__ = [
@@ -200,7 +200,7 @@ def polled_times_from(
     return out
 
 
-# -- what `pollwarden.metrics` reads at each scrape (every process's work, counted once) -----------
+# -- what `pollwarden.ops.metrics` reads at each scrape (every process's work, counted once) -----------
 
 # A waiting operation whose next allowed check passed this long ago counts as overdue (its agent
 # stopped asking): an agent that asks on time is seconds late at most.

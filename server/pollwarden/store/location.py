@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from pollwarden.errors import ConfigError
+from pollwarden.core.errors import ConfigError
 
 SQLITE_SCHEME = "sqlite:///"
 POSTGRES_SCHEMES = ("postgresql", "postgres")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from pollwarden.approval_policy import ApprovalPolicy
-from pollwarden.records import FollowupRecord, OperationRecord
+from pollwarden.access.approval_policy import ApprovalPolicy
+from pollwarden.core.records import FollowupRecord, OperationRecord
+from pollwarden.core.vocabulary import FollowupKind, FollowupStatus
 from pollwarden.store import plans
 from pollwarden.store.plans import Plan
 from pollwarden.store.reads import StoreReads
-from pollwarden.vocabulary import FollowupKind, FollowupStatus
 
 
 class PlannedWrites(StoreReads):

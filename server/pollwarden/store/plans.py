@@ -8,8 +8,8 @@ carries out the `Plan` it returns: a short list of typed writes (`Flush`,
 `Update`, `Append`, `CountRefusal`, `SetPace`). An `Update` is always guarded
 by the version the plan was made from, so a plan made from a row that changed
 since writes nothing. The conditions themselves (when a deadline has passed, a
-budget is used, a request is in flight) are `pollwarden.stop`'s and the gate's
-(`pollwarden.gate`); this module only says what each verdict writes.
+budget is used, a request is in flight) are `pollwarden.rules.stop`'s and the gate's
+(`pollwarden.rules.gate`); this module only says what each verdict writes.
 """
 
 from __future__ import annotations
@@ -19,21 +19,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pollwarden.audit_entry import AuditEvent, PendingRefusals, event, lease_recovered
-from pollwarden.fleet_pace import PaceBucket, PaceVerdict, decide_pace
-from pollwarden.gate import GateDecision, Step, lease_busy, may_reserve
-from pollwarden.job_identity import REOPENABLE, account_parts, duplicate_changes
-from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
-from pollwarden.schedule import not_before
-from pollwarden.stop import reaches_deadline
-from pollwarden.store import statements
-from pollwarden.vocabulary import (
+from pollwarden.audit.entry import AuditEvent, PendingRefusals, event, lease_recovered
+from pollwarden.core.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.core.vocabulary import (
     ApprovalStatus,
     DelaySource,
     Outcome,
     Status,
     status_for,
 )
+from pollwarden.rules.fleet_pace import PaceBucket, PaceVerdict, decide_pace
+from pollwarden.rules.gate import GateDecision, Step, lease_busy, may_reserve
+from pollwarden.rules.job_identity import REOPENABLE, account_parts, duplicate_changes
+from pollwarden.rules.schedule import not_before
+from pollwarden.rules.stop import reaches_deadline
+from pollwarden.store import statements
 from pollwarden_providers.table_limits import FleetSpec
 
 __all__ = [
@@ -99,7 +99,7 @@ class CountRefusal:
 
 @dataclass(frozen=True)
 class SetPace:
-    """Move the provider's shared pace: its row's two clocks (`pollwarden.fleet_pace`)."""
+    """Move the provider's shared pace: its row's two clocks (`pollwarden.rules.fleet_pace`)."""
 
     provider: str
     tat: float

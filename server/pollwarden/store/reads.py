@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from pollwarden.approval_policy import ApprovalPolicy
-from pollwarden.audit import AuditRow, audit_row, audit_rows_sql
-from pollwarden.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.access.approval_policy import ApprovalPolicy
+from pollwarden.audit.chain import AuditRow, audit_row, audit_rows_sql
+from pollwarden.core.records import ApprovalRecord, FollowupRecord, OperationRecord
+from pollwarden.core.timefmt import iso
 from pollwarden.store import browse, statements
 from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.rows import stored
-from pollwarden.timefmt import iso
 
 Row = tuple[Any, ...]
 
@@ -26,7 +26,7 @@ Row = tuple[Any, ...]
 class StoreReads:
     """The reads of `pollwarden.store.Store`, over an engine's `_read`."""
 
-    # The engine keeps per-operation audit chains (PostgreSQL: `pollwarden.audit_verify`).
+    # The engine keeps per-operation audit chains (PostgreSQL: `pollwarden.audit.verify`).
     per_operation_chains: ClassVar[bool] = False
     # A collation that compares the fixed-width RFC 3339 `audit.at` text byte by byte, where the
     # engine's default may not.
@@ -124,7 +124,7 @@ class StoreReads:
         return OperationPage(records, total, page, page_size, {str(s): int(n) for s, n in counts})
 
     async def metrics_snapshot(self, *, now: float, principals: bool = False) -> MetricsSnapshot:
-        """What a metrics scrape reads (`pollwarden.metrics`): aggregates over every process's work."""
+        """What a metrics scrape reads (`pollwarden.ops.metrics`): aggregates over every process's work."""
         cutoff = {"cutoff": now - browse.OVERDUE_AFTER_SECONDS}
         return browse.metrics_snapshot(
             await self._read(browse.OPERATIONS_BY_STATUS),
@@ -136,7 +136,7 @@ class StoreReads:
         )
 
     async def approval_policy(self) -> ApprovalPolicy:
-        """The database's approval policy (`pollwarden.approval_policy`): the one row every process reads."""
+        """The database's approval policy (`pollwarden.access.approval_policy`): the one row every process reads."""
         row = await self._read_one(statements.APPROVAL_POLICY)
         return ApprovalPolicy() if row is None else ApprovalPolicy.stored(bool(row[0]), row[1], row[2])
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pollwarden.audit import REKEY_OPERATION
-from pollwarden.audit_entry import NO_REFUSALS, OperationChain, PendingRefusals
-from pollwarden.records import OPERATION_COLUMNS, OperationRecord
-from pollwarden.vocabulary import Outcome
+from pollwarden.audit.chain import REKEY_OPERATION
+from pollwarden.audit.entry import NO_REFUSALS, OperationChain, PendingRefusals
+from pollwarden.core.records import OPERATION_COLUMNS, OperationRecord
+from pollwarden.core.vocabulary import Outcome
 
 REFUSAL_COLUMNS = ("refused_count", "refused_outcome", "refused_first_at", "refused_last_at")
 # The operation's own audit chain (PostgreSQL, schema step 13): how many rows, and the last one's hash.

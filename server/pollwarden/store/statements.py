@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from pollwarden.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
-from pollwarden.stop import BUDGET_LEFT_SQL, deadline_open_sql
+from pollwarden.core.records import APPROVAL_COLUMNS, FOLLOWUP_COLUMNS, OPERATION_COLUMNS
+from pollwarden.rules.stop import BUDGET_LEFT_SQL, deadline_open_sql
 from pollwarden.store.rows import NEW_OPERATION_COLUMNS, REFUSAL_COLUMNS
 
 # -- operations ------------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ COUNT_CREATED_SINCE_BY_OWNER = "SELECT count(*) FROM operations WHERE owner = :o
 
 NEW_OPERATION_VALUES = ", ".join(f":{c}" for c in NEW_OPERATION_COLUMNS)
 
-# The operation that holds a job (one job, one budget: pollwarden.job_identity), whichever principal
+# The operation that holds a job (one job, one budget: pollwarden.rules.job_identity), whichever principal
 # started it (issue 30: the provider sees one caller and one job; another principal is told only that
 # the job is tracked). Served by the partial UNIQUE index operations_one_per_job, whose condition this
 # WHERE repeats (and which makes a second holder impossible).
@@ -59,7 +59,7 @@ SELECT_JOB_OWNER = (
     "AND provider_job_id = :provider_job_id AND duplicate_of IS NULL"
 )
 
-# The latest operation of a payload still in flight (pollwarden.job_identity: one payload in flight is one
+# The latest operation of a payload still in flight (pollwarden.rules.job_identity: one payload in flight is one
 # job): submitting (held for a person too) or waiting; the principal's own. Served by operations_by_fingerprint.
 SELECT_PAYLOAD_IN_FLIGHT = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE request_fingerprint = :request_fingerprint AND owner = :owner "
@@ -67,7 +67,7 @@ SELECT_PAYLOAD_IN_FLIGHT = (
     "ORDER BY created_at DESC, operation_id LIMIT 1"
 )
 
-# The gate's RESERVE as one statement, guarded by the same conditions (pollwarden.stop's, and the
+# The gate's RESERVE as one statement, guarded by the same conditions (pollwarden.rules.stop's, and the
 # version the gate read); proven to agree with `gate.may_reserve` (test_stop_policy_agrees_with_sql).
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
@@ -150,7 +150,7 @@ WAITING_ON_JOB = (
 # statistics say; without the order a stale estimate of many refusals makes it a scan of every row.
 ANY_PENDING_REFUSALS = "SELECT 1 FROM operations WHERE refused_count > 0 ORDER BY operation_id LIMIT 1"
 
-# -- the approval policy (`pollwarden.approval_policy`): one row, raised without a read in between -----
+# -- the approval policy (`pollwarden.access.approval_policy`): one row, raised without a read in between -----
 
 APPROVAL_POLICY = "SELECT require_operator_key, channels, operator_keys FROM approval_policy WHERE id = 1"
 WRITE_APPROVAL_POLICY = (

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pollwarden.audit import GENESIS_HASH
-from pollwarden.errors import StoreError
+from pollwarden.audit.chain import GENESIS_HASH
+from pollwarden.core.errors import StoreError
 from pollwarden.store.migrations import pending
 from pollwarden.store.postgres.connection import Pool
 
@@ -165,7 +165,7 @@ CREATE TABLE fleet_buckets (
 )"""
 
 # Step 13 (issue 18): an operation's audit rows after its first follow that operation's row before
-# them (`pollwarden.audit_verify`), so answers to different operations never wait for one chain's
+# them (`pollwarden.audit.verify`), so answers to different operations never wait for one chain's
 # head. Every row gets its seq from a sequence (the order of all rows; an operation's rows are
 # inserted under its row lock, so their seqs are in its order); `position` is the number hashed
 # and `link` which row it follows. Rows before this step keep both NULL: chain rows at their seq.
@@ -323,7 +323,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             "WHERE provider_job_id IS NOT NULL AND duplicate_of IS NULL",
         ),
     ),
-    # SQLite step 15: the approval policy of the database (`pollwarden.approval_policy`).
+    # SQLite step 15: the approval policy of the database (`pollwarden.access.approval_policy`).
     Migration(
         15,
         "approval policy",

@@ -5,7 +5,7 @@ steps 1..N exactly as written here, and the next start runs the rest. Nothing
 is imported from live modules (a step that read its DDL from, say, the audit
 module would change silently with it). Steps 1-3 are the DDL of the first
 releases, copied verbatim; step 4 rebuilds `operations` with CHECK constraints
-spelling out the vocabulary (`pollwarden.vocabulary`; a test compares the two),
+spelling out the vocabulary (`pollwarden.core.vocabulary`; a test compares the two),
 names the refusal counters for what they count, and adds the indexes that keep
 listing and scanning flat at 100,000 operations; step 6 rebuilds it again for
 two new stop reasons and makes a job belong to one operation.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from pollwarden.errors import StoreError
+from pollwarden.core.errors import StoreError
 from pollwarden.store.migrations import pending
 
 
@@ -249,7 +249,7 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     ALTER TABLE approvals ADD COLUMN decision_signature TEXT;
     """,
     ),
-    # One job, one budget (pollwarden.job_identity): at most one operation holds a job
+    # One job, one budget (pollwarden.rules.job_identity): at most one operation holds a job
     # (provider, account context, provider job id), enforced by a partial UNIQUE index.
     # Files that already hold several operations for one job keep them all: the earliest
     # created (then the smallest id) keeps the job, the others are marked `duplicate_of` it
@@ -375,7 +375,7 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     """,
     ),
     # Issue 19: every operation belongs to a principal (stdio and earlier rows: the local user).
-    # Per-principal ids are kept unique by the stored id itself (`pollwarden.ownership`); one job,
+    # Per-principal ids are kept unique by the stored id itself (`pollwarden.access.ownership`); one job,
     # one budget holds per principal, since no principal may see another's operation.
     Migration(
         8,
@@ -440,7 +440,7 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     """,
     ),
     # Issue 31: the approval policy of the database, one row every process reads
-    # (`pollwarden.approval_policy`); the default requires nothing and counts every channel.
+    # (`pollwarden.access.approval_policy`); the default requires nothing and counts every channel.
     Migration(
         15,
         "approval policy",
@@ -457,7 +457,7 @@ CREATE INDEX IF NOT EXISTS audit_by_operation ON audit(operation_id, seq);
     """,
     ),
     # Issue 29: the pace row keeps a second clock, of the requests that really left
-    # (`pollwarden.fleet_pace`); NULL until the first request after this step.
+    # (`pollwarden.rules.fleet_pace`); NULL until the first request after this step.
     Migration(
         16,
         "fleet pace: the sends' clock",

@@ -13,8 +13,10 @@ from typing import Any
 
 import anyio
 
-from pollwarden.errors import StoreError
-from pollwarden.records import OperationRecord
+from pollwarden.core.errors import StoreError
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.untrusted import shown
+from pollwarden.core.vocabulary import Status
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.planned import PlannedWrites
 from pollwarden.store.plans import Plan
@@ -23,8 +25,6 @@ from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
 from pollwarden.store.postgres.executor import Writer, operation
 from pollwarden.store.reads import Row
 from pollwarden.store.rows import StoredOperation
-from pollwarden.tool_errors import shown
-from pollwarden.vocabulary import Status
 
 # Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
 RESERVED_KEPT = 256

@@ -1,6 +1,6 @@
 """The check procedure on PostgreSQL: the gate's verdict written, and the answer recorded.
 
-`begin_check` writes what `pollwarden.gate.decide_check` decided, as one guarded
+`begin_check` writes what `pollwarden.rules.gate.decide_check` decided, as one guarded
 statement when nothing else goes with it (the reservation, or the count of a
 refused call), else on the locked row (and the locked pace row); `apply_answer`
 records what the one request's answer meant, in one guarded trip after this
@@ -14,16 +14,19 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 
-from pollwarden.audit_entry import (
+from pollwarden.audit.entry import (
     NO_REFUSALS,
     PendingRefusals,
 )
-from pollwarden.fleet_pace import PaceBucket, bucket_from_row
-from pollwarden.gate import GateDecision, Step, decide_check
-from pollwarden.records import (
+from pollwarden.core.records import (
     CheckStart,
     OperationRecord,
 )
+from pollwarden.core.vocabulary import (
+    Status,
+)
+from pollwarden.rules.fleet_pace import PaceBucket, bucket_from_row
+from pollwarden.rules.gate import GateDecision, Step, decide_check
 from pollwarden.store import plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, PostgresBase
@@ -31,9 +34,6 @@ from pollwarden.store.postgres.connection import Tx
 from pollwarden.store.postgres.errors import GuardFailed
 from pollwarden.store.postgres.executor import Writer, answer_statement, operation
 from pollwarden.store.rows import StoredOperation, stored
-from pollwarden.vocabulary import (
-    Status,
-)
 from pollwarden_providers.table_limits import FleetSpec
 
 

@@ -32,8 +32,8 @@ from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from pollwarden import observe
-from pollwarden.errors import StoreError
+from pollwarden.core.errors import StoreError
+from pollwarden.ops import observe
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres.errors import describe, locked_table
 from pollwarden.store.postgres.sql import dialect

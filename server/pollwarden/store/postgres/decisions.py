@@ -10,22 +10,22 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
-from pollwarden.audit_entry import (
+from pollwarden.audit.entry import (
     event,
 )
-from pollwarden.records import (
+from pollwarden.core.records import (
     ApprovalRecord,
     OperationRecord,
+)
+from pollwarden.core.vocabulary import (
+    APPROVAL_CLOSABLE_FROM,
+    ApprovalKind,
+    ApprovalStatus,
 )
 from pollwarden.store import plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import PostgresBase
 from pollwarden.store.postgres.executor import operation
-from pollwarden.vocabulary import (
-    APPROVAL_CLOSABLE_FROM,
-    ApprovalKind,
-    ApprovalStatus,
-)
 
 
 class Decisions(PostgresBase):

@@ -12,7 +12,7 @@ one guarded trip; the read before them is saved when this process knows the
 row (`_known_row`: the guard holds only on that very row). Nothing uses SKIP
 LOCKED: a peer that skipped a locked row could spend the same budget or pace.
 
-The audit (`pollwarden.audit_verify`): an operation's first row joins the one
+The audit (`pollwarden.audit.verify`): an operation's first row joins the one
 chain, whose head row its transaction locks; every later row follows that
 operation's own last row, recorded on the operation's row, so answers to
 different operations never wait for one another. Every time written comes
@@ -26,20 +26,23 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from pollwarden.approval_policy import ApprovalPolicy
-from pollwarden.audit import REKEY_OPERATION, SEAL_KIND
-from pollwarden.audit_entry import (
+from pollwarden.access.approval_policy import ApprovalPolicy
+from pollwarden.audit.chain import REKEY_OPERATION, SEAL_KIND
+from pollwarden.audit.entry import (
     NO_REFUSALS,
     AuditEvent,
     OperationChain,
     unlinked,
 )
-from pollwarden.errors import StoreError
-from pollwarden.records import (
+from pollwarden.core.errors import StoreError
+from pollwarden.core.records import (
     OperationRecord,
     WakeOutcome,
     WakeResult,
     new_record,
+)
+from pollwarden.core.vocabulary import (
+    Status,
 )
 from pollwarden.store import plans, statements
 from pollwarden.store.location import DatabaseLocation
@@ -51,9 +54,6 @@ from pollwarden.store.postgres.connection import Pool
 from pollwarden.store.postgres.decisions import Decisions
 from pollwarden.store.postgres.executor import Writer, operation, seal_entries
 from pollwarden.store.rows import StoredOperation, new_operation_values, stored
-from pollwarden.vocabulary import (
-    Status,
-)
 
 # Connections per process: concurrent tool calls of one HTTP instance each borrow one.
 POOL_SIZE = 10
@@ -89,7 +89,7 @@ class PostgresStore(CheckProcedure, Decisions):
         Guarantee: one job, one budget across processes — the INSERT does nothing
         when the id or the job (the partial UNIQUE index) is taken, waiting for a
         concurrent insert of either to commit; then the operation holding the id,
-        else the job's holder, is returned (pollwarden.job_identity). A submission
+        else the job's holder, is returned (pollwarden.rules.job_identity). A submission
         first takes its payload's advisory lock and, unless its id exists, is
         answered with the payload's operation still in flight if there is one.
         """
@@ -252,7 +252,7 @@ class PostgresStore(CheckProcedure, Decisions):
         """Seal every operation's audit chain that moved since the last seal; how many were named.
 
         Chain rows (`audit.SEAL_KIND`) name each such operation with its chain's row count and last
-        hash (`pollwarden.audit_verify`): from then on, rows deleted from the end of any of those
+        hash (`pollwarden.audit.verify`): from then on, rows deleted from the end of any of those
         chains are caught. Nothing is written when no chain moved. Each row names at most `batch`
         operations, in id order, and is its own transaction: the head is locked first, then those
         operations' rows. One pass over the ids: an operation that moves again meanwhile waits for

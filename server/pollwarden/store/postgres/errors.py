@@ -9,7 +9,7 @@ import psycopg
 import psycopg.errors
 from psycopg_pool import PoolTimeout
 
-from pollwarden.errors import StoreError
+from pollwarden.core.errors import StoreError
 from pollwarden.store.location import DatabaseLocation
 
 

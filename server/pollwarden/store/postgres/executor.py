@@ -6,7 +6,7 @@ queues at `finish` one UPDATE per operation, guarded by the version read (a
 guard that fails raises in SQL and aborts the transaction, so nothing is
 committed — no extra trip to check a row count), then the audit rows.
 
-Audit rows (`pollwarden.audit_verify`): an operation's first row is a chain row
+Audit rows (`pollwarden.audit.verify`): an operation's first row is a chain row
 — the transaction locks the one chain's head (`head_first(lock=True)`), links
 and hashes the row here, and moves the head. Every later row of an operation is
 an operation row: it follows the operation's own last row, which the locked
@@ -27,8 +27,8 @@ from typing import Any
 from psycopg import AsyncCursor
 from psycopg.rows import TupleRow
 
-from pollwarden.audit import AuditKeyError, key_mismatch
-from pollwarden.audit_entry import (
+from pollwarden.audit.chain import AuditKeyError, key_mismatch
+from pollwarden.audit.entry import (
     NO_REFUSALS,
     REFUSALS_PER_SUMMARY,
     AuditEvent,
@@ -40,14 +40,14 @@ from pollwarden.audit_entry import (
     link_in_operation,
     refusal_summary,
 )
-from pollwarden.errors import StoreError
-from pollwarden.records import OperationRecord
+from pollwarden.core.errors import StoreError
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.vocabulary import Outcome
 from pollwarden.store import statements
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Row, Tx
 from pollwarden.store.rows import StoredOperation, stored
-from pollwarden.vocabulary import Outcome
 
 # The version guard of a write to a locked row, stated in SQL: zero rows written divides by zero.
 _GUARDED = "WITH written AS ({update} RETURNING 1) SELECT 1 / count(*) FROM written"

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import anyio
 
-from pollwarden.audit import REKEY_KIND, REKEY_OPERATION, AuditError
-from pollwarden.audit_entry import ChainHead, chain_row
-from pollwarden.errors import StoreError
+from pollwarden.audit.chain import REKEY_KIND, REKEY_OPERATION, AuditError
+from pollwarden.audit.entry import ChainHead, chain_row
+from pollwarden.core.errors import StoreError
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.executor import seal_entries
@@ -23,7 +23,7 @@ def rekey(
     at: datetime,
     payload_of: Callable[[list[list[object]]], dict[str, object]],
 ) -> int:
-    """`pollwarden.audit_verify.rekey_chain` on PostgreSQL; the re-key row's seq.
+    """`pollwarden.audit.verify.rekey_chain` on PostgreSQL; the re-key row's seq.
 
     Locks the head's table (EXCLUSIVE: plain reads go on, every chain row waits), then the audit
     table against every insert (SHARE), in the order every writer takes them (an operation's first
@@ -59,7 +59,7 @@ def seal(
 ) -> tuple[int, str | None]:
     """Seal every operation's chain that moved since the last seal (`PostgresStore.seal`), so an
     anchor taken next covers them; (operations named, None) or (0, why it could not)."""
-    from pollwarden.audit import AuditKeyError as KeyProblem
+    from pollwarden.audit.chain import AuditKeyError as KeyProblem
     from pollwarden.store.postgres.engine import open_postgres
 
     async def run() -> int:
@@ -76,7 +76,7 @@ def flush_refusals_before_reading(
     location: DatabaseLocation, *, audit_key: bytes | None, busy_timeout: float
 ) -> str | None:
     """Write every pending summary of refused calls; None when the story is complete, else why it is not."""
-    from pollwarden.audit import AuditKeyError as KeyProblem
+    from pollwarden.audit.chain import AuditKeyError as KeyProblem
     from pollwarden.store.postgres.engine import open_postgres
 
     async def flush() -> None:

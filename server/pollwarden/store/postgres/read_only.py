@@ -1,4 +1,4 @@
-"""A read-only session for the audit's offline readers (`pollwarden.audit`) on PostgreSQL.
+"""A read-only session for the audit's offline readers (`pollwarden.audit.chain`) on PostgreSQL.
 
 The audit readers write their SQL with ``?`` placeholders for SQLite; `read_only` gives them a
 read-only session that takes the same statements. Nothing here prints the URL's password.
@@ -13,7 +13,7 @@ from typing import Any, LiteralString, cast
 import psycopg
 from psycopg.rows import TupleRow
 
-from pollwarden.errors import AuditError
+from pollwarden.core.errors import AuditError
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres.errors import describe
 

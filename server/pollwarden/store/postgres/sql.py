@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
-from pollwarden.audit_entry import REFUSALS_PER_SUMMARY
+from pollwarden.audit.entry import REFUSALS_PER_SUMMARY
 from pollwarden.store import statements
 from pollwarden.store.rows import CHAIN_COLUMNS, MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS, REFUSAL_COLUMNS
 from pollwarden.store.statements import APPROVAL_ROW
@@ -65,7 +65,7 @@ OPEN_OPERATION = (
     "SELECT * FROM opened"
 )
 
-# One payload in flight is one job (pollwarden.job_identity). Submissions of one payload take this
+# One payload in flight is one job (pollwarden.rules.job_identity). Submissions of one payload take this
 # transaction-scoped lock before they look for an operation of it in flight and insert, so two
 # processes starting it at once make one operation. The two-key form keeps it apart from the
 # migration lock's one-key space; the first key is "poll".
@@ -151,7 +151,7 @@ CLOSE_APPROVAL = (
 # The job's waiting operations, locked in id order, which a webhook may wake (`plans.may_wake` decides).
 LOCK_WAITING_ON_JOB = dialect(statements.WAITING_ON_JOB) + " FOR UPDATE"
 
-# -- the audit: the one chain's head row, and the rows (pollwarden.audit_verify) ----------------------
+# -- the audit: the one chain's head row, and the rows (pollwarden.audit.verify) ----------------------
 
 # A chain row (an operation's first, a seal, the re-key) locks the head, is linked and hashed here (the
 # key never leaves the process), and moves the head: chain rows from every process form one chain.

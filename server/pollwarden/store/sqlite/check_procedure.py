@@ -1,7 +1,7 @@
 """The check procedure's two transactions: before the request (the gate) and after it (the answer).
 
 Each runs whole in one hop to the database thread. `begin_check` loads the
-operation, lets the pure gate (`pollwarden.gate`) decide, and writes what it
+operation, lets the pure gate (`pollwarden.rules.gate`) decide, and writes what it
 decided, guarded in SQL by the version it read (optimistic: another process
 that changed the operation in between makes the guard fail, and the decision
 is taken again under the write lock). `apply_answer` records what one answer
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from pollwarden.fleet_pace import bucket_from_row
-from pollwarden.gate import GateDecision, decide_check
-from pollwarden.records import CheckStart, OperationRecord
+from pollwarden.core.records import CheckStart, OperationRecord
+from pollwarden.core.vocabulary import Status
+from pollwarden.rules.fleet_pace import bucket_from_row
+from pollwarden.rules.gate import GateDecision, decide_check
 from pollwarden.store import plans, statements
 from pollwarden.store.rows import StoredOperation
 from pollwarden.store.sqlite import executor, sql
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.store.sqlite.executor import StaleRow
-from pollwarden.vocabulary import Status
 from pollwarden_providers.table_limits import FleetSpec
 
 

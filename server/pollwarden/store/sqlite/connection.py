@@ -39,8 +39,8 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from pollwarden import observe
-from pollwarden.errors import StoreError
+from pollwarden.core.errors import StoreError
+from pollwarden.ops import observe
 from pollwarden.store.migrations.sqlite import migrate
 from pollwarden.store.sqlite import sql
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import anyio
 
-from pollwarden.approval_policy import ApprovalPolicy
-from pollwarden.errors import StoreError
-from pollwarden.files import prepare_database_file
-from pollwarden.records import ApprovalRecord, CheckStart, OperationRecord, WakeResult
+from pollwarden.access.approval_policy import ApprovalPolicy
+from pollwarden.core.errors import StoreError
+from pollwarden.core.files import prepare_database_file
+from pollwarden.core.records import ApprovalRecord, CheckStart, OperationRecord, WakeResult
+from pollwarden.core.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden.store import statements
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.migrations.sqlite import LATEST, schema_version
@@ -28,7 +29,6 @@ from pollwarden.store.plans import Plan
 from pollwarden.store.reads import Row
 from pollwarden.store.sqlite import check_procedure, executor, wakes, writes
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
-from pollwarden.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden_providers.table_limits import FleetSpec
 
 
@@ -292,7 +292,7 @@ class SQLiteStore(PlannedWrites):
         return await self._db.run(work)
 
     async def seal(self, *, at: float) -> int:
-        """Nothing to seal: every SQLite row is in the one chain (`pollwarden.audit_verify`)."""
+        """Nothing to seal: every SQLite row is in the one chain (`pollwarden.audit.verify`)."""
         del at
         return 0
 

@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Mapping
 from datetime import datetime
 
-from pollwarden.audit_entry import (
+from pollwarden.audit.entry import (
     NO_REFUSALS,
     REFUSALS_PER_SUMMARY,
     AuditEvent,
@@ -21,13 +21,13 @@ from pollwarden.audit_entry import (
     link,
     refusal_summary,
 )
-from pollwarden.errors import StoreError
-from pollwarden.records import OperationRecord
+from pollwarden.core.errors import StoreError
+from pollwarden.core.records import OperationRecord
+from pollwarden.core.vocabulary import Outcome
 from pollwarden.store import statements
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import sql
-from pollwarden.vocabulary import Outcome
 
 
 def fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation | None:

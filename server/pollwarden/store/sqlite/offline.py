@@ -12,8 +12,8 @@ import sqlite3
 import urllib.parse
 from pathlib import Path
 
-from pollwarden.audit import AuditKeyError
-from pollwarden.errors import StoreError
+from pollwarden.audit.chain import AuditKeyError
+from pollwarden.core.errors import StoreError
 from pollwarden.store.migrations.sqlite import up_to_date
 from pollwarden.store.sqlite import sql, writes
 from pollwarden.store.sqlite.connection import Database, Session

@@ -1,6 +1,6 @@
 """A verified provider webhook as one transaction: remember its id, wake the operations it names.
 
-The receiver (`pollwarden.webhooks`) has already checked the signature, the
+The receiver (`pollwarden.provider_io.webhooks`) has already checked the signature, the
 timestamp and the event type; this only decides, under the write lock, whether
 the event is new and which waiting operations it may bring forward. A webhook
 is a hint: it sets `next_check_at` (and `woken_at`) to now, never before the
@@ -9,7 +9,7 @@ operation's `not_before_at`, nothing else.
 
 from __future__ import annotations
 
-from pollwarden.records import WakeOutcome, WakeResult
+from pollwarden.core.records import WakeOutcome, WakeResult
 from pollwarden.store import plans, statements
 from pollwarden.store.sqlite import executor
 from pollwarden.store.sqlite.connection import Session

@@ -12,16 +12,16 @@ import json
 import sqlite3
 from collections.abc import Mapping
 
-from pollwarden.records import ApprovalRecord, OperationRecord
-from pollwarden.store import plans, statements
-from pollwarden.store.rows import new_operation_values
-from pollwarden.store.sqlite import executor, sql
-from pollwarden.store.sqlite.connection import Session
-from pollwarden.vocabulary import (
+from pollwarden.core.records import ApprovalRecord, OperationRecord
+from pollwarden.core.vocabulary import (
     APPROVAL_CLOSABLE_FROM,
     ApprovalKind,
     ApprovalStatus,
 )
+from pollwarden.store import plans, statements
+from pollwarden.store.rows import new_operation_values
+from pollwarden.store.sqlite import executor, sql
+from pollwarden.store.sqlite.connection import Session
 
 
 def create_operation(
@@ -33,7 +33,7 @@ def create_operation(
     account context, provider job id) is another operation's, or the submission's
     payload (its request fingerprint) is still in flight under another, that
     operation is returned: its `operation_id` differs from the one asked for, and
-    nothing is created (pollwarden.job_identity). The first audit row names the account
+    nothing is created (pollwarden.rules.job_identity). The first audit row names the account
     context's origin and credential variable.
     """
     values = new_operation_values(values)

@@ -1,0 +1,1 @@
+"""Who may do what: principals, tokens, ownership, operator keys and the approval policy."""

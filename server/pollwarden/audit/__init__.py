@@ -1,0 +1,1 @@
+"""The tamper-evident audit: its rows, the chain, verification and the story a person reads."""

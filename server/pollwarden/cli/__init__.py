@@ -1,0 +1,1 @@
+"""The `pollwarden` command line: one module per command group."""

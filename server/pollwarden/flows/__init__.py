@@ -1,0 +1,1 @@
+"""The flows over the store: the controller's check, submission, approvals, follow-ups."""

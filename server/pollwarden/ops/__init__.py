@@ -1,0 +1,1 @@
+"""Operability: metrics, traces, health probes and decision logs."""

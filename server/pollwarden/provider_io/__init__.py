@@ -1,0 +1,1 @@
+"""Talking to providers: outbound HTTP, signed inbound webhooks, checking tables against samples."""

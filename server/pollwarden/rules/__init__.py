@@ -1,0 +1,1 @@
+"""The rule book: pure decisions (stop conditions, the gate, the schedule, extensions, the pace)."""

@@ -1,0 +1,98 @@
+"""The fleet pace's rule (issue 29): who may send now, who holds a slot, and for how long.
+
+A provider's [fleet] pace is kept on two GCRA clocks (`schedule.pace`), both in
+the provider's pace row:
+
+- `tat`, the bookings: every slot given out (a request admitted now, or a slot
+  booked later) takes one interval of it, in the order callers come, so none
+  starves behind later ones;
+- `sent_tat`, the requests that really left: a request goes out only when this
+  clock admits it at the moment of the decision, so the provider never sees more
+  than the pace (`burst + rate·w` in any window `w`), however late callers come.
+
+A booked slot is held for its operation from its time until `slot_hold_seconds`
+after it: an agent that sleeps the `retry_after_seconds` it was told, plus its
+own jitter and a slow database round trip, still finds its slot and uses it,
+and a late agent never books a second slot, so it never moves the bookings'
+clock for the others. When the sends' clock has no room at that moment (other
+late agents just used it), the slot is kept and moved to the first moment it has
+(`PaceVerdict.at`), still held. A slot whose agent does not come within the hold
+is released: that agent books again, behind the others.
+
+Pure: the engines read the pace row and the operation's `fleet_slot_at`, call
+`decide_pace` with the time read inside their transaction, and write what it says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pollwarden.rules.schedule import pace
+
+# How long after its time a booked slot waits for its agent: the pacing interval, and never
+# less than this. It covers an agent that sleeps `retry_after_seconds` plus its own jitter
+# (0.1-0.5 s in the issue's run) and a few database round trips of up to 200 ms.
+FLEET_SLOT_HOLD_SECONDS = 2.0
+
+
+def slot_hold_seconds(rate: float) -> float:
+    """How long after its time a booked slot is still held for its operation."""
+    return max(1.0 / rate, FLEET_SLOT_HOLD_SECONDS)
+
+
+def slot_held(slot_at: float | None, *, now: float, rate: float) -> bool:
+    """Whether an operation's booked slot is still its own at `now` (not yet released)."""
+    return slot_at is not None and now <= slot_at + slot_hold_seconds(rate)
+
+
+@dataclass(frozen=True)
+class PaceBucket:
+    """A provider's pace row: the bookings' clock and the sends' clock (None: never used)."""
+
+    tat: float | None
+    sent_tat: float | None
+
+
+def bucket_from_row(row: Sequence[object] | None) -> PaceBucket:
+    """The pace row as the engines read it, `(tat, sent_tat)` (None: the provider has no row yet)."""
+    if row is None:
+        return PaceBucket(None, None)
+    tat, sent_tat = row[0], row[1]
+    return PaceBucket(
+        None if tat is None else float(str(tat)), None if sent_tat is None else float(str(sent_tat))
+    )
+
+
+@dataclass(frozen=True)
+class PaceVerdict:
+    """What the pace says for one operation that may otherwise send now."""
+
+    send: bool  # the request goes out now
+    at: float  # now when it sends; else when it may (its slot, held for it)
+    bucket: PaceBucket  # the pace row to write
+    new_booking: bool  # a slot was taken from the pace for a later time (fair shares count it)
+
+
+def decide_pace(
+    bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int
+) -> PaceVerdict:
+    """Send now, or the slot this operation holds (kept, or booked now); see the module's rule.
+
+    `held_slot` is the operation's booked slot (`fleet_slot_at`), None without one;
+    `now` is read where the decision is made, inside the transaction that writes it.
+    """
+    sent = pace(bucket.sent_tat, now=now, rate=rate, burst=burst)
+    if slot_held(held_slot, now=now, rate=rate):
+        assert held_slot is not None
+        if now < held_slot:
+            return PaceVerdict(False, held_slot, bucket, new_booking=False)
+        if sent.admitted:  # its slot is already counted on the bookings' clock
+            return PaceVerdict(True, now, PaceBucket(bucket.tat, sent.next_tat), new_booking=False)
+        return PaceVerdict(False, sent.slot_at, bucket, new_booking=False)
+    booked = pace(bucket.tat, now=now, rate=rate, burst=burst)
+    if booked.admitted and sent.admitted:
+        return PaceVerdict(True, now, PaceBucket(booked.next_tat, sent.next_tat), new_booking=False)
+    # A slot for later: the next free one, and never before the sends' clock has room.
+    at = booked.slot_at if not booked.admitted else sent.slot_at
+    return PaceVerdict(False, at, PaceBucket(booked.next_tat, bucket.sent_tat), new_booking=True)
