@@ -39,7 +39,7 @@ from pydantic import BaseModel, Field
 from pollwarden.access import ownership
 from pollwarden.access.approval_policy import ALL_CHANNELS, CHANNEL_APP
 from pollwarden.access.operator_keys import METHOD_APP
-from pollwarden.access.policy_gate import stored_policy
+from pollwarden.access.policy_gate import in_chat_refusal, in_chat_refusal_now
 from pollwarden.access.principals import Principal, current_principal
 from pollwarden.audit.chain import read_rows
 from pollwarden.config import ServerConfig
@@ -91,44 +91,13 @@ def card_html() -> str:
 def app_channel_refusal(
     config: ServerConfig, principal: Principal, channels: frozenset[str] = ALL_CHANNELS
 ) -> str | None:
-    """Why Approve/Deny on the card may not decide here, or None when it may.
-
-    The one place the app channel reads the approval policy: the operator's
-    opt-in (``--approval app``), the database's policy as stored now (whether
-    every decision must carry an operator key, and whether the app channel
-    counts: `config` and `channels` from `policy_gate.stored_policy`). The card
-    trusts the host as elicitation does, so it is refused wherever that trust is
-    not enough, and on an authenticated HTTP server the caller is an agent
-    principal: operators decide there (`decide_approval`, the console), never
-    the agent's own chat. A refusal names where a person decides, never a command.
-    """
-    if not config.app_channel:
-        return (
-            "this server does not take decisions from the MCP App card (the operator did not start it with "
-            "--approval app); an operator decides at the operator's own terminal or console"
-        )
-    if config.operator.require_key:
-        return (
-            "the operator requires an operator key for every decision, which the card cannot give; an operator "
-            "decides with their key at the operator's own terminal"
-        )
-    if CHANNEL_APP not in channels:
-        return (
-            "the database's approval policy does not count decisions made on the card; an operator decides at "
-            "the operator's own terminal or console"
-        )
-    if principal.authenticated:
-        return (
-            "on an authenticated HTTP server an operator decides (with operator tools or the console), not the "
-            "agent's own chat"
-        )
-    return None
+    """Why Approve/Deny on the card may not decide here, or None (`policy_gate.in_chat_refusal`)."""
+    return in_chat_refusal(config, principal, channels, channel=CHANNEL_APP)
 
 
 async def channel_refusal(controller: Controller, principal: Principal) -> str | None:
     """`app_channel_refusal` under the database's approval policy as stored now."""
-    config, stored = await stored_policy(controller.store, controller.config)
-    return app_channel_refusal(config, principal, stored.channels)
+    return await in_chat_refusal_now(controller.store, controller.config, principal, channel=CHANNEL_APP)
 
 
 # -- what the card draws --------------------------------------------------------------------------

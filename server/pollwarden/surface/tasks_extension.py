@@ -51,7 +51,7 @@ from pydantic import BaseModel, Field
 from pollwarden.access import ownership
 from pollwarden.access.approval_policy import CHANNEL_ELICITATION
 from pollwarden.access.operator_keys import METHOD_TASK_INPUT
-from pollwarden.access.policy_gate import stored_policy
+from pollwarden.access.policy_gate import in_chat_refusal_now
 from pollwarden.access.principals import Principal, current_principal
 from pollwarden.core.errors import OperationNotFound, PollwardenError
 from pollwarden.core.records import ApprovalRecord, OperationRecord
@@ -131,20 +131,12 @@ async def _operation(controller: Controller, principal: Principal, task_id: str)
 async def who_decides_elsewhere(controller: Controller, principal: Principal) -> str | None:
     """Why the person in this chat may not answer (an operator decides), or None if they may.
 
-    The database's approval policy as stored now (`policy_gate.stored_policy`): a task's input
-    request is an elicitation, so it counts only where elicitation does.
+    A task's input request is an elicitation, so it counts only where elicitation does
+    (`policy_gate.in_chat_refusal`, under the policy as stored now).
     """
-    if principal.authenticated:
-        return (
-            "on this server operators decide approvals (in the console or with operator tools), "
-            "never the agent's own client"
-        )
-    config, stored = await stored_policy(controller.store, controller.config)
-    if config.operator.require_key:
-        return "the operator requires an operator key for every approval, which a chat cannot give"
-    if CHANNEL_ELICITATION not in stored.channels:
-        return "the database's approval policy does not count answers given in the chat"
-    return None
+    return await in_chat_refusal_now(
+        controller.store, controller.config, principal, channel=CHANNEL_ELICITATION
+    )
 
 
 def _question(approval: ApprovalRecord) -> tuple[str, type[BaseModel]] | None:
