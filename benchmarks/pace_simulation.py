@@ -1,6 +1,6 @@
 """Agents on one fleet pace, on virtual time: is the pace used, and shared? (issue 29)
 
-    python benchmarks/pace_simulation.py          # every scenario, old rule and new, a second or two
+    python benchmarks/pace_simulation.py          # every scenario under each rule, a second or two
 
 Pure: no database, no sleeping. Operations wait on one provider whose table has a
 [fleet] pace; their agents call `check_status` the way real agents do:
@@ -213,11 +213,18 @@ class Result:
         shares = self.share_errors()
         worst = max(shares.values()) if shares else float("nan")
         return (
-            f"{self.scenario.name:<38} {self.rule:>3}  requests {len(self.decided):>4}  "
+            f"{self.scenario.name:<38} {self.rule:>4}  requests {len(self.decided):>4}  "
             f"{len(self.decided) / (self.scenario.deadline_seconds - FIRST_CHECK_SECONDS):5.2f}/s  "
             f"used {self.used:5.0%}  starved {self.starved:>2}  worst share error {worst:5.1%}  "
-            f"excess {max(self.excess, 0):.2f}/{max(self.excess_at_provider, 0):.2f}"
+            f"excess {max(self.excess, 0):.2f}/{max(self.excess_at_provider, 0):.2f}  "
+            f"by instance {_counts(self.by_instance, len(self.scenario.round_trips))}  "
+            f"by principal {_counts(self.by_principal, len(self.scenario.principals))}"
         )
+
+
+def _counts(counter: Counter[int], n: int) -> str:
+    """`a/b/c`: the counts of 0..n-1."""
+    return "/".join(str(counter[k]) for k in range(n))
 
 
 def envelope_excess(times: Sequence[float], *, rate: float, burst: int, slack: float = 0.0) -> float:
@@ -396,6 +403,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         round_trips=(0.0, 0.03),
         principals=(15, 5),
         fleet_slots=1,
+    ),
+    *(
+        Scenario(
+            f"{behaviour}, 15/5, one slot each, 0/30/200",
+            behaviour,
+            round_trips=(0.0, 0.03, 0.2),
+            principals=(15, 5),
+            fleet_slots=1,
+        )
+        for behaviour in ("jitter", "mix")
     ),
 )
 
