@@ -1,6 +1,6 @@
 """Agents on one fleet pace, on virtual time: is the pace used, and shared? (issue 29)
 
-    python benchmarks/pace_simulation.py          # every scenario, old rule and new, a second or two
+    python benchmarks/pace_simulation.py          # every scenario under each rule, a second or two
 
 Pure: no database, no sleeping. Operations wait on one provider whose table has a
 [fleet] pace; their agents call `check_status` the way real agents do:
@@ -17,10 +17,14 @@ decision is taken at its time plus two round trips (the read, then the locked
 transaction, where the time is read again), its answer reaches the agent one
 round trip later (the commit), and a request reaches the provider then. The
 store's decision is modelled as the engines take it: the gate's "too early"
-(`next_check_at`), fair shares per principal (`PRINCIPAL_BOOKED_SLOTS`), and the
-pace rule: `pollwarden.rules.fleet_pace.decide_pace` (new), or `old_rule` below, the
-rule before issue 29 (a booked slot used only within 50 ms of its time, a later
-caller books again at the tail).
+(`next_check_at`), fair shares per principal (`PRINCIPAL_BOOKED_SLOTS`,
+`fleet_pace.share_wait`), and the pace rule `pollwarden.rules.fleet_pace.decide_pace`.
+Three rules are compared: `old` (`old_rule` below, before issue 29: a booked slot
+used only within 50 ms of its time, a later caller books again at the tail);
+`held` (slots held for their agents; a principal's slots to whoever books first);
+`new` (the same, the sends' clock keeping room for earlier held slots whose agents
+have not come yet, `PROVIDER_OWED_SLOTS`, and a principal's slots given to its
+operations oldest-waiting first).
 
 Goals (`Result.failures`): the pace never exceeded at the moment of the decision
 (`burst + rate·w` in every window; at the provider, the spread of round trips is
@@ -43,7 +47,14 @@ from pathlib import Path
 if not __package__:  # run as `python benchmarks/pace_simulation.py`: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pollwarden.rules.fleet_pace import PaceBucket, PaceVerdict, decide_pace
+from pollwarden.rules.fleet_pace import (
+    PaceBucket,
+    PaceVerdict,
+    decide_pace,
+    owed_slots,
+    share_wait,
+    slot_hold_seconds,
+)
 from pollwarden.rules.schedule import pace
 
 Rule = Callable[..., PaceVerdict]
@@ -59,7 +70,7 @@ OLD_ON_TIME_SECONDS = 0.05
 
 
 def old_rule(
-    bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int
+    bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int, owed: int = 0
 ) -> PaceVerdict:
     """The rule before issue 29: a slot is used only on time (within min(¼ interval, 50 ms)), else booked again."""
     if held_slot is not None and now <= held_slot + min(0.25 / rate, OLD_ON_TIME_SECONDS):
@@ -73,7 +84,9 @@ def old_rule(
     return PaceVerdict(False, step.slot_at, after, new_booking=True)
 
 
-RULES: dict[str, Rule] = {"old": old_rule, "new": decide_pace}
+# "held": held slots alone (the first step of issue 29); "new": the same, the sends' clock keeping room
+# for earlier held slots not yet used (`owed`), and a principal's slots given oldest-waiting first.
+RULES: dict[str, Rule] = {"old": old_rule, "held": decide_pace, "new": decide_pace}
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,8 @@ class _Op:
     next_check_at: float
     fleet_slot_at: float | None = None
     requests: int = 0
+    last_sent: float = 0.0  # when its last request went out (0: none yet)
+    pacing: bool = False  # it was last told to wait for the pace (`delay_source` fleet_pacing)
 
 
 @dataclass
@@ -125,8 +140,10 @@ class Result:
     arrived: list[float] = field(default_factory=list[float])  # when each reached the provider
     by_principal: Counter[int] = field(default_factory=Counter[int])
     by_instance: Counter[int] = field(default_factory=Counter[int])
+    by_operation: Counter[int] = field(default_factory=Counter[int])
     starved: int = 0  # operations that reached their deadline without a request
     calls: int = 0
+    most_booked: int = 0  # the most slots one principal held booked ahead at once
 
     @property
     def used(self) -> float:
@@ -183,6 +200,9 @@ class Result:
             out.append(f"only {self.used:.0%} of the pace was used")
         if self.starved:
             out.append(f"{self.starved} operations reached their deadline without a request")
+        slots = self.scenario.fleet_slots
+        if slots is not None and self.most_booked > slots:
+            out.append(f"a principal held {self.most_booked} booked slots, over its {slots}")
         for who, error in self.share_errors().items():
             if error > 0.10:
                 out.append(f"{who} is {error:.0%} from its fair share")
@@ -193,11 +213,18 @@ class Result:
         shares = self.share_errors()
         worst = max(shares.values()) if shares else float("nan")
         return (
-            f"{self.scenario.name:<38} {self.rule:>3}  requests {len(self.decided):>4}  "
+            f"{self.scenario.name:<38} {self.rule:>4}  requests {len(self.decided):>4}  "
             f"{len(self.decided) / (self.scenario.deadline_seconds - FIRST_CHECK_SECONDS):5.2f}/s  "
             f"used {self.used:5.0%}  starved {self.starved:>2}  worst share error {worst:5.1%}  "
-            f"excess {max(self.excess, 0):.2f}/{max(self.excess_at_provider, 0):.2f}"
+            f"excess {max(self.excess, 0):.2f}/{max(self.excess_at_provider, 0):.2f}  "
+            f"by instance {_counts(self.by_instance, len(self.scenario.round_trips))}  "
+            f"by principal {_counts(self.by_principal, len(self.scenario.principals))}"
         )
+
+
+def _counts(counter: Counter[int], n: int) -> str:
+    """`a/b/c`: the counts of 0..n-1."""
+    return "/".join(str(counter[k]) for k in range(n))
 
 
 def envelope_excess(times: Sequence[float], *, rate: float, burst: int, slack: float = 0.0) -> float:
@@ -215,7 +242,7 @@ def envelope_excess(times: Sequence[float], *, rate: float, burst: int, slack: f
 
 
 def simulate(scenario: Scenario, rule: str = "new") -> Result:
-    """Run the scenario until the deadline with the named rule ("old" or "new")."""
+    """Run the scenario until the deadline with the named rule ("old", "held" or "new")."""
     decide = RULES[rule]
     s = scenario
     rng = random.Random(s.seed)
@@ -266,12 +293,13 @@ def simulate(scenario: Scenario, rule: str = "new") -> Result:
         if started < op.next_check_at:  # the gate, on the time the call started with
             allowed = op.next_check_at
         else:
-            allowed = _store_check(s, decide, ops, i, now, bucket)
+            allowed = _store_check(s, decide, ops, i, now, bucket, rule)
             if allowed is None:  # sent
                 result.decided.append(now)
                 result.arrived.append(now + rtt)
                 result.by_principal[op.principal] += 1
                 result.by_instance[op.instance] += 1
+                result.by_operation[i] += 1
                 op.requests += 1
                 # The answer comes 50 ms after the request left; the next check is planned from it,
                 # and the agent is told once it is recorded (two more trips).
@@ -280,6 +308,7 @@ def simulate(scenario: Scenario, rule: str = "new") -> Result:
                 answered = received + 2 * rtt
                 again(i, answered, max(0.0, op.next_check_at - answered))
                 continue
+        result.most_booked = max(result.most_booked, _most_booked(ops, now))
         if allowed <= wait_until:  # the server waits (holding nothing) and looks again at the time
             heapq.heappush(events, (allowed + 2 * rtt, seq, i, allowed, wait_until))
             seq += 1
@@ -291,31 +320,70 @@ def simulate(scenario: Scenario, rule: str = "new") -> Result:
 
 
 def _store_check(
-    s: Scenario, decide: Rule, ops: list[_Op], i: int, now: float, bucket: list[PaceBucket]
+    s: Scenario, decide: Rule, ops: list[_Op], i: int, now: float, bucket: list[PaceBucket], rule: str
 ) -> float | None:
     """The locked transaction: None when the request goes out now, else the time it may."""
     op = ops[i]
-    verdict = decide(bucket[0], now=now, held_slot=op.fleet_slot_at, rate=s.rate, burst=s.burst)
-    if verdict.new_booking and s.fleet_slots is not None:
-        own = [
-            o.fleet_slot_at
+    owed = 0
+    if rule == "new":  # room is kept on the sends' clock for earlier held slots not used yet
+        since, before = owed_slots(op.fleet_slot_at, now=now, rate=s.rate)
+        owed = sum(
+            1
             for k, o in enumerate(ops)
-            if k != i
-            and o.principal == op.principal
-            and o.fleet_slot_at is not None
-            and o.fleet_slot_at > now
-        ]
-        if len(own) >= s.fleet_slots:
+            if k != i and o.fleet_slot_at is not None and since <= o.fleet_slot_at < before
+        )
+    verdict = decide(bucket[0], now=now, held_slot=op.fleet_slot_at, rate=s.rate, burst=s.burst, owed=owed)
+    if verdict.new_booking and s.fleet_slots is not None:
+        wait = _share_wait(s, ops, i, now, oldest_first=rule == "new")
+        if wait is not None:
             op.fleet_slot_at = None
-            op.next_check_at = min(own)
-            return op.next_check_at
+            op.next_check_at = wait
+            op.pacing = True
+            return wait
     bucket[0] = verdict.bucket
     if verdict.send:
         op.fleet_slot_at = None
+        op.pacing = False
+        op.last_sent = now
         return None
     op.fleet_slot_at = verdict.at
     op.next_check_at = verdict.at
+    op.pacing = True
     return verdict.at
+
+
+def _share_wait(s: Scenario, ops: list[_Op], i: int, now: float, *, oldest_first: bool) -> float | None:
+    """Fair shares on a new booking by operation i (`fleet_pace.share_wait`, fed as the store reads)."""
+    op = ops[i]
+    held_since = now - slot_hold_seconds(s.rate)
+    own = [o for k, o in enumerate(ops) if k != i and o.principal == op.principal]
+    if oldest_first:  # the store counts every slot still held, also those whose time has come
+        booked = [
+            o.fleet_slot_at for o in own if o.fleet_slot_at is not None and o.fleet_slot_at > held_since
+        ]
+    else:  # the rule before: only slots still ahead
+        booked = [o.fleet_slot_at for o in own if o.fleet_slot_at is not None and o.fleet_slot_at > now]
+    older = oldest_first and any(
+        o.pacing
+        and (o.fleet_slot_at is None or o.fleet_slot_at <= held_since)
+        and o.next_check_at >= held_since
+        and o.last_sent < op.last_sent
+        for o in own
+    )
+    return share_wait(
+        booked=len(booked),
+        earliest=min(booked, default=None),
+        older_waiting=older,
+        fleet_slots=s.fleet_slots,
+        now=now,
+        rate=s.rate,
+    )
+
+
+def _most_booked(ops: list[_Op], now: float) -> int:
+    """The most slots booked ahead (after `now`) by any one principal."""
+    booked = Counter(o.principal for o in ops if o.fleet_slot_at is not None and o.fleet_slot_at > now)
+    return max(booked.values(), default=0)
 
 
 # The issue's runs, and every behaviour on instances 0, 30 and 200 ms from the database.
@@ -336,6 +404,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         principals=(15, 5),
         fleet_slots=1,
     ),
+    *(
+        Scenario(
+            f"{behaviour}, 15/5, one slot each, 0/30/200",
+            behaviour,
+            round_trips=(0.0, 0.03, 0.2),
+            principals=(15, 5),
+            fleet_slots=1,
+        )
+        for behaviour in ("jitter", "mix")
+    ),
 )
 
 
@@ -346,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.parse_args(argv)
     for scenario in SCENARIOS:
-        for rule in ("old", "new"):
+        for rule in ("old", "held", "new"):
             result = simulate(scenario, rule)
             print(result.summary())
             for failure in result.failures():

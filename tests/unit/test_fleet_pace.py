@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pollwarden.rules.fleet_pace import PaceBucket, decide_pace, slot_hold_seconds
+import pytest
+
+from pollwarden.rules.fleet_pace import PaceBucket, decide_pace, owed_slots, share_wait, slot_hold_seconds
 
 RATE = 5.0  # one slot every 0.2 s
 BURST = 1
@@ -55,3 +57,67 @@ def test_an_agent_early_for_its_slot_keeps_it_and_waits() -> None:
     bucket = PaceBucket(12.0, 9.0)
     verdict = decide_pace(bucket, now=9.5, held_slot=10.0, rate=RATE, burst=BURST)
     assert (verdict.send, verdict.at, verdict.bucket, verdict.new_booking) == (False, 10.0, bucket, False)
+
+
+@pytest.mark.parametrize(
+    ("booked", "earliest", "older_waiting", "fleet_slots", "waits_for"),
+    [
+        (0, None, False, None, None),  # no fair shares: anyone books
+        (9, 11.0, True, None, None),
+        (0, None, False, 1, None),  # its principal holds nothing and nobody waited longer
+        (1, 11.0, False, 1, 11.0),  # its one slot is held: look again at that slot
+        (1, 9.5, False, 1, 10.2),  # held, its time come, its agent on the way: one interval on
+        (0, None, True, 1, 10.2),  # another of its operations has waited longer: that one books first
+        (1, 11.0, True, 2, 11.0),
+        (1, 11.0, False, 2, None),  # room for a second slot
+    ],
+)
+def test_a_principals_slots_are_capped_and_go_to_its_operations_oldest_waiting_first(
+    booked: int, earliest: float | None, older_waiting: bool, fleet_slots: int | None, waits_for: float | None
+) -> None:
+    wait = share_wait(
+        booked=booked,
+        earliest=earliest,
+        older_waiting=older_waiting,
+        fleet_slots=fleet_slots,
+        now=10.0,
+        rate=RATE,
+    )
+    assert wait == waits_for
+
+
+def test_room_is_kept_for_an_earlier_held_slot_whose_agent_has_not_come_yet() -> None:
+    # The sends' clock has room for one request now; another operation's slot came at 10.0 s and
+    # its agent (further from the database) is on its way.
+    bucket = PaceBucket(tat=10.2, sent_tat=10.2)
+    on_time = decide_pace(bucket, now=10.2, held_slot=10.2, rate=RATE, burst=BURST)
+    assert on_time.send  # nothing owed: the on-time agent takes the room
+    kept = decide_pace(bucket, now=10.2, held_slot=10.2, rate=RATE, burst=BURST, owed=1)
+    assert not kept.send  # the room is the late agent's: this one keeps its slot, moved after it
+    assert kept.at == pytest.approx(10.4)
+    assert not kept.new_booking
+    late = decide_pace(bucket, now=10.3, held_slot=10.0, rate=RATE, burst=BURST)
+    assert late.send  # and the late agent finds it
+
+
+def test_an_operation_without_a_slot_is_not_admitted_into_room_owed_to_a_held_slot() -> None:
+    bucket = PaceBucket(tat=10.0, sent_tat=10.0)
+    assert decide_pace(bucket, now=10.0, held_slot=None, rate=RATE, burst=BURST).send
+    booked = decide_pace(bucket, now=10.0, held_slot=None, rate=RATE, burst=BURST, owed=1)
+    assert not booked.send
+    assert booked.new_booking
+    assert booked.at == pytest.approx(10.2)  # the first moment after the owed request
+
+
+@pytest.mark.parametrize(
+    ("held_slot", "bounds"),
+    [
+        (None, (8.0, 10.0)),  # without a slot: every slot still held whose time has come
+        (9.5, (8.0, 9.5)),  # with one: only those before it
+        (10.5, (8.0, 10.0)),  # its own not come yet (it waits anyway)
+    ],
+)
+def test_the_slots_owed_room_are_the_others_still_held_whose_time_came_first(
+    held_slot: float | None, bounds: tuple[float, float]
+) -> None:
+    assert owed_slots(held_slot, now=10.0, rate=RATE) == bounds

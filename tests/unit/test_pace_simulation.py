@@ -51,7 +51,46 @@ def test_an_instance_200_ms_from_the_database_keeps_the_pace_full_and_gets_most_
     errors = result.share_errors()
     assert errors["principal 0"] <= 0.10
     assert errors["principal 1"] <= 0.10
-    # Bookings are first come, first served: its agents spend two round trips more per request
-    # away from the queue (0.6 s of a ~4 s round; up to 1 s more for an agent polling in a loop
-    # through it), so it gets less than its share, never nothing (measured 63-85 %).
-    assert errors["instance 2"] <= 0.40
+    # Not met yet (issue 29): bookings are first come, first served, and its agents spend five
+    # round trips (1 s) more per request away from the queue, so agents that sleep exactly or
+    # wait server-side get 16-18 % less than their share, never nothing. Keeping room for held
+    # slots brought the jittered and mixed agents within 10 % (9.9 %, 4 %); tight loops get 22 %
+    # more (their held slots always find room).
+    assert errors["instance 2"] <= 0.25
+
+
+ONE_SLOT_EACH = Scenario(
+    "mix, principals 15/5, one slot each, 0/30/200 ms",
+    "mix",
+    round_trips=(0.0, 0.03, 0.2),
+    principals=(15, 5),
+    fleet_slots=1,
+)
+
+
+def test_with_one_slot_per_principal_the_slot_went_to_whoever_came_first_and_some_agents_got_nothing() -> (
+    None
+):
+    # Before: a principal's one slot went to the first of its agents to book, so the agents that
+    # always come a little later (their own jitter, a slower path) lost every time.
+    held = simulate(ONE_SLOT_EACH, "held")
+    assert held.starved > 0
+
+
+@pytest.mark.parametrize("behaviour", [*BEHAVIOURS, "mix"])
+@pytest.mark.parametrize("round_trips", [(0.0, 0.03), (0.0, 0.03, 0.2)])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_with_one_slot_per_principal_no_principal_holds_more_and_no_agent_starves(
+    behaviour: str, round_trips: tuple[float, ...], seed: int
+) -> None:
+    scenario = Scenario(
+        behaviour, behaviour, round_trips=round_trips, principals=(15, 5), fleet_slots=1, seed=seed
+    )
+    result = simulate(scenario)
+    assert result.most_booked <= 1  # never too many: one slot held at a time per principal
+    assert result.starved == 0  # nobody starves: the slot goes to the one waiting longest
+    assert result.excess <= 1e-9
+    assert result.excess_at_provider <= 1e-9
+    assert result.used >= 0.9
+    for operation in range(scenario.operations):
+        assert result.by_operation[operation] >= 2, result.summary()

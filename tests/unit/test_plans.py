@@ -6,6 +6,7 @@ Each engine reads what a plan needs and carries its writes out; the engine confo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -201,15 +202,18 @@ def test_a_slot_held_for_its_agent_is_kept_without_moving_the_pace() -> None:
 @pytest.mark.parametrize(
     ("booked", "fleet_slots", "waits_for"),
     [
-        ((2, NOW + 1.0), 2, NOW + 1.0),  # its share is used: it waits for its earliest slot
-        ((3, NOW + 1.0), 2, NOW + 1.0),
-        ((1, NOW + 1.0), 2, None),  # room in its share: it books one more
-        ((0, None), 0, None),  # nothing booked to wait for
-        ((5, NOW + 1.0), None, None),  # no fair shares
+        ((2, NOW + 1.0, 0), 2, NOW + 1.0),  # its share is used: it waits for its earliest slot
+        ((3, NOW + 1.0, 0), 2, NOW + 1.0),
+        ((1, NOW - 0.5, 0), 1, NOW + 1.0),  # a slot still held, its agent due: one interval on
+        ((1, NOW + 1.0, 0), 2, None),  # room in its share: it books one more
+        ((0, None, 0), 1, None),
+        ((0, None, 1), 1, NOW + 1.0),  # room, but another has waited longer: its turn first
+        ((1, NOW + 1.5, 2), 2, NOW + 1.5),
+        ((5, NOW + 1.0, 3), None, None),  # no fair shares
     ],
 )
-def test_fair_shares_a_principal_holding_its_share_of_slots_waits_for_its_earliest(
-    booked: tuple[int, float | None], fleet_slots: int | None, waits_for: float | None
+def test_fair_shares_a_principal_holding_its_share_or_owing_an_older_waiter_waits(
+    booked: tuple[int, float | None, int], fleet_slots: int | None, waits_for: float | None
 ) -> None:
     record = waiting()
     bucket = PaceBucket(NOW + 3.0, NOW + 3.0)
@@ -225,6 +229,7 @@ def test_fair_shares_a_principal_holding_its_share_of_slots_waits_for_its_earlie
         bucket=bucket,
         booked=booked,
         fleet_slots=fleet_slots,
+        fleet=FLEET,
     )
     if waits_for is None:
         assert kinds(plan) == ["SetPace", "Update"]
@@ -237,6 +242,18 @@ def test_fair_shares_a_principal_holding_its_share_of_slots_waits_for_its_earlie
             "delay_source": DelaySource.FLEET_PACING,
         }
         assert plan.decision == GateDecision(Step.PACED, allowed_at=waits_for)
+
+
+def test_the_booked_slots_read_counts_held_slots_and_ranks_by_the_last_request() -> None:
+    record = dataclasses.replace(waiting(), request_sent_at=NOW - 7.0)
+    params = plans.booked_slots_params(record, FLEET, now=NOW)
+    assert params["held_since"] == NOW - 2.0  # a slot is held 2 s past its time (at 1/s)
+    assert params["served_at"] == NOW - 7.0
+    never = plans.booked_slots_params(dataclasses.replace(record, request_sent_at=None), FLEET, now=NOW)
+    assert never["served_at"] == record.created_at  # never sent: waiting since it was created
+    assert plans.booked_slots((2, NOW + 1.0, 1)) == (2, NOW + 1.0, 1)
+    assert plans.booked_slots((0, None, None)) == (0, None, 0)
+    assert plans.booked_slots(None) == (0, None, 0)
 
 
 def test_booked_slots_are_read_only_for_a_new_booking_under_fair_shares() -> None:

@@ -19,6 +19,14 @@ late agents just used it), the slot is kept and moved to the first moment it has
 (`PaceVerdict.at`), still held. A slot whose agent does not come within the hold
 is released: that agent books again, behind the others.
 
+The sends' clock keeps room for the held slots whose time came before the
+caller's and whose agents have not come yet (`owed`): otherwise agents that come
+on time, or with no slot at all, take the room of one that comes a little after
+its slot (its own jitter, a slower path to the database), and it is moved again
+and again. Under fair shares (`share_wait`) a principal's slots go to its
+operations oldest-waiting first, and a slot whose time has come counts as held
+until it is used, so a principal never holds more than its share.
+
 Pure: the engines read the pace row and the operation's `fleet_slot_at`, call
 `decide_pace` with the time read inside their transaction, and write what it says.
 """
@@ -75,24 +83,69 @@ class PaceVerdict:
 
 
 def decide_pace(
-    bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int
+    bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int, owed: int = 0
 ) -> PaceVerdict:
     """Send now, or the slot this operation holds (kept, or booked now); see the module's rule.
 
     `held_slot` is the operation's booked slot (`fleet_slot_at`), None without one;
     `now` is read where the decision is made, inside the transaction that writes it.
+    `owed` counts the other operations' held slots whose time came before this
+    one's (before `now` without one) and that are not used yet (`owed_slots`): the
+    sends' clock keeps room for them, so an agent that comes after its slot (its
+    jitter, a slower path to the database) is not beaten to that room by agents
+    that come on time, or by one with no slot at all.
     """
     sent = pace(bucket.sent_tat, now=now, rate=rate, burst=burst)
+    room = pace(_owing(bucket.sent_tat, owed, now=now, rate=rate), now=now, rate=rate, burst=burst)
     if slot_held(held_slot, now=now, rate=rate):
         assert held_slot is not None
         if now < held_slot:
             return PaceVerdict(False, held_slot, bucket, new_booking=False)
-        if sent.admitted:  # its slot is already counted on the bookings' clock
+        if room.admitted:  # its slot is already counted on the bookings' clock
             return PaceVerdict(True, now, PaceBucket(bucket.tat, sent.next_tat), new_booking=False)
-        return PaceVerdict(False, sent.slot_at, bucket, new_booking=False)
+        return PaceVerdict(False, room.slot_at, bucket, new_booking=False)
     booked = pace(bucket.tat, now=now, rate=rate, burst=burst)
-    if booked.admitted and sent.admitted:
+    if booked.admitted and room.admitted:
         return PaceVerdict(True, now, PaceBucket(booked.next_tat, sent.next_tat), new_booking=False)
     # A slot for later: the next free one, and never before the sends' clock has room.
-    at = booked.slot_at if not booked.admitted else sent.slot_at
+    at = booked.slot_at if not booked.admitted else room.slot_at
     return PaceVerdict(False, at, PaceBucket(booked.next_tat, bucket.sent_tat), new_booking=True)
+
+
+def _owing(sent_tat: float | None, owed: int, *, now: float, rate: float) -> float | None:
+    """The sends' clock as if the `owed` earlier held slots had just been used."""
+    if owed <= 0:
+        return sent_tat
+    return (now if sent_tat is None else max(sent_tat, now)) + owed / rate
+
+
+def owed_slots(held_slot: float | None, *, now: float, rate: float) -> tuple[float, float]:
+    """Which other operations' slots `decide_pace` keeps room for: held (from the first bound) and come
+    before this one's (before the second)."""
+    before = now if held_slot is None or held_slot > now else held_slot
+    return now - slot_hold_seconds(rate), before
+
+
+def share_wait(
+    *,
+    booked: int,
+    earliest: float | None,
+    older_waiting: bool,
+    fleet_slots: int | None,
+    now: float,
+    rate: float,
+) -> float | None:
+    """When fair shares keep an operation from booking a new slot: the time to look again (None: it may).
+
+    A principal holds at most `fleet_slots` slots (`booked`: its other operations'
+    slots still held, the `earliest` of them). They go to its operations
+    oldest-waiting first: one may book only when no other operation of its
+    principal that waits for the pace (and whose agent is still coming) has sent
+    its last request before this one did (`older_waiting`). So an agent that always
+    comes a little later than the others (its own jitter, a slower path) still
+    gets its turn. It looks again at the principal's earliest slot, or one
+    interval on.
+    """
+    if fleet_slots is None or (booked < fleet_slots and not older_waiting):
+        return None
+    return earliest if earliest is not None and earliest > now else now + 1.0 / rate

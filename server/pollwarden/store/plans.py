@@ -28,7 +28,14 @@ from pollwarden.core.vocabulary import (
     Status,
     status_for,
 )
-from pollwarden.rules.fleet_pace import PaceBucket, PaceVerdict, decide_pace
+from pollwarden.rules.fleet_pace import (
+    PaceBucket,
+    PaceVerdict,
+    decide_pace,
+    owed_slots,
+    share_wait,
+    slot_hold_seconds,
+)
 from pollwarden.rules.gate import GateDecision, Step, lease_busy, may_reserve
 from pollwarden.rules.job_identity import REOPENABLE, account_parts, duplicate_changes
 from pollwarden.rules.schedule import not_before
@@ -47,6 +54,8 @@ __all__ = [
     "Write",
     "answer_plan",
     "approval_outcome",
+    "booked_slots",
+    "booked_slots_params",
     "check_plan",
     "claim_plan",
     "decision_plan",
@@ -58,6 +67,7 @@ __all__ = [
     "needs_pace",
     "note_plan",
     "opening_event",
+    "owed_params",
     "pace_step",
     "question_plan",
     "quiet_refusal",
@@ -170,19 +180,61 @@ def pace_step(
     bucket: PaceBucket,
     *,
     now: float,
+    owed: int = 0,
 ) -> PaceVerdict | None:
     """What the provider's pace says for the gate's reservation now (`fleet_pace.decide_pace`, with the
-    operation's held slot); None when no pace is taken (`needs_pace`). `bucket`: the pace row as read."""
+    operation's held slot); None when no pace is taken (`needs_pace`). `bucket`: the pace row as read;
+    `owed`: `statements.PROVIDER_OWED_SLOTS` read with `owed_params`."""
     if fleet is None or not needs_pace(record, decision, fleet, now=now):
         return None
     return decide_pace(
-        bucket, now=now, held_slot=record.fleet_slot_at, rate=fleet.max_requests_per_second, burst=fleet.burst
+        bucket,
+        now=now,
+        held_slot=record.fleet_slot_at,
+        rate=fleet.max_requests_per_second,
+        burst=fleet.burst,
+        owed=owed,
     )
+
+
+def owed_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:
+    """The parameters of `statements.PROVIDER_OWED_SLOTS` for `record`'s check at `now`."""
+    held_since, before = owed_slots(record.fleet_slot_at, now=now, rate=fleet.max_requests_per_second)
+    return {
+        "provider": record.provider,
+        "operation_id": record.operation_id,
+        "held_since": held_since,
+        "before": before,
+    }
 
 
 def needs_booked_slots(step: PaceVerdict | None, fleet_slots: int | None) -> bool:
     """Whether the principal's booked slots decide the check (a new slot would be booked, fair shares apply)."""
     return step is not None and step.new_booking and fleet_slots is not None
+
+
+def booked_slots_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:
+    """The parameters of `statements.PRINCIPAL_BOOKED_SLOTS` for `record`'s check at `now`."""
+    return {
+        "provider": record.provider,
+        "owner": record.owner,
+        "operation_id": record.operation_id,
+        "held_since": now - slot_hold_seconds(fleet.max_requests_per_second),
+        # Waiting since its last request (or since it was created): the oldest goes first.
+        "served_at": record.created_at if record.request_sent_at is None else record.request_sent_at,
+    }
+
+
+def booked_slots(row: tuple[object, ...] | None) -> tuple[int, float | None, int]:
+    """`statements.PRINCIPAL_BOOKED_SLOTS` as read: (slots held, the earliest, operations waiting longer)."""
+    if row is None:
+        return 0, None, 0
+    count, earliest, older = row[0], row[1], row[2]
+    return (
+        int(str(count or 0)),
+        None if earliest is None else float(str(earliest)),
+        int(str(older or 0)),
+    )
 
 
 def check_plan(
@@ -194,8 +246,9 @@ def check_plan(
     lease_seconds: float,
     step: PaceVerdict | None = None,
     bucket: PaceBucket | None = None,
-    booked: tuple[int, float | None] | None = None,
+    booked: tuple[int, float | None, int] | None = None,
     fleet_slots: int | None = None,
+    fleet: FleetSpec | None = None,
 ) -> Plan:
     """What the gate's verdict writes (the verdict must write: `decision.writes`).
 
@@ -203,9 +256,10 @@ def check_plan(
     request, after the pending refusals and, when an expired lease is taken,
     the `lease_recovered` row. A reservation takes the provider's pace `step`
     first (`pace_step`): when the pace is used up the operation books the next
-    free slot instead (PACED), unless fair shares apply — its principal already
-    holds `fleet_slots` booked slots (`booked`: how many, and the earliest) —
-    then it waits for the earliest of them and takes nothing from the pace.
+    free slot instead (PACED), unless fair shares apply (`fleet_pace.share_wait`:
+    its principal already holds `fleet_slots` slots, or another of its operations
+    has waited longer; `booked` as `booked_slots` reads it) — then it waits and
+    takes nothing from the pace.
     Otherwise the request is counted and the lease taken (an expired lease
     recovered and told first).
     """
@@ -234,11 +288,21 @@ def check_plan(
             Append(event(stopped, "stopped", now, outcome=Outcome.STOPPED)),
         )
         return Plan(stopped, writes, decision)
-    share_used = fleet_slots is not None and booked is not None and booked[0] >= fleet_slots
-    if needs_booked_slots(step, fleet_slots) and share_used and booked is not None and booked[1] is not None:
-        wait = {"fleet_slot_at": None, "next_check_at": booked[1], "delay_source": DelaySource.FLEET_PACING}
+    until = None
+    if needs_booked_slots(step, fleet_slots) and booked is not None and fleet is not None:
+        count, earliest, older = booked
+        until = share_wait(
+            booked=count,
+            earliest=earliest,
+            older_waiting=older > 0,
+            fleet_slots=fleet_slots,
+            now=now,
+            rate=fleet.max_requests_per_second,
+        )
+    if until is not None:
+        wait = {"fleet_slot_at": None, "next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
         waiting = updated(record, wait, now)
-        return Plan(waiting, (Update(wait, now),), GateDecision(Step.PACED, allowed_at=booked[1]))
+        return Plan(waiting, (Update(wait, now),), GateDecision(Step.PACED, allowed_at=until))
     taken: tuple[Write, ...] = ()
     if step is not None and step.bucket != bucket:
         # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.

@@ -78,11 +78,26 @@ RESERVE = (
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
 
-# Fair shares (issue 19): the future fleet slots one principal holds for a provider (read with the
-# provider's pace taken first: SQLite's write lock, PostgreSQL's locked pace row).
+# Fair shares (issue 19): the fleet slots one principal's other operations hold for a provider (still
+# held: after `held_since`), the earliest, and how many of them wait for the pace without a slot, their
+# agents still coming, since a request older than `served_at` (issue 29: oldest-waiting first). Read with
+# the provider's pace taken first (SQLite's write lock, PostgreSQL's locked pace row).
 PRINCIPAL_BOOKED_SLOTS = (
-    "SELECT count(*), min(fleet_slot_at) FROM operations WHERE provider = :provider AND owner = :owner "
-    "AND fleet_slot_at > :now AND status = 'waiting' AND operation_id <> :operation_id"
+    "SELECT coalesce(sum(CASE WHEN fleet_slot_at > :held_since THEN 1 ELSE 0 END), 0), "
+    "min(CASE WHEN fleet_slot_at > :held_since THEN fleet_slot_at END), "
+    "coalesce(sum(CASE WHEN delay_source = 'fleet_pacing' AND lease_owner IS NULL "
+    "AND (fleet_slot_at IS NULL OR fleet_slot_at <= :held_since) AND next_check_at >= :held_since "
+    "AND coalesce(request_sent_at, created_at) < :served_at THEN 1 ELSE 0 END), 0) "
+    "FROM operations WHERE provider = :provider AND owner = :owner "
+    "AND status = 'waiting' AND operation_id <> :operation_id"
+)
+
+# The other operations' held fleet slots whose time has come (from `held_since` to before `before`) and
+# that are not used yet: the sends' clock keeps room for them (`fleet_pace.decide_pace`'s `owed`).
+PROVIDER_OWED_SLOTS = (
+    "SELECT count(*) FROM operations WHERE provider = :provider AND status = 'waiting' "
+    "AND lease_owner IS NULL AND fleet_slot_at >= :held_since AND fleet_slot_at < :before "
+    "AND operation_id <> :operation_id"
 )
 
 ANY_PENDING_REFUSALS_OF = "SELECT 1 FROM operations WHERE operation_id = :operation_id AND refused_count > 0"

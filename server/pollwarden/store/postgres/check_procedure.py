@@ -103,12 +103,17 @@ class CheckProcedure(PostgresBase):
                 cursor,
             ),
         ):
-            pace_cursor = None
+            pace_cursor = owed_cursor = None
             if fleet is not None:
                 await tx.queue(sql.ENSURE_FLEET_ROW, {"provider": current.record.provider})
                 pace_cursor = await tx.queue(sql.LOCK_FLEET_ROW, {"provider": current.record.provider})
+                # In the same trip, once the pace row is locked: bounded by the time before the trip.
+                params = plans.owed_params(current.record, fleet, now=at)
+                owed_cursor = await tx.queue(statements.PROVIDER_OWED_SLOTS, params)
             current = operation(await tx.read(cursor), operation_id)
             pace_row = None if pace_cursor is None else await tx.read(pace_cursor)
+            owed_row = None if owed_cursor is None else await tx.read(owed_cursor)
+            owed = 0 if owed_row is None else int(owed_row[0])
             bucket = bucket_from_row(pace_row)
             now = clock() if clock is not None else now
             decision = await self._decide(
@@ -117,7 +122,7 @@ class CheckProcedure(PostgresBase):
             if not decision.writes:
                 return CheckStart(current.record, decision)
             return await _carry_out(
-                writer, current, decision, now, owner, lease_seconds, fleet, bucket, fleet_slots
+                writer, current, decision, now, owner, lease_seconds, fleet, bucket, fleet_slots, owed
             )
 
     def _pace_turn_if(self, fleet: FleetSpec | None, provider: str) -> AbstractAsyncContextManager[None]:
@@ -278,20 +283,15 @@ async def _carry_out(
     fleet: FleetSpec | None,
     bucket: PaceBucket,
     fleet_slots: int | None = None,
+    owed: int = 0,
 ) -> CheckStart:
     """Write what the gate decided on the locked row (and the locked pace row): `plans.check_plan`."""
     record = current.record
-    step = plans.pace_step(record, decision, fleet, bucket, now=now)
+    step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed)
     booked = None
-    if plans.needs_booked_slots(step, fleet_slots):
-        params = {
-            "provider": record.provider,
-            "owner": record.owner,
-            "now": now,
-            "operation_id": record.operation_id,
-        }
-        row = await writer.tx.one(statements.PRINCIPAL_BOOKED_SLOTS, params)
-        booked = None if row is None else (int(row[0]), None if row[1] is None else float(row[1]))
+    if plans.needs_booked_slots(step, fleet_slots) and fleet is not None:
+        params = plans.booked_slots_params(record, fleet, now=now)
+        booked = plans.booked_slots(await writer.tx.one(statements.PRINCIPAL_BOOKED_SLOTS, params))
     plan = plans.check_plan(
         record,
         decision,
@@ -302,5 +302,6 @@ async def _carry_out(
         bucket=bucket,
         booked=booked,
         fleet_slots=fleet_slots,
+        fleet=fleet,
     )
     return CheckStart(await writer.carry_out(current, plan), plan.decision or decision)

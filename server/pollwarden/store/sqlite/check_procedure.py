@@ -124,16 +124,14 @@ def _carry_out(
     step = bucket = booked = None
     if plans.needs_pace(record, decision, fleet, now=now):
         bucket = bucket_from_row(conn.execute(sql.SELECT_FLEET_TAT, {"provider": record.provider}).fetchone())
-        step = plans.pace_step(record, decision, fleet, bucket, now=now)
-        if plans.needs_booked_slots(step, fleet_slots):
-            held = {
-                "provider": record.provider,
-                "owner": record.owner,
-                "now": now,
-                "operation_id": record.operation_id,
-            }
-            count, earliest = conn.execute(statements.PRINCIPAL_BOOKED_SLOTS, held).fetchone()
-            booked = (int(count), None if earliest is None else float(earliest))
+        owed = 0
+        if fleet is not None:
+            params = plans.owed_params(record, fleet, now=now)
+            owed = int(conn.execute(statements.PROVIDER_OWED_SLOTS, params).fetchone()[0])
+        step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed)
+        if plans.needs_booked_slots(step, fleet_slots) and fleet is not None:
+            params = plans.booked_slots_params(record, fleet, now=now)
+            booked = plans.booked_slots(conn.execute(statements.PRINCIPAL_BOOKED_SLOTS, params).fetchone())
     plan = plans.check_plan(
         record,
         decision,
@@ -144,6 +142,7 @@ def _carry_out(
         bucket=bucket,
         booked=booked,
         fleet_slots=fleet_slots,
+        fleet=fleet,
     )
     executor.carry_out(conn, current, plan, key, durable=session.durable, fresh=fresh)
     return CheckStart(plan.record, plan.decision or decision)
