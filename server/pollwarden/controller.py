@@ -391,7 +391,6 @@ class Controller:
                 self.store,
                 request_fingerprint,
                 exclude=stored_id(operation_id) if stored_id is not None and operation_id else operation_id,
-                owner=owner,
             )
             if submit is not None
             else None
