@@ -287,6 +287,15 @@ class OperationView(BaseModel):
     )
 
 
+def budgets(view: OperationView) -> list[tuple[str, int, int]]:
+    """Each budget beside its limit, as (what, used, limit): what every page shows a person (issue 30 item 9)."""
+    return [
+        ("Status requests", view.status_requests_used, view.max_status_requests),
+        ("Transport failures", view.transport_failures_used, view.max_transport_failures),
+        ("Rate limited", view.rate_limited_used, view.max_rate_limited),
+    ]
+
+
 def human_duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 120:

@@ -50,7 +50,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pollwarden.approvals import describe_request
+from pollwarden.approvals import describe_request, offered_view
 from pollwarden.audit import Anchor, AuditError, audit_operation_ids, export_jsonl
 from pollwarden.audit_story import render_story
 from pollwarden.audit_verify import VerifyResult, describe_mode, verify_chain
@@ -66,7 +66,7 @@ from pollwarden.records import OperationRecord
 from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
 from pollwarden.timefmt import iso, to_datetime
 from pollwarden.untrusted import one_line, quoted
-from pollwarden.views import human_duration, operation_view
+from pollwarden.views import budgets, human_duration
 from pollwarden.vocabulary import Status, StopReason
 from pollwarden_providers.table import ProviderTable
 
@@ -492,7 +492,10 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         await store.flush_refusals(operation_id)
         rows = await store.audit_rows(operation_id)
         now = settings.clock.now()
-        view = operation_view(record, state.tables.get(record.provider), now=now)
+        # The agent's view, by the same rule: no extension shown that the call would refuse (issue 30).
+        view = await offered_view(
+            store, record, state.tables.get(record.provider), settings.config.caps, now=now
+        )
         approvals = await store.list_approvals(operation_id=operation_id)
         live = sorted(
             (a for a in approvals if a.status == "pending" and a.expires_at > now), key=lambda a: a.expires_at
@@ -509,7 +512,10 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             approvals=approvals,
             cards=[_card(a, record, now) for a in live],
             needs=needs,
-            summary=reading.summary(record, needs, now),
+            summary=reading.summary(
+                record, needs, now, may_extend="request_extension" in view.allowed_actions
+            ),
+            budgets=budgets(view),
             next_words=reading.next_check_words(record, now),
             deadline_words=reading.deadline_words(record, now),
         )
