@@ -251,7 +251,8 @@ async def record_answer(
             controller,
             record,
             decision,
-            f"{text}; nothing changed. " + _after_no(record, controller.clock.now()),
+            f"{text}; nothing changed. "
+            + _after_no(record, await ask_verdict(controller.store, record, now=controller.clock.now())),
         )
     )
 
@@ -567,17 +568,23 @@ def _without_asking(result: ExtensionResult) -> ExtensionResult:
     )
 
 
-def _after_no(record: OperationRecord, now: float) -> str:
-    """After a denial: what may come next; request_extension only with something new (`pollwarden.questions`)."""
+def _after_no(record: OperationRecord, asked: questions.AskVerdict) -> str:
+    """After a denial: what may come next; request_extension only with something new (`pollwarden.questions`).
+
+    `asked` is whether a person may be asked again, the denial counted: once the bound is reached, it
+    says no more questions are asked rather than when to ask again.
+    """
     others = [a for a in record_allowed(record) if a != "request_extension"]
     text = "Allowed next: " + (", ".join(others) or "nothing; a person takes over") + "."
-    if "request_extension" in record_allowed(record):
-        text += (
-            f" A denial is an answer: request_extension again only with something new — a new answer from the "
-            f"provider, or from {iso(now + questions.ASK_AGAIN_AFTER_SECONDS)} — and at most "
-            f"{questions.MAX_QUESTIONS_PER_OPERATION} questions per operation."
-        )
-    return text
+    if "request_extension" not in record_allowed(record):
+        return text
+    if not asked.allowed and asked.again_at is None:
+        return text + f" A denial is an answer, and {asked.refusal}."
+    again = f"from {iso(asked.again_at)}" if asked.again_at is not None else "later"
+    return text + (
+        f" A denial is an answer: request_extension again only with something new — a new answer from the "
+        f"provider, or {again} — and at most {questions.MAX_QUESTIONS_PER_OPERATION} questions per operation."
+    )
 
 
 def record_allowed(record: OperationRecord) -> list[str]:

@@ -102,6 +102,11 @@ async def _result(
     )
 
 
+async def _offered(controller: Controller, record: OperationRecord) -> list[str]:
+    """The allowed actions a refusal names: the view's, so none is named that would be refused too."""
+    return (await controller.view(record)).allowed_actions
+
+
 async def fetch_result(controller: Controller, operation_id: str) -> FollowUpResult:
     """Validated result fields, recorded as their own follow-up.
 
@@ -121,7 +126,7 @@ async def fetch_result(controller: Controller, operation_id: str) -> FollowUpRes
             f"Refused: fetch_result is allowed only after a validated success, or after an end state whose "
             f"provider documents result fields; the operation is "
             f"{record.status}{' (' + record.stop_reason + ')' if record.stop_reason else ''}. "
-            f"Allowed actions: {allowed_actions(record, table) or 'none'}.",
+            f"Allowed actions: {await _offered(controller, record) or 'none'}.",
         )
     succeeded = record.status == "succeeded"
     followup_id = f"fu-{uuid.uuid4().hex[:10]}"
@@ -164,14 +169,15 @@ async def plan_cancel(controller: Controller, operation_id: str) -> CancelPlan:
             operation_id=operation_id,
             allowed=False,
             refusal=f"provider {record.provider!r} documents no cancel call (its table has no [cancel]); "
-            f"allowed actions: {actions or 'none'}",
+            f"allowed actions: {await _offered(controller, record) or 'none'}",
         )
     if "cancel_operation" not in actions:
         return CancelPlan(
             operation_id=operation_id,
             allowed=False,
             refusal=f"cancel_operation is not allowed while the operation is {record.status}"
-            f"{' (' + record.stop_reason + ')' if record.stop_reason else ''}; allowed actions: {actions or 'none'}",
+            f"{' (' + record.stop_reason + ')' if record.stop_reason else ''}; allowed actions: "
+            f"{await _offered(controller, record) or 'none'}",
         )
     approvals = await controller.store.list_approvals(operation_id=operation_id, status="approved")
     approved = next((a for a in approvals if a.kind == "cancel" and a.bound_version == record.version), None)

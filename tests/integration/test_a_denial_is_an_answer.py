@@ -48,11 +48,16 @@ async def test_a_person_who_declined_is_not_asked_again_for_nothing_and_at_most_
             assert "a person declined at" in refused["message"]
             assert "request_extension" not in refused["operation"]["allowed_actions"]
         # A later time is something new, up to the bound.
+        again: dict[str, Any] = {}
         for asked in range(2, MAX_QUESTIONS_PER_OPERATION + 1):
             h.clock.advance(ASK_AGAIN_AFTER_SECONDS)
             again = view(await client.call_tool("request_extension", _extend("no8")))
             assert again["decision"] == "denied"
             assert len(person.questions) == asked
+        # The last question allowed was declined: the agent is told no more are asked, not when to ask again.
+        assert "nothing more is asked: a person takes over" in again["message"]
+        assert "request_extension again" not in again["message"]
+        assert "request_extension" not in again["operation"]["allowed_actions"]
         h.clock.advance(ASK_AGAIN_AFTER_SECONDS)
         bounded = view(await client.call_tool("request_extension", _extend("no8")))
     assert bounded["decision"] == "refused"
@@ -181,6 +186,11 @@ async def test_after_a_denial_no_view_offers_request_extension_until_asking_agai
         assert len(after) == 5
         assert not any(offers_extension(v) for v in after)
         assert all("extend waiting once" not in v["escalation"]["message"] for v in after)
+        # A refusal of another tool names the same allowed actions.
+        fetched = view(await client.call_tool("fetch_result", {"operation_id": "op-views"}))
+        assert fetched["decision"] == "refused"
+        assert "request_extension" not in fetched["message"]
+        assert "request_extension" not in fetched["allowed_actions"]
         # From the time asking again is allowed, every view offers it again, and the call is accepted.
         h.clock.advance(ASK_AGAIN_AFTER_SECONDS)
         assert all(offers_extension(v) for v in await every_view())
