@@ -468,3 +468,42 @@ async def test_the_operation_page_offers_an_extension_only_where_the_agent_may_a
         assert "Status requests: 1 of 1" in page_text
         assert "Transport failures: 0 of 3" in page_text
         assert "Rate limited: 0 of 3" in page_text
+
+
+async def test_an_operator_sees_which_operation_holds_a_duplicates_job_though_the_other_principal_is_not_told(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    from functools import partial
+
+    from pollwarden.ownership import stored_id
+    from pollwarden.principals import Principal
+    from pollwarden.server import controller_factory
+
+    h = harness(tmp_path, fake)
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)
+    async with factory() as controller:
+        for who, name, job in (("alice", "holder", "dj-1"), ("bob", "late", "dj-2")):
+            fake.script(job, [pending("running")])
+            principal = Principal(who, authenticated=True)
+            await controller.start_operation(
+                provider="acme",
+                operation_id=name,
+                provider_job_id=job,
+                owner=who,
+                stored_id=partial(stored_id, principal),
+            )
+        db_write(  # what schema step 14 does where two principals tracked one job
+            h.database,
+            "UPDATE operations SET duplicate_of = ?, provider_job_id = ?, next_check_at = ? WHERE operation_id = ?",
+            "@alice/holder",
+            "dj-1",
+            h.clock.now(),
+            "@bob/late",
+        )
+        told = await controller.check_status("@bob/late", wait_seconds=30)
+    assert told.stop_reason == "job_already_tracked"
+    assert "@alice/holder" not in told.model_dump_json()
+    async with session(h) as (client, base):
+        page_text = (await client.get(base + "/operation", params={"id": "@bob/late"})).text
+    assert re.search(r'<dd id="job-holder">.*?@alice/holder', page_text)
+    assert "tracked on this server under another principal" in page_text
