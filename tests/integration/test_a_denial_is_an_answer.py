@@ -9,17 +9,20 @@ became void. Both protocol eras, both engines.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp_types import TextResourceContents
 
 from harness import make_harness, make_operator, view
 from pollwarden.core.clock import FakeClock
 from pollwarden.rules.questions import ASK_AGAIN_AFTER_SECONDS, MAX_QUESTIONS_PER_OPERATION
 from pollwarden.store import open_store
-from tests.integration.test_approvals import ERAS, Person, _cli, _exhaust, _extend
+from tests.integration.test_app_card import apps_client
+from tests.integration.test_approvals import ERAS, Person, _cli, _exhaust, _extend  # pyright: ignore[reportPrivateUsage]
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = pytest.mark.anyio
@@ -45,11 +48,16 @@ async def test_a_person_who_declined_is_not_asked_again_for_nothing_and_at_most_
             assert "a person declined at" in refused["message"]
             assert "request_extension" not in refused["operation"]["allowed_actions"]
         # A later time is something new, up to the bound.
+        again: dict[str, Any] = {}
         for asked in range(2, MAX_QUESTIONS_PER_OPERATION + 1):
             h.clock.advance(ASK_AGAIN_AFTER_SECONDS)
             again = view(await client.call_tool("request_extension", _extend("no8")))
             assert again["decision"] == "denied"
             assert len(person.questions) == asked
+        # The last question allowed was declined: the agent is told no more are asked, not when to ask again.
+        assert "nothing more is asked: a person takes over" in again["message"]
+        assert "request_extension again" not in again["message"]
+        assert "request_extension" not in again["operation"]["allowed_actions"]
         h.clock.advance(ASK_AGAIN_AFTER_SECONDS)
         bounded = view(await client.call_tool("request_extension", _extend("no8")))
     assert bounded["decision"] == "refused"
@@ -135,3 +143,56 @@ async def test_a_question_asked_about_the_operation_as_it_was_leaves_the_pending
     assert pending_ids == [asked["approval_id"]]
     assert voided is not None
     assert voided.status == "void"
+
+
+def offers_extension(shown: dict[str, Any]) -> bool:
+    """Whether a view lists request_extension, or offers it among its escalation's options."""
+    escalation: dict[str, Any] = shown.get("escalation") or {}
+    options = [str(o["action"]) for o in escalation.get("options", [])]
+    listed = "request_extension" in shown["allowed_actions"]
+    assert listed == ("request_extension" in options), shown
+    return listed
+
+
+async def test_after_a_denial_no_view_offers_request_extension_until_asking_again_is_allowed(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    person = Person("accept", {"decision": "deny"})
+    h = make_harness(tmp_path, fake)
+    async with h.client(elicitation_callback=person) as client, apps_client(h) as host:
+
+        async def every_view() -> list[dict[str, Any]]:
+            op = {"operation_id": "op-views"}
+            listed = view(await client.call_tool("list_operations", {}))["operations"]
+            (content,) = (await client.read_resource("pollwarden://operations/op-views")).contents
+            assert isinstance(content, TextResourceContents)
+            resource = json.loads(content.text)
+            card = view(await host.call_tool("app_card_state", op))["operation"]
+            return [
+                view(await client.call_tool("get_operation", op)),
+                view(await client.call_tool("check_status", op)),
+                *[o for o in listed if o["operation_id"] == "op-views"],
+                resource,
+                card,
+            ]
+
+        stopped = await _exhaust(h, client, "views")
+        assert offers_extension(stopped)
+        assert all(offers_extension(v) for v in await every_view())
+        denied = view(await client.call_tool("request_extension", _extend("views")))
+        assert denied["decision"] == "denied"
+        # Declined: every view leaves request_extension out, as the refusal would say (issue 30 item 10).
+        after = await every_view()
+        assert len(after) == 5
+        assert not any(offers_extension(v) for v in after)
+        assert all("extend waiting once" not in v["escalation"]["message"] for v in after)
+        # A refusal of another tool names the same allowed actions.
+        fetched = view(await client.call_tool("fetch_result", {"operation_id": "op-views"}))
+        assert fetched["decision"] == "refused"
+        assert "request_extension" not in fetched["message"]
+        assert "request_extension" not in fetched["allowed_actions"]
+        # From the time asking again is allowed, every view offers it again, and the call is accepted.
+        h.clock.advance(ASK_AGAIN_AFTER_SECONDS)
+        assert all(offers_extension(v) for v in await every_view())
+        assert view(await client.call_tool("request_extension", _extend("views")))["decision"] == "denied"
+        assert len(person.questions) == 2

@@ -436,3 +436,74 @@ async def test_the_operation_page_takes_the_id_an_agent_chose_and_names_the_owne
         none = await client.get(base + "/operation", params={"id": "nothing"})
         assert none.status_code == 404
         assert "No operation" in none.text
+
+
+async def test_the_operation_page_offers_an_extension_only_where_the_agent_may_ask_and_shows_each_budget_of_its_limit(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    from tests.integration.test_approvals import Person
+
+    h = harness(tmp_path, fake)
+    await stop_after_one(h, "denied")
+    async with session(h) as (client, base):
+        before = (await client.get(base + "/operation", params={"id": "op-denied"})).text
+        async with h.client(elicitation_callback=Person("accept", {"decision": "deny"})) as agent:
+            args = {
+                "operation_id": "op-denied",
+                "extra_seconds": 900,
+                "extra_status_requests": 4,
+                "reason": "x",
+            }
+            assert view(await agent.call_tool("request_extension", args))["decision"] == "denied"
+        after = (await client.get(base + "/operation", params={"id": "op-denied"})).text
+    allowed = re.compile(r"<dt>Allowed actions</dt><dd>([^<]*)</dd>")
+    assert "request_extension" in allowed.findall(before)[0]
+    assert "the agent may ask for more" in before
+    # A person declined: asking again now would be refused, so the page offers it nowhere (issue 30).
+    assert "request_extension" not in allowed.findall(after)[0]
+    assert "extend waiting once" not in after
+    assert "the agent may not ask for more now" in after
+    # Every budget beside its limit, from the same function as the agent's operation view.
+    for page_text in (before, after):
+        assert "Status requests: 1 of 1" in page_text
+        assert "Transport failures: 0 of 3" in page_text
+        assert "Rate limited: 0 of 3" in page_text
+
+
+async def test_an_operator_sees_which_operation_holds_a_duplicates_job_though_the_other_principal_is_not_told(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    from functools import partial
+
+    from pollwarden.access.ownership import stored_id
+    from pollwarden.access.principals import Principal
+    from pollwarden.surface.server import controller_factory
+
+    h = harness(tmp_path, fake)
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)
+    async with factory() as controller:
+        for who, name, job in (("alice", "holder", "dj-1"), ("bob", "late", "dj-2")):
+            fake.script(job, [pending("running")])
+            principal = Principal(who, authenticated=True)
+            await controller.start_operation(
+                provider="acme",
+                operation_id=name,
+                provider_job_id=job,
+                owner=who,
+                stored_id=partial(stored_id, principal),
+            )
+        db_write(  # what schema step 14 does where two principals tracked one job
+            h.database,
+            "UPDATE operations SET duplicate_of = ?, provider_job_id = ?, next_check_at = ? WHERE operation_id = ?",
+            "@alice/holder",
+            "dj-1",
+            h.clock.now(),
+            "@bob/late",
+        )
+        told = await controller.check_status("@bob/late", wait_seconds=30)
+    assert told.stop_reason == "job_already_tracked"
+    assert "@alice/holder" not in told.model_dump_json()
+    async with session(h) as (client, base):
+        page_text = (await client.get(base + "/operation", params={"id": "@bob/late"})).text
+    assert re.search(r'<dd id="job-holder">.*?@alice/holder', page_text)
+    assert "tracked on this server under another principal" in page_text

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from harness import Harness, check, database_in, db_rows, error_text, make_harness, track, view
+from harness import Harness, check, database_in, db_rows, db_write, error_text, make_harness, track, view
 from pollwarden.audit.chain import read_rows
 from pollwarden.store import open_store
 from pollwarden.store.migrations.sqlite import MIGRATIONS, split_sql
@@ -415,3 +415,51 @@ async def test_job_ids_are_compared_in_the_tables_canonical_form_so_one_job_writ
         assert polled["outcome"] == "polled"
     assert len(fake.status_requests("run-42")) == 1
     assert [r["operation_id"] for r in db_rows(h.db_path, "SELECT operation_id FROM operations")] == ["one"]
+
+
+async def test_a_duplicate_marked_across_principals_stops_without_naming_the_other_principals_operation(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    from functools import partial
+
+    from pollwarden.access.ownership import renamed, stored_id
+    from pollwarden.access.principals import Principal
+    from pollwarden.surface.server import controller_factory
+
+    alice, bob = Principal("alice", authenticated=True), Principal("bob", authenticated=True)
+    fake.script("shared-old", [pending("running")])
+    fake.script("bobs-old", [pending("running")])
+    h = make_harness(tmp_path, fake)
+    write_table(h.tables_dir, h.table)
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng, environ=h.environ)
+    async with factory() as controller:
+        for principal, name, job in ((alice, "held-here", "shared-old"), (bob, "his", "bobs-old")):
+            await controller.start_operation(
+                provider="acme",
+                operation_id=name,
+                provider_job_id=job,
+                owner=principal.name,
+                stored_id=partial(stored_id, principal),
+            )
+        # What schema step 14 did to a database where two principals tracked one job: the later one is
+        # marked duplicate_of the earliest, whoever owns it.
+        db_write(
+            h.database,
+            "UPDATE operations SET duplicate_of = ?, provider_job_id = ?, next_check_at = ? WHERE operation_id = ?",
+            "@alice/held-here",
+            "shared-old",
+            h.clock.now(),
+            "@bob/his",
+        )
+        stopped = renamed(await controller.check_status("@bob/his", wait_seconds=30), bob)
+        shown = renamed(await controller.get_operation("@bob/his"), bob)
+    for seen in (stopped, shown):
+        assert (seen.stop_reason, seen.duplicate_of) == ("job_already_tracked", None)
+        text = seen.model_dump_json()
+        assert "alice" not in text
+        assert "held-here" not in text
+        assert "under another principal" in (seen.stop_detail or "")
+        assert "under another principal" in seen.message
+    assert fake.status_requests("shared-old") == []
+    rows = db_rows(h.database, "SELECT duplicate_of FROM operations WHERE operation_id = ?", "@bob/his")
+    assert rows == [{"duplicate_of": "@alice/held-here"}]  # an operator still reads it in the store

@@ -24,6 +24,7 @@ from pollwarden.access.operator_keys import OperatorPolicy
 from pollwarden.access.principals import PrincipalLogFilter
 from pollwarden.audit.chain import read_rows
 from pollwarden.core.untrusted import OneLineFormatter
+from pollwarden.store import open_store
 from tests.integration.test_http_auth import AGENT, OPERATOR, Served, add_token, served
 from tests.support.auth_helpers import bearer_client
 from tests.support.fake_provider import FakeProvider, failed, pending, succeeded
@@ -347,7 +348,14 @@ async def test_an_operator_token_cannot_decide_where_the_operator_requires_a_sig
 PAYLOAD = {"report": "q3", "format": "csv"}
 
 
-async def test_a_resubmission_counts_only_the_principals_own_payloads_and_only_an_operator_approves_it(
+async def asked_question(t: Team, operation_id: str) -> str:
+    """The question the approval about `operation_id` puts to a person (what an operator and the card show)."""
+    async with open_store(t.s.h.database) as store:
+        (approval,) = await store.list_approvals(operation_id=operation_id)
+    return str(approval.request["question"])
+
+
+async def test_a_payload_that_failed_for_another_principal_needs_a_person_who_is_not_told_whose_it_was(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     def submissions() -> int:
@@ -355,6 +363,12 @@ async def test_a_resubmission_counts_only_the_principals_own_payloads_and_only_a
 
     def submit(op: str) -> dict[str, Any]:
         return {"provider": "acme", "operation_id": op, "submit": PAYLOAD}
+
+    def hides_alice(text: str) -> None:
+        assert "alice" not in text
+        assert '"first"' not in text
+        assert "/first" not in text
+        assert "disk full" not in text
 
     # Tool confirmation would let the local user's client approve it: an authenticated agent's never does.
     async with team(tmp_path, fake, approval_mode="tool-confirmation") as t:
@@ -364,17 +378,44 @@ async def test_a_resubmission_counts_only_the_principals_own_payloads_and_only_a
             ended = view(await alice.call_tool("check_status", {"operation_id": "first", "wait_seconds": 30}))
             assert ended["status"] == "failed"
         fake.script_new_jobs([pending("running")])
+        # The provider saw this payload fail, whoever sent it: bob's same payload waits for a person too
+        # (issue 30 item 3), and nothing he is shown names alice's operation, her or its facts.
         async with t.as_("bob") as bob:
-            theirs = view(await bob.call_tool("start_operation", submit("b-1")))
-        # alice's failure is not bob's: his same payload is sent at once, and nothing names her operation.
-        assert theirs["status"] == "waiting"
-        assert "first" not in json.dumps(theirs)
-        assert submissions() == 2
-        async with t.as_("alice") as alice:
-            held = view(await alice.call_tool("start_operation", submit("again")))
+            held = view(await bob.call_tool("start_operation", submit("b-1")))
             assert held["status"] == "submitting"
             assert "A person must decide" in held["message"]
-            assert submissions() == 2
+            hides_alice(json.dumps(held))
+            assert submissions() == 1
+        question = await asked_question(t, "@bob/b-1")
+        assert "already ended without success on this server for another principal" in question
+        hides_alice(question)
+        async with t.as_("ops") as ops:
+            listed = view(await ops.call_tool("list_approvals", {}))["approvals"]
+            assert [(a["operation_id"], a["owner"], a["kind"]) for a in listed] == [
+                ("@bob/b-1", "bob", "resubmission")
+            ]
+            view(
+                await ops.call_tool(
+                    "decide_approval", {"approval_id": listed[0]["approval_id"], "decision": "deny"}
+                )
+            )
+        async with t.as_("bob") as bob:
+            denied = view(await bob.call_tool("start_operation", submit("b-1")))
+            story = str(await bob.read_resource("pollwarden://operations/b-1/audit"))
+        assert denied["status"] == "submitting"
+        assert (
+            "denied resubmitting a payload that ended on this server for another principal"
+            in denied["message"]
+        )
+        hides_alice(json.dumps(denied))
+        hides_alice(story)
+        assert submissions() == 1
+        # alice's own resubmission names her earlier operation to her, and an operator approves it.
+        async with t.as_("alice") as alice:
+            mine = view(await alice.call_tool("start_operation", submit("again")))
+            assert mine["status"] == "submitting"
+            assert submissions() == 1
+        assert 'It was submitted before as "@alice/first"' in await asked_question(t, "@alice/again")
         async with t.as_("ops") as ops:
             listed = view(await ops.call_tool("list_approvals", {}))["approvals"]
             assert [(a["operation_id"], a["owner"], a["kind"]) for a in listed] == [
@@ -388,7 +429,7 @@ async def test_a_resubmission_counts_only_the_principals_own_payloads_and_only_a
         async with t.as_("alice") as alice:
             sent = view(await alice.call_tool("start_operation", submit("again")))
         assert (sent["operation_id"], sent["status"]) == ("again", "waiting")
-        assert submissions() == 3
+        assert submissions() == 2
         approved = [r for r in read_rows(t.s.h.db_path, "@alice/again") if r.kind == "resubmission_approved"]
         assert [(r.payload_obj["approved_by"], r.payload_obj["authenticated_by"]) for r in approved] == [
             ("ops", "http-operator")

@@ -92,7 +92,7 @@ def test_every_offered_action_is_one_the_tools_accept_and_no_refused_one_is_list
             assert accepted(record, option.arguments) is None, option.arguments
     base = allowed_actions(record, TABLE)
     if "request_extension" in base:
-        arguments = next(
+        arguments: dict[str, object] = next(
             (o.arguments for o in offered if o.action == "request_extension"),
             {"extra_seconds": 900.0, "extra_status_requests": 4},
         )
@@ -123,3 +123,19 @@ def test_with_every_extension_used_request_extension_is_neither_listed_nor_offer
     assert view.escalation is not None
     assert all(o.action != "request_extension" for o in view.escalation.options)
     assert "extend waiting once" not in view.escalation.message
+
+
+def test_while_a_person_may_not_be_asked_again_request_extension_is_neither_listed_nor_offered() -> None:
+    from pollwarden.rules.questions import Ask, may_ask
+
+    record = stopped(StopReason.REQUEST_BUDGET_EXHAUSTED)
+    declined = may_ask([Ask(1550.0, declined=True)], [], now=NOW, last_answer_at=1400.0)
+    later = may_ask([Ask(1550.0, declined=True)], [], now=1550.0 + 900.0, last_answer_at=1400.0)
+    args = {"operation_id": record.operation_id, "extra_seconds": 900.0, "extra_status_requests": 4}
+    check = partial(offered_extension_refusal, table=TABLE, caps=CAPS, now=NOW)
+    assert "a person declined at" in (check(record, args, asked=declined) or "")
+    assert check(record, args, asked=later) is None
+    view = operation_view(record, TABLE, now=NOW, extension_check=partial(check, asked=declined))
+    assert "request_extension" not in view.allowed_actions
+    assert view.escalation is not None
+    assert all(o.action != "request_extension" for o in view.escalation.options)

@@ -30,3 +30,13 @@ def test_a_suffix_that_is_not_a_whole_id_does_not_match() -> None:
 
 def test_the_like_pattern_escapes_the_wildcards_in_the_name() -> None:
     assert owner_pattern("a_b%c\\d") == "@%/a\\_b\\%c\\\\d"
+
+
+def test_a_stored_id_names_its_principal_and_an_id_without_the_prefix_is_the_local_users() -> None:
+    from pollwarden.access.ownership import owner_of, stored_id
+    from pollwarden.access.principals import LOCAL, Principal
+
+    alice = Principal("alice", authenticated=True)
+    assert owner_of(stored_id(alice, "report-1")) == "alice"
+    assert owner_of(stored_id(LOCAL, "report-1")) == "local"
+    assert owner_of("@jwt:sub-7/x/y") == "jwt:sub-7"

@@ -19,13 +19,13 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from pollwarden.access.principals import Principal
+from pollwarden.access.principals import LOCAL_NAME, Principal
 from pollwarden.surface.watch import AUDIT_SUFFIX, URI_PREFIX, parse_uri
 
 if TYPE_CHECKING:
     from pollwarden.flows.controller import Controller
 
-__all__ = ["RESERVED_PREFIX", "renamed", "resolve", "shown_id", "stored_id", "watched_uri"]
+__all__ = ["RESERVED_PREFIX", "owner_of", "renamed", "resolve", "shown_id", "stored_id", "watched_uri"]
 
 RESERVED_PREFIX = "@"
 
@@ -42,6 +42,13 @@ def stored_id(principal: Principal, name: str) -> str:
 def own_prefix(principal: Principal) -> str:
     """The start of every stored id of an authenticated principal."""
     return f"{RESERVED_PREFIX}{principal.name}/"
+
+
+def owner_of(stored: str) -> str:
+    """The principal whose operation the stored id `stored` is (`stored_id`'s form: ``@NAME/ID``, else local)."""
+    if stored.startswith(RESERVED_PREFIX) and "/" in stored:
+        return stored[len(RESERVED_PREFIX) : stored.index("/")]
+    return LOCAL_NAME
 
 
 def shown_id(principal: Principal, stored: str) -> str:

@@ -63,11 +63,11 @@ from pollwarden.core.records import OperationRecord
 from pollwarden.core.timefmt import iso, to_datetime
 from pollwarden.core.untrusted import one_line, quoted
 from pollwarden.core.vocabulary import Status, StopReason
-from pollwarden.flows.approvals import describe_request
+from pollwarden.flows.approvals import describe_request, offered_view
 from pollwarden.flows.operator_decision import decide
 from pollwarden.ops.health import ops_routes
 from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
-from pollwarden.surface.views import human_duration, operation_view
+from pollwarden.surface.views import budgets, human_duration
 from pollwarden_providers.table import ProviderTable
 
 __all__ = [
@@ -492,7 +492,10 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         await store.flush_refusals(operation_id)
         rows = await store.audit_rows(operation_id)
         now = settings.clock.now()
-        view = operation_view(record, state.tables.get(record.provider), now=now)
+        # The agent's view, by the same rule: no extension shown that the call would refuse (issue 30).
+        view = await offered_view(
+            store, record, state.tables.get(record.provider), settings.config.caps, now=now
+        )
         approvals = await store.list_approvals(operation_id=operation_id)
         live = sorted(
             (a for a in approvals if a.status == "pending" and a.expires_at > now), key=lambda a: a.expires_at
@@ -509,7 +512,10 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             approvals=approvals,
             cards=[_card(a, record, now) for a in live],
             needs=needs,
-            summary=reading.summary(record, needs, now),
+            summary=reading.summary(
+                record, needs, now, may_extend="request_extension" in view.allowed_actions
+            ),
+            budgets=budgets(view),
             next_words=reading.next_check_words(record, now),
             deadline_words=reading.deadline_words(record, now),
         )

@@ -105,8 +105,12 @@ def needs_person(
     return None
 
 
-def summary(record: OperationRecord, needs: Needs | None, now: float) -> str:
-    """One sentence for a person: where the operation is, what happens next, and whether they are needed."""
+def summary(record: OperationRecord, needs: Needs | None, now: float, *, may_extend: bool = False) -> str:
+    """One sentence for a person: where the operation is, what happens next, and whether they are needed.
+
+    `may_extend`: whether the agent's view offers request_extension now (`approvals.offered_view`); the
+    sentence says the agent may ask for more only then.
+    """
     job_id = record.provider_job_id
     job = (
         f"{record.provider} job {quoted(job_id, limit=40)}"
@@ -131,6 +135,8 @@ def summary(record: OperationRecord, needs: Needs | None, now: float) -> str:
     text = f"{str(record.status).capitalize()} {relative(stopped, now)} ({reason}) after {used}; {job}."
     if needs is not None:
         text += f" Needs you: {needs.why}."
-    elif record.status == "escalated":
+    elif record.status == "escalated" and may_extend:
         text += " Nothing is waiting for a decision: the agent may ask for more, or stop."
+    elif record.status == "escalated":
+        text += " Nothing is waiting for a decision, and the agent may not ask for more now (see Escalation)."
     return text

@@ -11,25 +11,28 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 from pollwarden.access.approval_policy import channel_of
 from pollwarden.access.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
 from pollwarden.access.policy_gate import stored_policy
 from pollwarden.access.principals import current_principal
+from pollwarden.config import ExtensionCaps
 from pollwarden.core.errors import InvalidRequest
 from pollwarden.core.records import OperationRecord
 from pollwarden.core.timefmt import iso, parse_iso
 from pollwarden.core.untrusted import quoted
-from pollwarden.core.vocabulary import ApprovalKind, ApprovalStatus
+from pollwarden.core.vocabulary import ApprovalKind, ApprovalStatus, Outcome
 from pollwarden.flows.approval_flow import LATE_ANSWER_BY, Approver, No
 from pollwarden.ops import observe
 from pollwarden.rules import extensions, questions
 from pollwarden.rules.business_deadline import business_deadline
 from pollwarden.rules.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult, extension_changes
 from pollwarden.rules.job_identity import reopen_next_check_at
-from pollwarden.store import ApprovalRecord
-from pollwarden.surface.views import allowed_actions
+from pollwarden.store import ApprovalRecord, Store
+from pollwarden.surface.views import OperationView, allowed_actions, operation_view, suggested_extension
+from pollwarden_providers.table import ProviderTable
 
 if TYPE_CHECKING:
     from pollwarden.flows.controller import Controller
@@ -68,7 +71,7 @@ async def plan_extension(
     )
     if not plan.allowed:
         return plan
-    verdict = await ask_verdict(controller, record)
+    verdict = await ask_verdict(controller.store, record, now=now, tidy=True)
     if verdict.open_approval_id is not None:
         approval = await controller.store.get_approval(verdict.open_approval_id)
         return plan.model_copy(
@@ -82,11 +85,17 @@ async def plan_extension(
     return plan
 
 
-async def ask_verdict(controller: Controller, record: OperationRecord) -> questions.AskVerdict:
-    """Whether a person may be asked about more time for `record` now (`pollwarden.rules.questions`)."""
+async def ask_verdict(
+    store: Store, record: OperationRecord, *, now: float, tidy: bool = False
+) -> questions.AskVerdict:
+    """Whether a person may be asked about more time for `record` now (`pollwarden.rules.questions`).
+
+    A question asked about the operation as it was is no open question; with `tidy` (asking) it is
+    also closed as void. A view only reads.
+    """
     asks: list[questions.Ask] = []
     open_questions: list[questions.OpenQuestion] = []
-    for approval in await controller.store.list_approvals(operation_id=record.operation_id):
+    for approval in await store.list_approvals(operation_id=record.operation_id):
         if approval.kind != ApprovalKind.EXTENSION:
             continue
         declined = approval.status == ApprovalStatus.DENIED or (
@@ -97,22 +106,54 @@ async def ask_verdict(controller: Controller, record: OperationRecord) -> questi
             continue
         if approval.bound_version != record.version:
             # Asked about the operation as it was: it could no longer apply, so it leaves the pending list.
-            await controller.store.close_approval(
-                approval.approval_id,
-                status=ApprovalStatus.VOID,
-                at=controller.clock.now(),
-                note="the operation changed after the question",
-                audit_kind="approval_void",
-            )
+            if tidy:
+                await store.close_approval(
+                    approval.approval_id,
+                    status=ApprovalStatus.VOID,
+                    at=now,
+                    note="the operation changed after the question",
+                    audit_kind="approval_void",
+                )
             continue
         open_questions.append(questions.OpenQuestion(approval.approval_id, approval.expires_at))
     # Questions answered in the chat (elicitation) leave no approval, only their audit rows.
-    for row in await controller.store.audit_rows(record.operation_id):
+    for row in await store.audit_rows(record.operation_id):
         elicited_yes = row.kind == "extension_approved" and not row.payload_obj.get("note")
         if row.kind in ("extension_denied", "extension_cancelled") or elicited_yes:
             asks.append(questions.Ask(parse_iso(row.at), declined=not elicited_yes))
-    return questions.may_ask(
-        asks, open_questions, now=controller.clock.now(), last_answer_at=record.last_http_at
+    return questions.may_ask(asks, open_questions, now=now, last_answer_at=record.last_http_at)
+
+
+async def offered_view(
+    store: Store,
+    record: OperationRecord,
+    table: ProviderTable | None,
+    caps: ExtensionCaps,
+    *,
+    now: float,
+    outcome: Outcome | None = None,
+    retry_at: float | None = None,
+) -> OperationView:
+    """The operation view every door shows (the tools, the resources, the app card, the console).
+
+    The one rule for offering request_extension: it is listed, and offered in the escalation, only when
+    the call with the offered arguments would not be refused — inside the operator caps and the table's
+    limits (`extensions.offered_extension_refusal`), and when a person may be asked again now (after a
+    denial only with something new, at most `questions.MAX_QUESTIONS_PER_OPERATION` times).
+    """
+    asked = None
+    if "request_extension" in allowed_actions(record, table):
+        asked = await ask_verdict(store, record, now=now)
+    return operation_view(
+        record,
+        table,
+        now=now,
+        outcome=outcome,
+        suggestion=suggested_extension(caps.max_extra_seconds, caps.max_extra_status_requests),
+        retry_at=retry_at,
+        extension_check=partial(
+            extensions.offered_extension_refusal, table=table, caps=caps, now=now, asked=asked
+        ),
     )
 
 
@@ -136,7 +177,7 @@ async def apply_extension(
             await controller.store.close_approval(
                 approval_id, status="void", at=now, note="the operation changed after the question"
             )
-        return _extension_result(
+        return await _extension_result(
             controller,
             record,
             "void",
@@ -163,14 +204,14 @@ async def apply_extension(
         },
     )
     if updated is None:
-        return _extension_result(
+        return await _extension_result(
             controller,
             await controller.load(plan.operation_id),
             "void",
             "The approval is void: the operation changed while it was being recorded.",
             approval_id=approval_id,
         )
-    return _extension_result(
+    return await _extension_result(
         controller,
         updated,
         "approved",
@@ -207,11 +248,12 @@ async def record_answer(
         else "The question was dismissed without an answer (cancelled)"
     )
     return _without_asking(
-        _extension_result(
+        await _extension_result(
             controller,
             record,
             decision,
-            f"{text}; nothing changed. " + _after_no(record, controller.clock.now()),
+            f"{text}; nothing changed. "
+            + _after_no(record, await ask_verdict(controller.store, record, now=controller.clock.now())),
         )
     )
 
@@ -252,7 +294,7 @@ async def request_operator_approval(controller: Controller, plan: ExtensionPlan)
     """Record a pending approval for an operator to decide outside the chat."""
     record = await controller.load(plan.operation_id)
     approval = await open_question(controller, record, ApprovalKind.EXTENSION, plan.model_dump(mode="json"))
-    return _extension_result(
+    return await _extension_result(
         controller,
         record,
         "pending_approval",
@@ -294,14 +336,18 @@ class ExtensionFlow:
     async def settled(self, controller: Controller, plan: ExtensionPlan) -> ExtensionResult | None:
         """A structured refusal when the extension is not allowed; the question already open, if one is."""
         if plan.open_approval_id is not None:
-            return _extension_result(
+            return await _extension_result(
                 controller,
                 await controller.load(plan.operation_id),
                 "pending_approval",
                 questions.open_question_message(plan.open_approval_id, plan.open_approval_expires_at or 0.0),
                 approval_id=plan.open_approval_id,
             )
-        return None if plan.allowed else refused(controller, plan, await controller.load(plan.operation_id))
+        return (
+            None
+            if plan.allowed
+            else await refused(controller, plan, await controller.load(plan.operation_id))
+        )
 
     async def approve(
         self, controller: Controller, plan: ExtensionPlan, approver: Approver
@@ -487,7 +533,7 @@ async def _apply_reopen(controller: Controller, approval: ApprovalRecord) -> Non
     )
 
 
-def _extension_result(
+async def _extension_result(
     controller: Controller,
     record: OperationRecord,
     decision: str,
@@ -504,13 +550,15 @@ def _extension_result(
         granted_extra_seconds=plan.extra_seconds if plan else 0,
         granted_extra_status_requests=plan.extra_status_requests if plan else 0,
         clipped=plan.clipped if plan else [],
-        operation=controller.view(record),
+        operation=await controller.view(record),
     )
 
 
-def refused(controller: Controller, plan: ExtensionPlan, record: OperationRecord) -> ExtensionResult:
+async def refused(controller: Controller, plan: ExtensionPlan, record: OperationRecord) -> ExtensionResult:
     """A structured refusal naming why and what is allowed (never request_extension while it is refused)."""
-    return _without_asking(_extension_result(controller, record, "refused", f"Refused: {plan.refusal}."))
+    return _without_asking(
+        await _extension_result(controller, record, "refused", f"Refused: {plan.refusal}.")
+    )
 
 
 def _without_asking(result: ExtensionResult) -> ExtensionResult:
@@ -521,17 +569,23 @@ def _without_asking(result: ExtensionResult) -> ExtensionResult:
     )
 
 
-def _after_no(record: OperationRecord, now: float) -> str:
-    """After a denial: what may come next; request_extension only with something new (`pollwarden.rules.questions`)."""
+def _after_no(record: OperationRecord, asked: questions.AskVerdict) -> str:
+    """After a denial: what may come next; request_extension only with something new (`pollwarden.rules.questions`).
+
+    `asked` is whether a person may be asked again, the denial counted: once the bound is reached, it
+    says no more questions are asked rather than when to ask again.
+    """
     others = [a for a in record_allowed(record) if a != "request_extension"]
     text = "Allowed next: " + (", ".join(others) or "nothing; a person takes over") + "."
-    if "request_extension" in record_allowed(record):
-        text += (
-            f" A denial is an answer: request_extension again only with something new — a new answer from the "
-            f"provider, or from {iso(now + questions.ASK_AGAIN_AFTER_SECONDS)} — and at most "
-            f"{questions.MAX_QUESTIONS_PER_OPERATION} questions per operation."
-        )
-    return text
+    if "request_extension" not in record_allowed(record):
+        return text
+    if not asked.allowed and asked.again_at is None:
+        return text + f" A denial is an answer, and {asked.refusal}."
+    again = f"from {iso(asked.again_at)}" if asked.again_at is not None else "later"
+    return text + (
+        f" A denial is an answer: request_extension again only with something new — a new answer from the "
+        f"provider, or {again} — and at most {questions.MAX_QUESTIONS_PER_OPERATION} questions per operation."
+    )
 
 
 def record_allowed(record: OperationRecord) -> list[str]:

@@ -20,7 +20,7 @@ import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import cached_property
 from typing import Any
 
 import anyio
@@ -41,7 +41,6 @@ from pollwarden.ops import decision_log, observe
 from pollwarden.provider_io.provider_http import ProviderHTTP
 from pollwarden.rules import stop
 from pollwarden.rules.business_deadline import business_deadline
-from pollwarden.rules.extensions import offered_extension_refusal
 from pollwarden.rules.gate import Step
 from pollwarden.rules.job_identity import (
     account_context_of,
@@ -61,7 +60,7 @@ from pollwarden.rules.status_answer import (
 )
 from pollwarden.rules.stored_result import encode_result
 from pollwarden.store import Store, new_lease_owner
-from pollwarden.surface.views import OperationView, operation_view, suggested_extension
+from pollwarden.surface.views import OperationView
 from pollwarden_providers.request_building import (
     MAX_JOB_ID_LENGTH,
     MissingCredentialError,
@@ -199,7 +198,7 @@ class Controller:
                 problems[name] = str(exc)
         return problems
 
-    def view(
+    async def view(
         self,
         record: OperationRecord,
         outcome: Outcome | None = None,
@@ -208,23 +207,19 @@ class Controller:
         requested_operation_id: str | None = None,
         same_payload: bool = False,
     ) -> OperationView:
-        """The operation view, with the extension suggestion clipped to the operator caps.
+        """The operation view (`approvals.offered_view`: request_extension only where it would be accepted).
 
         With `requested_operation_id` (another id than the record's) it says why start_operation answered
         with this operation: it holds the job, or (`same_payload`) the submitted payload is in flight.
         """
-        table = self.tables.get(record.provider)
-        caps = self.config.caps
-        suggestion = suggested_extension(caps.max_extra_seconds, caps.max_extra_status_requests)
-        now = self.clock.now()
-        shown = operation_view(
+        shown = await approvals.offered_view(
+            self.store,
             record,
-            table,
-            now=now,
+            self.tables.get(record.provider),
+            self.config.caps,
+            now=self.clock.now(),
             outcome=outcome,
-            suggestion=suggestion,
             retry_at=retry_at,
-            extension_check=partial(offered_extension_refusal, table=table, caps=caps, now=now),
         )
         if requested_operation_id is not None and requested_operation_id != record.operation_id:
             why = payload_in_flight_message if same_payload else already_tracked_message
@@ -243,8 +238,8 @@ class Controller:
         """
         holder = await self.store.get(record.duplicate_of) if record.duplicate_of else None
         if holder is not None and holder.owner != record.owner:
-            return self.view(record)
-        return self.view(holder or record, requested_operation_id=requested)
+            return await self.view(record)
+        return await self.view(holder or record, requested_operation_id=requested)
 
     @property
     def lease_seconds(self) -> float:
@@ -375,7 +370,6 @@ class Controller:
                 self.store,
                 request_fingerprint,
                 exclude=stored_id(operation_id) if stored_id is not None and operation_id else operation_id,
-                owner=owner,
             )
             if submit is not None
             else None
@@ -429,7 +423,7 @@ class Controller:
             # One job, one budget: the job (or the payload, in flight) is another operation's; nothing was created.
             log.info("start_operation %s: answered with %s", operation_id, record.operation_id)
             same_payload = submit is not None and record.request_fingerprint == request_fingerprint
-            return self.view(record, requested_operation_id=operation_id, same_payload=same_payload)
+            return await self.view(record, requested_operation_id=operation_id, same_payload=same_payload)
         if not created and record.account_context != account and record.provider == provider:
             # The table's account changed since this operation was recorded: never send under another.
             if record.request_fingerprint != fingerprint(provider, record.account_context, payload):
@@ -453,7 +447,7 @@ class Controller:
                     note="account context changed before the submission was sent",
                 )
                 record = stopped or await self.load(operation_id)
-            return self.view(record)
+            return await self.view(record)
         if not created:
             if (
                 record.request_fingerprint != request_fingerprint
@@ -473,14 +467,14 @@ class Controller:
         if record.held_for_approval:
             record = await resubmission.clear(self, record, resubmission_answer)
             if record.held_for_approval:
-                return self.view(record)  # nothing is sent before a person approves
+                return await self.view(record)  # nothing is sent before a person approves
         if record.duplicate_of is not None:
             return await self._job_holder_view(record, operation_id)
         if record.status == Status.SUBMITTING:
             record = await submission.submit(self, record, table)
             if record.duplicate_of is not None:
                 return await self._job_holder_view(record, operation_id)
-        return self.view(record)
+        return await self.view(record)
 
     # -- check_status -----------------------------------------------------------------
 
@@ -566,11 +560,11 @@ class Controller:
                     await approvals.apply_decided_approvals(self, record)
                     apply_approvals = False  # once per call: whatever they did, look again
                 case Step.STOPPED | Step.STOP:
-                    return self.view(record, Outcome.STOPPED)
+                    return await self.view(record, Outcome.STOPPED)
                 case Step.NOT_YET:
-                    return self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
+                    return await self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
                 case Step.NEEDS_PERSON:
-                    shown = self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
+                    shown = await self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
                     return shown.model_copy(update={"message": NEEDS_PERSON_MESSAGE.format(record.provider)})
                 case Step.WAIT | Step.PACED:
                     # Too early (or the provider's shared pace is used up and a slot is booked). The call
@@ -578,7 +572,7 @@ class Controller:
                     # and looks again each round: a wake-up (a webhook) may move the allowed time earlier.
                     allowed_at = decision.allowed_at or now
                     if decision.step == Step.PACED and allowed_at > wait_until:
-                        return self.view(record, Outcome.NOT_YET)
+                        return await self.view(record, Outcome.NOT_YET)
                     await self._wait(
                         allowed_at,
                         wait_started,
@@ -665,14 +659,14 @@ class Controller:
                     "answer for %s arrived after the lease was lost; recorded, not applied",
                     record.operation_id,
                 )
-            return self.view(updated, Outcome.POLLED)
+            return await self.view(updated, Outcome.POLLED)
         raise AssertionError("unreachable: a shield nobody cancels lets every exception through")
 
     # -- read-only ---------------------------------------------------------------------
 
     async def get_operation(self, operation_id: str) -> OperationView:
         """The recorded state; no provider call."""
-        return self.view(await self.load(operation_id))
+        return await self.view(await self.load(operation_id))
 
     async def list_operations(
         self,
@@ -684,7 +678,7 @@ class Controller:
     ) -> list[OperationView]:
         """Recent operations (only `owner`'s when given); no provider call."""
         records = await self.store.list_operations(status=status, provider=provider, limit=limit, owner=owner)
-        return [self.view(r) for r in records]
+        return [await self.view(r) for r in records]
 
 
 def transition_changes(

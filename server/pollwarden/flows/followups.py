@@ -82,7 +82,7 @@ class FollowUpResult(BaseModel):
     operation: OperationView
 
 
-def _result(
+async def _result(
     controller: Controller,
     record: OperationRecord,
     action: Literal["fetch_result", "cancel_operation"],
@@ -90,16 +90,21 @@ def _result(
     message: str,
     **extra: object,
 ) -> FollowUpResult:
-    table = controller.tables.get(record.provider)
+    shown = await controller.view(record)
     return FollowUpResult(
         operation_id=record.operation_id,
         action=action,
         decision=decision,
         message=message,
-        allowed_actions=allowed_actions(record, table),
-        operation=controller.view(record),
+        allowed_actions=shown.allowed_actions,  # the view's: nothing listed that would be refused
+        operation=shown,
         **extra,  # type: ignore[arg-type]
     )
+
+
+async def _offered(controller: Controller, record: OperationRecord) -> list[str]:
+    """The allowed actions a refusal names: the view's, so none is named that would be refused too."""
+    return (await controller.view(record)).allowed_actions
 
 
 async def fetch_result(controller: Controller, operation_id: str) -> FollowUpResult:
@@ -113,7 +118,7 @@ async def fetch_result(controller: Controller, operation_id: str) -> FollowUpRes
     table = controller.tables.get(record.provider)
     fields = decode_result(record.result_json).fields
     if "fetch_result" not in allowed_actions(record, table) or not fields:
-        return _result(
+        return await _result(
             controller,
             record,
             "fetch_result",
@@ -121,7 +126,7 @@ async def fetch_result(controller: Controller, operation_id: str) -> FollowUpRes
             f"Refused: fetch_result is allowed only after a validated success, or after an end state whose "
             f"provider documents result fields; the operation is "
             f"{record.status}{' (' + record.stop_reason + ')' if record.stop_reason else ''}. "
-            f"Allowed actions: {allowed_actions(record, table) or 'none'}.",
+            f"Allowed actions: {await _offered(controller, record) or 'none'}.",
         )
     succeeded = record.status == "succeeded"
     followup_id = f"fu-{uuid.uuid4().hex[:10]}"
@@ -142,7 +147,7 @@ async def fetch_result(controller: Controller, operation_id: str) -> FollowUpRes
             f"Not a success: the job ended {record.stop_reason}. These are the validated fields the provider "
             "documents for that end state (the finished part of the work, or its error file)."
         )
-    return _result(
+    return await _result(
         controller,
         record,
         "fetch_result",
@@ -164,14 +169,15 @@ async def plan_cancel(controller: Controller, operation_id: str) -> CancelPlan:
             operation_id=operation_id,
             allowed=False,
             refusal=f"provider {record.provider!r} documents no cancel call (its table has no [cancel]); "
-            f"allowed actions: {actions or 'none'}",
+            f"allowed actions: {await _offered(controller, record) or 'none'}",
         )
     if "cancel_operation" not in actions:
         return CancelPlan(
             operation_id=operation_id,
             allowed=False,
             refusal=f"cancel_operation is not allowed while the operation is {record.status}"
-            f"{' (' + record.stop_reason + ')' if record.stop_reason else ''}; allowed actions: {actions or 'none'}",
+            f"{' (' + record.stop_reason + ')' if record.stop_reason else ''}; allowed actions: "
+            f"{await _offered(controller, record) or 'none'}",
         )
     approvals = await controller.store.list_approvals(operation_id=operation_id, status="approved")
     approved = next((a for a in approvals if a.kind == "cancel" and a.bound_version == record.version), None)
@@ -235,7 +241,7 @@ class CancelFlow:
     async def settled(self, controller: Controller, plan: CancelPlan) -> FollowUpResult | None:
         """A refusal, or the cancel an operator already approved (sent now, once)."""
         if not plan.allowed:
-            return refused_cancel(controller, await controller.load(plan.operation_id), plan)
+            return await refused_cancel(controller, await controller.load(plan.operation_id), plan)
         if plan.approved_id is None:
             return None
         return await send_cancel(
@@ -262,16 +268,16 @@ class CancelFlow:
 CANCEL = CancelFlow()
 
 
-def refused_cancel(controller: Controller, record: OperationRecord, plan: CancelPlan) -> FollowUpResult:
+async def refused_cancel(controller: Controller, record: OperationRecord, plan: CancelPlan) -> FollowUpResult:
     """A structured refusal naming why and what is allowed."""
-    return _result(controller, record, "cancel_operation", "refused", f"Refused: {plan.refusal}.")
+    return await _result(controller, record, "cancel_operation", "refused", f"Refused: {plan.refusal}.")
 
 
 async def request_cancel_approval(controller: Controller, plan: CancelPlan) -> FollowUpResult:
     """Record a pending cancel approval for an operator (the client cannot ask a person)."""
     record = await controller.load(plan.operation_id)
     approval = await open_question(controller, record, ApprovalKind.CANCEL, _cancel_request(plan))
-    return _result(
+    return await _result(
         controller,
         record,
         "cancel_operation",
@@ -301,7 +307,7 @@ async def record_cancel_answer(
         if decision == "denied"
         else "The question was dismissed without an answer (cancelled)"
     )
-    return _result(controller, record, "cancel_operation", word, f"{text}; nothing was sent.")
+    return await _result(controller, record, "cancel_operation", word, f"{text}; nothing was sent.")
 
 
 async def send_cancel(
@@ -318,7 +324,7 @@ async def send_cancel(
             await controller.store.close_approval(
                 approval_id, status="void", at=controller.clock.now(), note="the operation changed"
             )
-        return _result(
+        return await _result(
             controller,
             record,
             "cancel_operation",
@@ -342,7 +348,7 @@ async def send_cancel(
             note=f"account_context_changed: {detail}",
             extra={"stop_reason": "account_context_changed"},
         )
-        return _result(
+        return await _result(
             controller,
             record,
             "cancel_operation",
@@ -364,7 +370,7 @@ async def send_cancel(
             approval_id=approval_id,
             note=f"{answer.detail}; approved by {by} (authenticated by {method}); not retried",
         )
-        return _result(
+        return await _result(
             controller,
             await controller.load(record.operation_id),
             "cancel_operation",
@@ -405,7 +411,7 @@ async def send_cancel(
     )
     updated = await controller.load(record.operation_id)
     if stored is None:
-        return _result(
+        return await _result(
             controller,
             updated,
             "cancel_operation",
@@ -413,7 +419,7 @@ async def send_cancel(
             "The operation changed while the cancel answer was recorded; see get_operation.",
             approval_id=approval_id,
         )
-    return _result(
+    return await _result(
         controller,
         updated,
         "cancel_operation",

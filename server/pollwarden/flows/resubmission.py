@@ -58,20 +58,40 @@ class ResubmissionPlan(BaseModel):
     operator_approved: bool = False  # an operator's approval waits to be applied: nobody is asked
 
 
-async def earlier_outcome(
-    store: Store, fingerprint: str, *, exclude: str | None, owner: str = "local"
-) -> OperationRecord | None:
-    """The latest earlier operation of this payload by `owner`, if it ended or escalated (a person must approve).
+async def earlier_outcome(store: Store, fingerprint: str, *, exclude: str | None) -> OperationRecord | None:
+    """The latest earlier operation of this payload, if it ended or escalated (a person must approve).
 
     Held resubmissions are skipped (they sent nothing); the latest of the rest
-    decides: one still in flight or succeeded is not a reason to ask. Another
-    principal's operations do not count (they do not exist for this one).
+    decides: one still in flight or succeeded is not a reason to ask. Every
+    principal's operations count (issue 30): the provider saw that payload fail
+    whoever sent it. Another principal's is never named to the caller
+    (`another_principal`).
     """
     for record in await store.operations_of_fingerprint(fingerprint):
-        if record.operation_id == exclude or record.held_for_approval or record.owner != owner:
+        if record.operation_id == exclude or record.held_for_approval:
             continue
         return record if record.status in NEEDS_A_PERSON else None
     return None
+
+
+def another_principal(earlier: OperationRecord | None, owner: str) -> bool:
+    """Whether the earlier operation is another principal's: then its id, owner and facts are not shown."""
+    return earlier is not None and earlier.owner != owner
+
+
+# What a principal is told about a payload that failed under another principal's operation (never which).
+FAILED_FOR_ANOTHER_PRINCIPAL = (
+    "the same payload already ended without success on this server for another principal (its operation is "
+    "not shown here)"
+)
+
+
+async def earlier_words(controller: Controller, record: OperationRecord) -> str:
+    """How the held `record`'s messages name the payload it resubmits: by the earlier operation, if its own."""
+    earlier = await controller.store.get(record.resubmission_of or "")
+    if another_principal(earlier, record.owner):
+        return "a payload that ended on this server for another principal"
+    return f"the payload of {quoted(record.resubmission_of or '?')}"
 
 
 def held_operation_id(provider: str, fingerprint: str, earlier: OperationRecord) -> str:
@@ -80,8 +100,25 @@ def held_operation_id(provider: str, fingerprint: str, earlier: OperationRecord)
     return f"{provider}-resubmit-{digest}"
 
 
-def question(held_id: str, provider: str, earlier: OperationRecord) -> str:
-    """The facts a person needs, from recorded values only (untrusted ones quoted, one line each)."""
+def question(held_id: str, provider: str, earlier: OperationRecord, *, owner: str = "local") -> str:
+    """The facts a person needs, from recorded values only (untrusted ones quoted, one line each).
+
+    `owner` is whose resubmission it is: when the earlier operation is another principal's, the
+    question says only that the payload failed here for another principal, and that a person decides.
+    """
+    if another_principal(earlier, owner):
+        return "\n".join(
+            [
+                f"Approve submitting the same payload to {quoted(provider)} again?",
+                f"New operation: {quoted(held_id)}",
+                f"Earlier outcome: {FAILED_FOR_ANOTHER_PRINCIPAL}.",
+                "A person decides whether it is sent again: it may fail the same way, or duplicate a job "
+                "that may still exist at the provider.",
+                "Effect: pollwarden sends the payload once more, as a new job with its own budget; the earlier "
+                "operation is not touched.",
+                "Choices: resubmit or keep_stopped.",
+            ]
+        )
     ended = earlier.stopped_at if earlier.stopped_at is not None else earlier.updated_at
     lines = [
         f"Approve submitting the same payload to {quoted(provider)} again?",
@@ -150,8 +187,7 @@ class ResubmissionFlow:
             controller,
             record,
             kind=f"resubmission_{no}",
-            detail=f"the person {word} resubmitting the payload of {quoted(record.resubmission_of or '?')}; "
-            "nothing was sent",
+            detail=f"the person {word} resubmitting {await earlier_words(controller, record)}; nothing was sent",
             extra={"authenticated_by": METHOD_ELICITATION},
         )
 
@@ -187,8 +223,8 @@ class ResubmissionFlow:
                     controller,
                     record,
                     kind="resubmission_denied",
-                    detail=f"an operator ({quoted(approval.decided_by or 'operator')}) denied resubmitting the "
-                    f"payload of {quoted(record.resubmission_of or '?')}; nothing was sent",
+                    detail=f"an operator ({quoted(approval.decided_by or 'operator')}) denied resubmitting "
+                    f"{await earlier_words(controller, record)}; nothing was sent",
                     extra={"authenticated_by": verdict.method, "approval_id": approval.approval_id},
                 )
         return await _ask_operator(controller, record)
@@ -220,7 +256,11 @@ async def _ask_operator(controller: Controller, record: OperationRecord) -> Oper
         extra={},
     )
     earlier = await controller.store.get(record.resubmission_of or "")
-    text = question(record.operation_id, record.provider, earlier) if earlier is not None else ""
+    text = (
+        question(record.operation_id, record.provider, earlier, owner=record.owner)
+        if earlier is not None
+        else ""
+    )
     # Bound to the held record as it is now (after its detail was written), so an approval stays valid.
     await controller.store.open_approval(
         approval_id=approval_id,
@@ -268,7 +308,7 @@ async def _approve(
         changes={"resubmission_approved_by": by, "stop_detail": None},
         kind="resubmission_approved",
         at=now,
-        note=f"resubmitting the payload of {record.resubmission_of}, approved by {by} ({method})",
+        note=f"resubmitting {await earlier_words(controller, record)}, approved by {by} ({method})",
         payload_extra={
             "resubmission_of": record.resubmission_of,
             "approved_by": by,
@@ -284,9 +324,14 @@ async def _approve(
 
 
 async def plan(
-    controller: Controller, *, provider: str, operation_id: str | None, submit: Mapping[str, Any] | None
+    controller: Controller,
+    *,
+    provider: str,
+    operation_id: str | None,
+    submit: Mapping[str, Any] | None,
+    owner: str = "local",
 ) -> ResubmissionPlan:
-    """Whether this start_operation call is a resubmission a person must approve (no side effects).
+    """Whether `owner`'s start_operation call is a resubmission a person must approve (no side effects).
 
     Wrong arguments are not judged here: the call itself refuses them with its own words.
     """
@@ -298,7 +343,7 @@ async def plan(
     except (TypeError, ValueError):
         return ResubmissionPlan()
     in_flight = payload_in_flight(
-        await controller.store.operations_of_fingerprint(payload_fingerprint), exclude=None
+        await controller.store.operations_of_fingerprint(payload_fingerprint), exclude=None, owner=owner
     )
     if in_flight is not None:
         if operation_id not in (None, in_flight.operation_id) or not in_flight.held_for_approval:
@@ -330,7 +375,7 @@ async def plan(
         needed=True,
         operation_id=operation_id,
         earlier_operation_id=earlier.operation_id,
-        question=question(operation_id, provider, earlier),
+        question=question(operation_id, provider, earlier, owner=owner),
         operator_approved=operator_approved,
     )
 

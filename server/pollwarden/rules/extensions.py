@@ -18,6 +18,7 @@ from pollwarden.core.records import OperationRecord
 from pollwarden.core.timefmt import iso, parse_iso, to_datetime
 from pollwarden.core.untrusted import quoted
 from pollwarden.rules.job_identity import REOPENABLE
+from pollwarden.rules.questions import AskVerdict
 from pollwarden.surface.views import (
     OperationView,
     allowed_actions,
@@ -188,8 +189,13 @@ def offered_extension_refusal(
     table: ProviderTable | None,
     caps: ExtensionCaps,
     now: float,
+    asked: AskVerdict | None = None,
 ) -> str | None:
-    """Why request_extension with the escalation's `arguments` would be refused now, or None (`views.ExtensionCheck`)."""
+    """Why request_extension with the escalation's `arguments` would be refused now, or None (`views.ExtensionCheck`).
+
+    `asked`: whether a person may be asked again now (`approvals.ask_verdict`); after a denial a view then
+    leaves request_extension out until something new allows asking (`pollwarden.rules.questions`).
+    """
     if table is None:
         return None  # nothing is decided without the table: the call names the loaded ones
     seconds, requests = arguments.get("extra_seconds"), arguments.get("extra_status_requests")
@@ -204,7 +210,9 @@ def offered_extension_refusal(
         new_business_deadline_at=parse_iso(business) if isinstance(business, str) else None,
         now=now,
     )
-    return None if plan.allowed else plan.refusal
+    if not plan.allowed:
+        return plan.refusal
+    return asked.refusal if asked is not None and not asked.allowed else None
 
 
 def business_deadline_refusal(record: OperationRecord) -> str:

@@ -50,6 +50,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from pollwarden.access.ownership import owner_of
 from pollwarden.core.canonical import canonical_json
 from pollwarden.core.timefmt import iso
 from pollwarden.core.untrusted import quoted
@@ -221,10 +222,28 @@ def duplicate_changes(
     }
 
 
+def job_holder_shown(record: OperationRecord) -> str | None:
+    """The operation holding `record`'s job as its own principal may be told it: None when there is none, or
+    it is another principal's (never named to it; an operator reads `duplicate_of` in the store)."""
+    if record.duplicate_of is None or owner_of(record.duplicate_of) != record.owner:
+        return None
+    return record.duplicate_of
+
+
 def duplicate_detail(record: OperationRecord) -> str:
-    """Why an operation marked `duplicate_of` another one stops before sending anything."""
+    """Why an operation marked `duplicate_of` another one stops before sending anything.
+
+    Another principal's holder (schema step 14 marked duplicates across principals) is not named.
+    """
+    job = quoted(record.provider_job_id or "")
+    holder = job_holder_shown(record)
+    if holder is None:
+        return (
+            f"job {job} is held by the earliest operation recorded for it, under another principal; a job has "
+            "one budget, so nothing is sent under this one. An operator may share that operation with you"
+        )
     return (
-        f"operation {quoted(record.duplicate_of or '')} holds job {quoted(record.provider_job_id or '')} "
+        f"operation {quoted(holder)} holds job {job} "
         "(the earliest operation recorded for it); a job has one budget, so nothing is sent under this one"
     )
 

@@ -172,7 +172,7 @@ async def card_state(controller: Controller, principal: Principal, stored: str) 
         "Approve or Deny here decides as you, recorded and audited as 'app'; the agent's next call applies it."
     )
     state = CardState(
-        operation=controller.view(record),
+        operation=await controller.view(record),
         approvals=[card_approval(a) for a in pending],
         app_channel=refusal is None,
         app_channel_note=note,

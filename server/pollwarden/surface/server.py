@@ -659,8 +659,9 @@ def build_server(
         "delivery_ambiguous, rate-limited answers after rate_limited). Counters are never reset. After the "
         "business deadline passed, more waiting alone cannot meet it: give new_business_deadline_at and a "
         "person decides whether the result is still worth having. Refused while the operation is still "
-        "waiting and after authorization_denied or integration_failure; only offered in escalation.options "
-        "when it would be accepted. A denial is an answer: one question per operation waits at a time (asking "
+        "waiting and after authorization_denied or integration_failure; listed in allowed_actions and offered in "
+        "escalation.options, in every view of the operation, only when it would be accepted now. "
+        "A denial is an answer: one question per operation waits at a time (asking "
         "again returns it), after a denial ask again only with a new provider answer or "
         f"{questions.ASK_AGAIN_AFTER_SECONDS / 60:g} minutes later, and at most "
         f"{questions.MAX_QUESTIONS_PER_OPERATION} questions per operation; the refusal says when.",
