@@ -50,8 +50,9 @@ from pollwarden.core.timefmt import iso
 from pollwarden.core.untrusted import shown
 from pollwarden.core.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden.flows.approvals import describe_request, what_happens_next
-from pollwarden.flows.controller import MAX_OPERATION_ID_LENGTH, Controller
+from pollwarden.flows.controller import Controller
 from pollwarden.flows.operator_decision import decide
+from pollwarden.flows.starting import MAX_OPERATION_ID_LENGTH
 from pollwarden.surface.asking import Ctx, controller_of, run_tool
 from pollwarden.surface.views import OperationView
 

@@ -65,8 +65,9 @@ from pollwarden.core.records import Status
 from pollwarden.flows import approvals, checking, followups, resubmission, status_approval
 from pollwarden.flows.approval_flow import NOT_ASKED
 from pollwarden.flows.check_hooks import StepHook, ignore_step
-from pollwarden.flows.controller import MAX_OPERATION_ID_LENGTH, Controller
+from pollwarden.flows.controller import Controller
 from pollwarden.flows.followups import FollowUpResult
+from pollwarden.flows.starting import MAX_OPERATION_ID_LENGTH
 from pollwarden.provider_io.provider_http import HttpLimits, ProviderHTTP
 from pollwarden.rules import questions
 from pollwarden.rules.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult
