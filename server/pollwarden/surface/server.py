@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from functools import partial
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import anyio
 import httpx2
@@ -20,14 +20,12 @@ from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import (
     Context,
-    Elicit,
     ElicitationResult,
     MCPServer,
     Resolve,
 )
 from mcp.server.mcpserver.exceptions import (
     ResourceError,
-    ResourceNotFoundError,
     ToolError,
     UnexpectedToolError,
 )
@@ -49,16 +47,13 @@ from starlette.applications import Starlette
 
 from pollwarden.access import ownership
 from pollwarden.access.policy_gate import serving_config
-from pollwarden.access.principals import Principal, current_principal
+from pollwarden.access.principals import current_principal
 from pollwarden.audit.chain import audit_key_from_env, key_problem, read_rows
 from pollwarden.audit.story import render_story
 from pollwarden.config import MAX_WAIT_SECONDS, ServerConfig, load_provider_tables
 from pollwarden.core.clock import Clock, RandomSource, SystemClock, system_random
 from pollwarden.core.errors import (
     AuditKeyError,
-    InvalidRequest,
-    OperationNotFound,
-    PollwardenError,
     StoreError,
 )
 from pollwarden.core.records import Status
@@ -75,24 +70,35 @@ from pollwarden.rules.schedule import (
     CALL_BUDGET_SECONDS,
     CALL_MARGIN_SECONDS,
     CLIENT_REQUEST_TIMEOUT_SECONDS,
-    wait_bound,
 )
 from pollwarden.store import open_store
 from pollwarden.surface import app_card, operator_tools
 from pollwarden.surface.asking import (
     MISMATCHED_ANSWER,
-    Answered,
     Ctx,
     DatabaseUnavailable,
     ServerContext,
     answer_of,
-    ask,
     controller_of,
     run_tool,
     settle_tool,
 )
 from pollwarden.surface.event_store import SessionEventStores, scope_events_by_session
 from pollwarden.surface.protocol import listen_middleware, subscribe_handlers, surface_middleware
+from pollwarden.surface.resolvers import (
+    as_chosen,
+    ask_cancel,
+    ask_extension,
+    ask_resubmission,
+    ask_status_request,
+    plan_cancel,
+    plan_extension,
+    plan_resubmission,
+    plan_status_request,
+    read_resource,
+    stored_operation_id,
+    within_principal_limits,
+)
 from pollwarden.surface.schema_compact import compact_schema, with_loaded_providers, without_repeated_prose
 from pollwarden.surface.tasks_extension import OperationTasks
 from pollwarden.surface.tool_errors import describe_invalid_arguments, unknown_arguments, unusable_text
@@ -103,10 +109,6 @@ from pollwarden_providers.table import ProviderTable
 
 log = logging.getLogger("pollwarden")
 
-T = TypeVar("T")
-P = TypeVar("P")
-R = TypeVar("R")
-M = TypeVar("M", bound=BaseModel)
 
 INSTRUCTIONS = """\
 pollwarden waits on external asynchronous jobs for you, within bounds a person approved.
@@ -189,121 +191,6 @@ def controller_factory(
             await http.aclose()
 
     return factory
-
-
-async def _read(work: Awaitable[T]) -> T:
-    """For resources: an unknown operation is 'not found' with the message, not an internal error."""
-    try:
-        return await work
-    except PollwardenError as exc:
-        unreadable = ResourceNotFoundError if isinstance(exc, OperationNotFound) else ResourceError
-        raise unreadable(str(exc)) from exc
-
-
-async def _resolve(ctx: Ctx, operation_id: str) -> str:
-    """The stored id of the caller's operation (another principal's is answered as unknown)."""
-    return await run_tool(ownership.resolve(controller_of(ctx), current_principal(), operation_id))
-
-
-def _shown(model: M) -> M:
-    """The result with the caller's own operation ids as it chose them."""
-    return ownership.renamed(model, current_principal())
-
-
-async def _within_limits(controller: Controller, principal: Principal, operation_id: str | None) -> None:
-    """Refuse a new operation beyond the principal's fair share (its existing ones are always answered)."""
-    limits = controller.config.limits
-    if not principal.authenticated or (limits.max_active is None and limits.max_starts_per_minute is None):
-        return
-    if operation_id is not None and await controller.store.get(ownership.stored_id(principal, operation_id)):
-        return  # the same id again returns the same record: nothing new is started
-    now = controller.clock.now()
-    active, started = await controller.store.principal_usage(principal.name, since=now - 60.0)
-    if limits.max_active is not None and active >= limits.max_active:
-        raise InvalidRequest(
-            f"{principal.name} already has {active} active operations, the most the operator allows per principal "
-            f"({limits.max_active}); nothing was started. Finish, cancel or let one stop first"
-        )
-    if limits.max_starts_per_minute is not None and started >= limits.max_starts_per_minute:
-        raise InvalidRequest(
-            f"{principal.name} started {started} operations in the last minute, the most the operator allows "
-            f"({limits.max_starts_per_minute} a minute); nothing was started. Start it again in a minute"
-        )
-
-
-async def _plan(
-    operation_id: str,
-    extra_seconds: float,
-    extra_status_requests: int,
-    reason: str,
-    ctx: Ctx,
-    new_business_deadline_at: str | None = None,
-) -> ExtensionPlan:
-    stored = await _resolve(ctx, operation_id)
-    return await run_tool(
-        approvals.plan_extension(
-            controller_of(ctx),
-            stored,
-            extra_seconds=extra_seconds,
-            extra_status_requests=extra_status_requests,
-            reason=reason,
-            new_business_deadline_at=new_business_deadline_at,
-        )
-    )
-
-
-async def _ask_extension(
-    plan: Annotated[ExtensionPlan, Resolve(_plan)], ctx: Ctx
-) -> Elicit[ExtensionDecision] | Answered | None:
-    return await ask(ctx, approvals.EXTENSION, plan)
-
-
-async def _plan_resubmission(
-    provider: str, operation_id: str | None, submit: dict[str, Any] | None, ctx: Ctx
-) -> resubmission.ResubmissionPlan:
-    if current_principal().authenticated:
-        return resubmission.ResubmissionPlan()  # an operator decides; the agent's client is never asked
-    return await run_tool(
-        resubmission.plan(controller_of(ctx), provider=provider, operation_id=operation_id, submit=submit)
-    )
-
-
-async def _ask_resubmission(
-    plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)], ctx: Ctx
-) -> Elicit[resubmission.ResubmitDecision] | Answered | None:
-    return await ask(ctx, resubmission.RESUBMISSION, plan)
-
-
-async def _plan_status_request(
-    operation_id: str, wait_seconds: float, ctx: Ctx
-) -> status_approval.StatusRequestPlan:
-    controller = controller_of(ctx)
-    if not controller.per_request_providers:
-        return status_approval.StatusRequestPlan()  # the common case: no table asks for it, nothing read
-    bounded = wait_bound(
-        wait_seconds,
-        max_wait=controller.config.max_wait_seconds,
-        request_timeout=controller.http.limits.total_timeout_seconds,
-    )
-    stored = await _resolve(ctx, operation_id)
-    return await run_tool(status_approval.plan(controller, stored, wait_seconds=bounded))
-
-
-async def _ask_status_request(
-    plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)], ctx: Ctx
-) -> Elicit[status_approval.SendDecision] | Answered | None:
-    return await ask(ctx, status_approval.STATUS_REQUEST, plan)
-
-
-async def _plan_cancel(operation_id: str, ctx: Ctx) -> followups.CancelPlan:
-    stored = await _resolve(ctx, operation_id)
-    return await run_tool(followups.plan_cancel(controller_of(ctx), stored))
-
-
-async def _ask_cancel(
-    plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)], ctx: Ctx
-) -> Elicit[followups.ConfirmCancel] | Answered | None:
-    return await ask(ctx, followups.CANCEL, plan)
 
 
 SESSIONS_PER_PRINCIPAL = 32
@@ -548,8 +435,8 @@ def build_server(
         ],
         ctx: Ctx,
         # A resubmission of a payload that ended or escalated: a person approves it first.
-        plan: Annotated[resubmission.ResubmissionPlan, Resolve(_plan_resubmission)],
-        decision: Annotated[ElicitationResult[resubmission.ResubmitDecision], Resolve(_ask_resubmission)],
+        plan: Annotated[resubmission.ResubmissionPlan, Resolve(plan_resubmission)],
+        decision: Annotated[ElicitationResult[resubmission.ResubmitDecision], Resolve(ask_resubmission)],
         operation_id: Annotated[
             str | None, Field(description="Your id for this wait; reuse it to get the same record back.")
         ] = None,
@@ -587,7 +474,7 @@ def build_server(
         ] = None,
     ) -> OperationView:
         principal = current_principal()
-        await run_tool(_within_limits(controller_of(ctx), principal, operation_id))
+        await run_tool(within_principal_limits(controller_of(ctx), principal, operation_id))
         # Over authenticated HTTP the agent's own client never approves it: an operator decides (answer_of).
         answer = (
             answer_of(resubmission.RESUBMISSION, decision)
@@ -611,7 +498,7 @@ def build_server(
         )
         if principal.authenticated:
             log.info("start_operation %s for %s: %s", view.operation_id, principal.name, view.status)
-        return _shown(view)
+        return as_chosen(view)
 
     @mcp.tool(
         meta=app_card.CARD_META,
@@ -632,8 +519,8 @@ def build_server(
         operation_id: OperationIdArg,
         ctx: Ctx,
         # A provider whose table requires a person for every status request: asked before each one.
-        plan: Annotated[status_approval.StatusRequestPlan, Resolve(_plan_status_request)],
-        decision: Annotated[ElicitationResult[status_approval.SendDecision], Resolve(_ask_status_request)],
+        plan: Annotated[status_approval.StatusRequestPlan, Resolve(plan_status_request)],
+        decision: Annotated[ElicitationResult[status_approval.SendDecision], Resolve(ask_status_request)],
         wait_seconds: Annotated[
             float,
             Field(
@@ -644,12 +531,12 @@ def build_server(
             ),
         ] = 0.0,
     ) -> OperationView:
-        stored = await _resolve(ctx, operation_id)
+        stored = await stored_operation_id(ctx, operation_id)
         answer = answer_of(status_approval.STATUS_REQUEST, decision)
         work = checking.check_status(
             controller_of(ctx), stored, plan, answer, wait_seconds=wait_seconds, progress=ctx.report_progress
         )
-        return _shown(await run_tool(work))
+        return as_chosen(await run_tool(work))
 
     @mcp.tool(
         meta=app_card.CARD_META,
@@ -677,8 +564,8 @@ def build_server(
         reason: Annotated[
             str, Field(max_length=500, description="Why; shown to the person as untrusted text.")
         ],
-        plan: Annotated[ExtensionPlan, Resolve(_plan)],
-        decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(_ask_extension)],
+        plan: Annotated[ExtensionPlan, Resolve(plan_extension)],
+        decision: Annotated[ElicitationResult[ExtensionDecision], Resolve(ask_extension)],
         ctx: Ctx,
         new_business_deadline_at: Annotated[
             str | None,
@@ -689,7 +576,7 @@ def build_server(
             ),
         ] = None,
     ) -> ExtensionResult:
-        return _shown(await settle_tool(ctx, approvals.EXTENSION, plan, decision))
+        return as_chosen(await settle_tool(ctx, approvals.EXTENSION, plan, decision))
 
     @mcp.tool(
         description="The validated result fields of a succeeded operation, recorded as its own follow-up. "
@@ -699,8 +586,8 @@ def build_server(
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def fetch_result(operation_id: OperationIdArg, ctx: Ctx) -> FollowUpResult:
-        stored = await _resolve(ctx, operation_id)
-        return _shown(await run_tool(followups.fetch_result(controller_of(ctx), stored)))
+        stored = await stored_operation_id(ctx, operation_id)
+        return as_chosen(await run_tool(followups.fetch_result(controller_of(ctx), stored)))
 
     @mcp.tool(
         meta=app_card.CARD_META,
@@ -713,11 +600,11 @@ def build_server(
     )
     async def cancel_operation(
         operation_id: OperationIdArg,
-        plan: Annotated[followups.CancelPlan, Resolve(_plan_cancel)],
-        decision: Annotated[ElicitationResult[followups.ConfirmCancel], Resolve(_ask_cancel)],
+        plan: Annotated[followups.CancelPlan, Resolve(plan_cancel)],
+        decision: Annotated[ElicitationResult[followups.ConfirmCancel], Resolve(ask_cancel)],
         ctx: Ctx,
     ) -> FollowUpResult:
-        return _shown(await settle_tool(ctx, followups.CANCEL, plan, decision))
+        return as_chosen(await settle_tool(ctx, followups.CANCEL, plan, decision))
 
     @mcp.tool(
         meta=app_card.CARD_META,
@@ -725,8 +612,8 @@ def build_server(
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def get_operation(operation_id: OperationIdArg, ctx: Ctx) -> OperationView:
-        stored = await _resolve(ctx, operation_id)
-        return _shown(await run_tool(controller_of(ctx).get_operation(stored)))
+        stored = await stored_operation_id(ctx, operation_id)
+        return as_chosen(await run_tool(controller_of(ctx).get_operation(stored)))
 
     @mcp.tool(
         description="Recent operations, newest first, optionally filtered by status or provider. No provider call.",
@@ -788,8 +675,8 @@ def build_server(
     )
     async def operation_resource(operation_id: str, ctx: Ctx) -> str:
         controller = controller_of(ctx)
-        stored = await _read(ownership.resolve(controller, current_principal(), operation_id))
-        view = _shown(await _read(controller.get_operation(stored)))
+        stored = await read_resource(ownership.resolve(controller, current_principal(), operation_id))
+        view = as_chosen(await read_resource(controller.get_operation(stored)))
         return view.model_dump_json(indent=2)
 
     @mcp.resource(
@@ -800,9 +687,9 @@ def build_server(
     )
     async def audit_resource(operation_id: str, ctx: Ctx) -> str:
         controller = controller_of(ctx)
-        stored = await _read(ownership.resolve(controller, current_principal(), operation_id))
-        await _read(controller.load(stored))
-        await _read(controller.store.flush_refusals(stored))  # the story is told up to now
+        stored = await read_resource(ownership.resolve(controller, current_principal(), operation_id))
+        await read_resource(controller.load(stored))
+        await read_resource(controller.store.flush_refusals(stored))  # the story is told up to now
         where = controller.store.location
         rows = await anyio.to_thread.run_sync(lambda: read_rows(where, stored))
         return "\n".join(render_story(rows)) + "\n"
