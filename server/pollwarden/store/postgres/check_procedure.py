@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 
 from pollwarden.audit_entry import (
-    NO_REFUSALS,
     PendingRefusals,
 )
 from pollwarden.fleet_pace import PaceBucket, bucket_from_row
@@ -211,31 +210,17 @@ class CheckProcedure(PostgresBase):
         at: float,
         payload_extra: Mapping[str, object],
     ) -> tuple[OperationRecord, bool]:
-        """Persist what one status answer meant and release the lease; (record, applied).
-
-        Guarantee: applied only while this call still holds the lease (checked
-        on the locked row); a late answer is audited, not applied. Two trips;
-        one when this process reserved the row in one statement and it is
-        still exactly as reserved (`_answer_as_reserved`).
-        """
+        """`Store.apply_answer` (on the locked row: two trips); one trip when this process reserved the
+        row in one statement and it is still exactly as reserved (`_answer_as_reserved`)."""
         reserved = self._reserved.pop((operation_id, owner), None)
         if reserved is not None:
             answered = await self._answer_as_reserved(reserved, owner, changes, at, payload_extra)
             if answered is not None:
                 self._remember(answered)
                 return answered.record, True
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            plan = plans.answer_plan(
-                current.record, owner=owner, changes=changes, at=at, payload_extra=payload_extra
-            )
-            updated = await writer.carry_out(current, plan)
-            if not plan.applied:
-                return updated, False
-            await writer.finish()
-            answered = StoredOperation(updated, NO_REFUSALS, writer.chain_of(operation_id))
-        self._remember(answered)  # committed: the next check needs no read
-        return updated, True
+        return await super().apply_answer(
+            operation_id, owner=owner, changes=changes, at=at, payload_extra=payload_extra
+        )
 
     async def _answer_as_reserved(
         self,

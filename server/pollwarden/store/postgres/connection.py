@@ -120,7 +120,10 @@ class Tx:
 
     async def all(self, sql: str, params: Params = ()) -> list[Row]:
         """Run a statement and read every row (one trip)."""
-        cur = await self.queue(sql, params)
+        return await self.read_all(await self.queue(sql, params))
+
+    async def read_all(self, cur: AsyncCursor[TupleRow]) -> list[Row]:
+        """Every row of a queued statement (a trip unless it was sent with one already made)."""
         self._trip()
         return await cur.fetchall()
 

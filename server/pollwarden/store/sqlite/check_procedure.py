@@ -1,11 +1,9 @@
-"""The check procedure's two transactions: before the request (the gate) and after it (the answer).
+"""The check procedure on SQLite: the gate's verdict written before the request, in one hop.
 
-Each runs whole in one hop to the database thread. `begin_check` loads the
-operation, lets the pure gate (`pollwarden.gate`) decide, and writes what it
-decided, guarded in SQL by the version it read (optimistic: another process
-that changed the operation in between makes the guard fail, and the decision
-is taken again under the write lock). `apply_answer` records what one answer
-meant and releases the lease, only while this call still holds it.
+`begin_check` loads the operation, lets the pure gate (`pollwarden.gate`)
+decide, and writes what it decided, guarded in SQL by the version it read
+(optimistic: another process that changed the operation in between makes the
+guard fail, and the decision is taken again under the write lock).
 """
 
 from __future__ import annotations
@@ -147,25 +145,3 @@ def _carry_out(
     )
     executor.carry_out(conn, current, plan, key, durable=session.durable, fresh=fresh)
     return CheckStart(plan.record, plan.decision or decision)
-
-
-def apply_answer(
-    session: Session,
-    operation_id: str,
-    *,
-    owner: str,
-    changes: Mapping[str, object],
-    at: float,
-    payload_extra: Mapping[str, object],
-    key: bytes | None,
-) -> tuple[OperationRecord, bool]:
-    """Persist what one status answer meant and release the lease; (record, applied).
-
-    Applied only while this call still holds the lease (`plans.answer_plan`).
-    """
-    with session.transaction() as conn:
-        current = executor.must_fetch(conn, operation_id)
-        plan = plans.answer_plan(
-            current.record, owner=owner, changes=changes, at=at, payload_extra=payload_extra
-        )
-        return executor.carry_out(conn, current, plan, key), plan.applied
