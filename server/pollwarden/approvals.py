@@ -22,8 +22,7 @@ from pollwarden.job_identity import reopen_next_check_at
 from pollwarden.operator_keys import METHOD_ELICITATION, DecisionFacts, Verdict, authenticate
 from pollwarden.policy_gate import stored_policy
 from pollwarden.principals import current_principal
-from pollwarden.records import OperationRecord
-from pollwarden.store import ApprovalRecord
+from pollwarden.records import ApprovalRecord, OperationRecord
 from pollwarden.timefmt import iso, parse_iso
 from pollwarden.untrusted import quoted
 from pollwarden.views import allowed_actions

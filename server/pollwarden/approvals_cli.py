@@ -33,7 +33,8 @@ from pollwarden.operator_decision import decide, header, not_found, refusal
 from pollwarden.operator_keys import METHOD_TTY, PUBKEYS_ENV, generate_key_file, load_operator_key
 from pollwarden.person_gate import SERVER_VERIFIES, Deciding, operator_key_for, require_person
 from pollwarden.policy_cli import deciding_config
-from pollwarden.store import ApprovalRecord, open_store
+from pollwarden.records import ApprovalRecord
+from pollwarden.store import open_store
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import one_line, quoted
 

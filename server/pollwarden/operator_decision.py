@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from pollwarden import observe
 from pollwarden.approvals import decision_facts, describe_request, what_happens_next
 from pollwarden.operator_keys import OperatorKey
-from pollwarden.store import ApprovalRecord, Store
+from pollwarden.records import ApprovalRecord
+from pollwarden.store import Store
 from pollwarden.timefmt import iso
 from pollwarden.untrusted import quoted
 from pollwarden.vocabulary import ApprovalStatus

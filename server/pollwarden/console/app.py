@@ -62,8 +62,8 @@ from pollwarden.health import ops_routes
 from pollwarden.operation_names import resolve_name
 from pollwarden.operator_decision import decide
 from pollwarden.operator_keys import METHOD_CONSOLE, METHOD_HTTP_OPERATOR, OperatorKey
-from pollwarden.records import OperationRecord
-from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
+from pollwarden.records import ApprovalRecord, OperationRecord
+from pollwarden.store import DatabaseLocation, OperationFilter, Store, open_store
 from pollwarden.timefmt import iso, to_datetime
 from pollwarden.untrusted import one_line, quoted
 from pollwarden.views import human_duration, operation_view

@@ -15,7 +15,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit_entry import NO_REFUSALS, OperationChain
@@ -149,19 +149,17 @@ class Store(StoreReads):
 
     # -- reads an engine may answer otherwise ------------------------------------------------------
 
-    latest_schema: int = 0  # the schema step this pollwarden needs (the engine's migrations)
-
-    async def _schema_version(self) -> int:
-        """The schema step the database is at (its engine's own record of it)."""
-        raise NotImplementedError  # the engine class defines it
+    latest_schema: ClassVar[int] = 0  # the schema step this pollwarden needs (the engine's migrations)
+    schema_version_sql: ClassVar[str] = ""  # the engine's read of the step the database is at
 
     async def not_ready(self) -> str | None:
         """Why the database cannot serve now (gone, replaced, schema dropped or behind), or None: ready (/readyz)."""
         try:
-            version = await self._schema_version()
+            row = await self._read_one(self.schema_version_sql)
             await self._read("SELECT 1 FROM operations LIMIT 1")
         except StoreError as exc:
             return str(exc)
+        version = 0 if row is None else int(row[0])
         if version < self.latest_schema:
             return (
                 f"the database is at schema step {version}, this pollwarden needs {self.latest_schema}: "

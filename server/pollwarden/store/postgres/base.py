@@ -50,6 +50,7 @@ class PostgresBase(Store):
         self._pool = pool
         self._key = audit_key
         self.location = location
+        self.stats: EngineStats = pool.stats  # round trips and commits since the store opened
         # The rows this process reserved in one statement, by (operation, lease owner): the answer
         # that follows is written in one trip if the row is still exactly that (see apply_answer).
         self._reserved: dict[tuple[str, str], StoredOperation] = {}
@@ -156,11 +157,6 @@ class PostgresBase(Store):
 
     def _forget(self, operation_id: str) -> None:
         self._known.pop(operation_id, None)
-
-    @property
-    def stats(self) -> EngineStats:
-        """Round trips and commits since the store opened."""
-        return self._pool.stats
 
     @asynccontextmanager
     async def _locked(

@@ -53,6 +53,7 @@ class PostgresStore(CheckProcedure):
     """
 
     latest_schema = LATEST
+    schema_version_sql = "SELECT coalesce(max(version), 0) FROM pollwarden_schema"
 
     # -- reads (one statement, no transaction) ------------------------------------------------------
 
@@ -94,10 +95,6 @@ class PostgresStore(CheckProcedure):
             cursor = await tx.queue(sql.OPEN_OPERATION, {**values, **vars(first)})
         row = await cursor.fetchone()
         return None if row is None else stored(row)
-
-    async def _schema_version(self) -> int:
-        row = await self._pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
-        return 0 if row is None else int(row[0])
 
     async def database_time(self) -> float | None:
         """The database server's clock (epoch s) for `pollwarden doctor`'s skew check."""

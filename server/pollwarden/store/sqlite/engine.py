@@ -20,7 +20,7 @@ from pollwarden.errors import StoreError
 from pollwarden.files import prepare_database_file
 from pollwarden.records import CheckStart
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.migrations.sqlite import LATEST, schema_version
+from pollwarden.store.migrations.sqlite import LATEST
 from pollwarden.store.planned import Flow, Store, T
 from pollwarden.store.reads import Row
 from pollwarden.store.sqlite import check_procedure, executor
@@ -32,21 +32,18 @@ class SQLiteStore(Store):
     """One process's store on a SQLite file (implements `pollwarden.store.Store`)."""
 
     latest_schema = LATEST
+    schema_version_sql = "PRAGMA user_version"
 
     def __init__(self, db: Database, location: DatabaseLocation, audit_key: bytes | None) -> None:
         self._db = db
         self._key = audit_key
         self.location = location
+        self.stats: EngineStats = db.stats  # hops to the database thread and commits by durability
 
     @property
     def path(self) -> Path:
         """The SQLite file (the offline audit readers open it read-only)."""
         return self._db.path
-
-    @property
-    def stats(self) -> EngineStats:
-        """Hops to the database thread and commits by durability, since the store opened."""
-        return self._db.stats
 
     async def _transact(
         self, flow: Flow[T], *, lock: str | None = None, audit: bool = True, durable: bool = True
@@ -64,14 +61,13 @@ class SQLiteStore(Store):
         """One read statement in one hop, outside any transaction."""
         return await self._db.run(lambda s: s.conn.execute(statement, params or {}).fetchall())
 
-    async def _schema_version(self) -> int:
-        """The file's schema step, refused when the path no longer names the file opened."""
-
-        def work(s: Session) -> int:
-            s.db.check_identity()
-            return schema_version(s.conn)
-
-        return await self._db.run(work)
+    async def not_ready(self) -> str | None:
+        """`Store.not_ready`, and the path must still name the file opened (not deleted nor replaced)."""
+        try:
+            await self._db.run(lambda s: s.db.check_identity())
+        except StoreError as exc:
+            return str(exc)
+        return await super().not_ready()
 
     async def begin_check(
         self,
@@ -131,4 +127,4 @@ async def open_sqlite(
             except StoreError:
                 pass  # locked, read-only or replaced: the counters stay in the row for the next reader
             finally:
-                await db.run(lambda s: s.db.close())
+                await db.run(lambda s: s.conn.close())
