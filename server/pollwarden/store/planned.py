@@ -20,6 +20,8 @@ from typing import Any, ClassVar, TypeVar
 from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit_entry import NO_REFUSALS, OperationChain
 from pollwarden.errors import StoreError
+from pollwarden.fleet_pace import PaceBucket, bucket_from_row
+from pollwarden.gate import GateDecision, decide_check
 from pollwarden.records import (
     ApprovalRecord,
     CheckStart,
@@ -118,6 +120,72 @@ def flush_one() -> Flow[int]:
     current: StoredOperation = yield Locked()
     yield CarryOut(current, Plan(current.record, (FLUSH,)))
     return 1 if current.refusals.count else 0
+
+
+def gate(
+    record: OperationRecord,
+    now: float,
+    wait_until: float,
+    fleets: Mapping[str, FleetSpec | None],
+    apply_approvals: bool,
+    accounts: Mapping[str, str] | None,
+    needs_person: frozenset[str],
+) -> Flow[GateDecision]:
+    """The gate's verdict on `record` (`gate.decide_check`), told whether an extension decision waits."""
+    due = False
+    if apply_approvals and record.status == Status.ESCALATED:
+        params = {"operation_id": record.operation_id, "now": now}
+        due = (yield Query(statements.HAS_DUE_EXTENSION_APPROVALS, params)) is not None
+    return decide_check(
+        record,
+        now=now,
+        wait_until=wait_until,
+        has_table=record.provider in fleets,
+        approvals_due=due,
+        account_context=None if accounts is None else accounts.get(record.provider),
+        may_send=record.provider not in needs_person,
+    )
+
+
+def check(
+    current: StoredOperation,
+    decision: GateDecision,
+    now: float,
+    owner: str,
+    lease_seconds: float,
+    fleet: FleetSpec | None,
+    fleet_slots: int | None,
+    bucket: PaceBucket | None = None,
+) -> Flow[CheckStart]:
+    """Carry out the gate's verdict (`plans.check_plan`): read what it needs first — the provider's pace
+    (unless the caller read it, locked) and the principal's booked slots (fair shares)."""
+    record = current.record
+    step = booked = None
+    if plans.needs_pace(record, decision, fleet, now=now):
+        if bucket is None:
+            bucket = bucket_from_row((yield Query(statements.SELECT_PACE, {"provider": record.provider})))
+        step = plans.pace_step(record, decision, fleet, bucket, now=now)
+        if plans.needs_booked_slots(step, fleet_slots):
+            held = {
+                "provider": record.provider,
+                "owner": record.owner,
+                "now": now,
+                "operation_id": record.operation_id,
+            }
+            row = yield Query(statements.PRINCIPAL_BOOKED_SLOTS, held)
+            booked = None if row is None else (int(row[0]), None if row[1] is None else float(row[1]))
+    plan = plans.check_plan(
+        record,
+        decision,
+        now=now,
+        owner=owner,
+        lease_seconds=lease_seconds,
+        step=step,
+        bucket=bucket,
+        booked=booked,
+        fleet_slots=fleet_slots,
+    )
+    return CheckStart((yield CarryOut(current, plan)), plan.decision or decision)
 
 
 def must(row: Row | None, operation_id: object) -> StoredOperation:

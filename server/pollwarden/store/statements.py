@@ -83,6 +83,9 @@ RESERVE = (
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
 
+# A provider's shared [fleet] pace (`pollwarden.fleet_pace`): its row's two clocks.
+SELECT_PACE = "SELECT tat, sent_tat FROM fleet_buckets WHERE provider = :provider"
+
 # Fair shares (issue 19): the future fleet slots one principal holds for a provider (read with the
 # provider's pace taken first: SQLite's write lock, PostgreSQL's locked pace row).
 PRINCIPAL_BOOKED_SLOTS = (

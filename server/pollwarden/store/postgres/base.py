@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -41,6 +42,17 @@ from pollwarden.vocabulary import Status
 RESERVED_KEPT = 256
 # Operation rows remembered as this process last saw them (the check's first trip, saved).
 KNOWN_KEPT = 4096
+
+
+@dataclass
+class Held:
+    """A transaction a flow runs in: its writer, the locked row's cursor, the plans carried out."""
+
+    writer: Writer
+    tx: Tx
+    cursor: Any
+    lock: str | None
+    carried: list[tuple[StoredOperation, Plan]]
 
 
 class PostgresBase(Store):
@@ -93,45 +105,56 @@ class PostgresBase(Store):
         request of a tuple sent in one trip. After the COMMIT, each row a plan left is known (`_known_row`)."""
         carried: list[tuple[StoredOperation, Plan]] = []
         async with self._locked(lock, audit=audit, durable=durable) as (writer, tx, cursor):
-
-            async def send(request: Request) -> Any:
-                if isinstance(request, Query):
-                    return await tx.queue(
-                        request.statement + (" FOR UPDATE" if request.lock else ""), request.params
-                    )
-                if isinstance(request, Queue):
-                    await tx.queue(request.statement, request.params)
-                elif isinstance(request, CarryOut):
-                    self._forget(request.current.record.operation_id)
-                    carried.append((request.current, request.plan))
-                    return await writer.carry_out(request.current, request.plan)
-                elif isinstance(request, LockPayload):
-                    await tx.queue(sql.LOCK_PAYLOAD, {"request_fingerprint": request.request_fingerprint})
-                elif isinstance(request, LockHead):
-                    await writer.head_first(lock=True)
-                return None
-
-            async def read(request: Request, sent: Any) -> Any:
-                if isinstance(request, Locked):
-                    return operation(await tx.read(cursor), str(lock))
-                if isinstance(request, Query):
-                    return await tx.read_all(sent) if request.every else await tx.read(sent)
-                return sent
-
-            reply: Any = None
-            while True:
-                try:
-                    asked = flow.send(reply)
-                except StopIteration as done:
-                    result = done.value
-                    break
-                requests = asked if isinstance(asked, tuple) else (asked,)
-                sent = [await send(request) for request in requests]
-                replies = [await read(request, s) for request, s in zip(requests, sent, strict=True)]
-                reply = tuple(replies) if isinstance(asked, tuple) else replies[0]
+            result = await self._drive(flow, Held(writer, tx, cursor, lock, carried))
         for current, plan in carried:
             self._known_after(current, plan, writer.chain_of(current.record.operation_id))
         return result
+
+    async def _drive(self, flow: Flow[T], held: Held | None = None) -> T:
+        """Answer `flow`'s requests in the transaction `held` (None: its queries alone, each autocommit)."""
+
+        async def send(request: Request) -> Any:
+            if held is None:
+                assert isinstance(request, Query), "outside a transaction a flow only reads"
+                return await (self._pool.read if request.every else self._pool.read_one)(
+                    request.statement, request.params
+                )
+            tx, writer = held.tx, held.writer
+            if isinstance(request, Query):
+                return await tx.queue(
+                    request.statement + (" FOR UPDATE" if request.lock else ""), request.params
+                )
+            if isinstance(request, Queue):
+                await tx.queue(request.statement, request.params)
+            elif isinstance(request, CarryOut):
+                self._forget(request.current.record.operation_id)
+                held.carried.append((request.current, request.plan))
+                return await writer.carry_out(request.current, request.plan)
+            elif isinstance(request, LockPayload):
+                await tx.queue(sql.LOCK_PAYLOAD, {"request_fingerprint": request.request_fingerprint})
+            elif isinstance(request, LockHead):
+                await writer.head_first(lock=True)
+            return None
+
+        async def read(request: Request, sent: Any) -> Any:
+            if held is None:
+                return sent
+            if isinstance(request, Locked):
+                return operation(await held.tx.read(held.cursor), str(held.lock))
+            if isinstance(request, Query):
+                return await held.tx.read_all(sent) if request.every else await held.tx.read(sent)
+            return sent
+
+        reply: Any = None
+        while True:
+            try:
+                asked = flow.send(reply)
+            except StopIteration as done:
+                return done.value
+            requests = asked if isinstance(asked, tuple) else (asked,)
+            sent = [await send(request) for request in requests]
+            replies = [await read(request, s) for request, s in zip(requests, sent, strict=True)]
+            reply = tuple(replies) if isinstance(asked, tuple) else replies[0]
 
     def _known_after(self, current: StoredOperation, plan: Plan, chain: OperationChain | None) -> None:
         """Remember the row a committed plan left, when the plan says exactly what it is."""

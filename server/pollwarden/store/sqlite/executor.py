@@ -91,9 +91,19 @@ def carry_out(
     return plan.record
 
 
-def run_flow(conn: sqlite3.Connection, flow: Flow[T], operation_id: str | None, key: bytes | None) -> T:
+def run_flow(
+    conn: sqlite3.Connection,
+    flow: Flow[T],
+    operation_id: str | None,
+    key: bytes | None,
+    *,
+    durable: bool = True,
+    fresh: bool = True,
+) -> T:
     """Run a flow of `pollwarden.store.planned` in the caller's open transaction (the write lock held:
-    every row it reads stays as read, and the locks it asks for are held already); its result."""
+    every row it reads stays as read, and the locks it asks for are held already); its result.
+
+    `durable`, `fresh`: as `carry_out`'s (a check guarded by the version it read outside the lock)."""
 
     def answer(request: Request) -> object:
         if isinstance(request, Locked):
@@ -105,7 +115,7 @@ def run_flow(conn: sqlite3.Connection, flow: Flow[T], operation_id: str | None, 
         if isinstance(request, Queue):
             conn.execute(request.statement, dict(request.params)).fetchall()
         elif isinstance(request, CarryOut):
-            return carry_out(conn, request.current, request.plan, key)
+            return carry_out(conn, request.current, request.plan, key, durable=durable, fresh=fresh)
         return None  # LockPayload, LockHead: the write lock serialises them already
 
     reply: object = None
