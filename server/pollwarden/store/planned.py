@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
+
+import anyio
 
 from pollwarden.approval_policy import ApprovalPolicy
 from pollwarden.audit_entry import NO_REFUSALS, OperationChain
@@ -193,6 +196,24 @@ def must(row: Row | None, operation_id: object) -> StoredOperation:
     if row is None:
         raise StoreError(f"operation {operation_id!r} is not in the database")
     return stored(row)
+
+
+S = TypeVar("S", bound="Store")
+
+
+@asynccontextmanager
+async def closing(store: S, close: Callable[[], Awaitable[None]]) -> AsyncGenerator[S]:
+    """Yield the opened store; on the way out write its pending refusals and `close` it, whatever happens."""
+    try:
+        yield store
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await store.flush_refusals()
+            except StoreError:
+                pass  # unreachable, locked, read-only or replaced: the counters stay in the row for the next reader
+            finally:
+                await close()
 
 
 class Store(StoreReads):

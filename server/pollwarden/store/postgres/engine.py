@@ -28,11 +28,11 @@ import anyio
 
 from pollwarden.audit import REKEY_OPERATION, SEAL_KIND
 from pollwarden.audit_entry import AuditEvent, unlinked
-from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord, new_record
 from pollwarden.store import plans, statements
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.migrations.postgres import LATEST, migrate
+from pollwarden.store.planned import closing
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.check_procedure import CheckProcedure
 from pollwarden.store.postgres.connection import Pool
@@ -145,14 +145,5 @@ async def open_postgres(
         with anyio.CancelScope(shield=True):
             await pool.close()
         raise
-    store = PostgresStore(pool, location, audit_key)
-    try:
+    async with closing(PostgresStore(pool, location, audit_key), pool.close) as store:
         yield store
-    finally:
-        with anyio.CancelScope(shield=True):
-            try:
-                await store.flush_refusals()
-            except StoreError:
-                pass  # unreachable or read-only: the counters stay in the row for the next reader
-            finally:
-                await pool.close()

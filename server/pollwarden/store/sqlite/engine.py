@@ -21,7 +21,7 @@ from pollwarden.files import prepare_database_file
 from pollwarden.records import CheckStart
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.migrations.sqlite import LATEST
-from pollwarden.store.planned import Flow, Store, T
+from pollwarden.store.planned import Flow, Store, T, closing
 from pollwarden.store.reads import Row
 from pollwarden.store.sqlite import check_procedure, executor
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
@@ -117,14 +117,7 @@ async def open_sqlite(
         )
     prepare_database_file(path)  # private (0600), never another user's or group-writable (files.py)
     db = await anyio.to_thread.run_sync(connect, path, busy_timeout)
-    store = SQLiteStore(db, location, audit_key)
-    try:
+    async with closing(
+        SQLiteStore(db, location, audit_key), lambda: db.run(lambda s: s.conn.close())
+    ) as store:
         yield store
-    finally:
-        with anyio.CancelScope(shield=True):
-            try:
-                await store.flush_refusals()
-            except StoreError:
-                pass  # locked, read-only or replaced: the counters stay in the row for the next reader
-            finally:
-                await db.run(lambda s: s.conn.close())
