@@ -58,7 +58,6 @@ def update_operation(columns: tuple[str, ...]) -> str:
 
 # -- fleet pacing ----------------------------------------------------------------------------------
 
-SELECT_FLEET_TAT = "SELECT tat, sent_tat FROM fleet_buckets WHERE provider = :provider"
 UPSERT_FLEET_TAT = (
     "INSERT INTO fleet_buckets (provider, tat, sent_tat) VALUES (:provider, :tat, :sent_tat) "
     "ON CONFLICT(provider) DO UPDATE SET tat = excluded.tat, sent_tat = excluded.sent_tat"
