@@ -1,8 +1,5 @@
-"""The PostgreSQL engine's shared parts: the pool, the rows this process knows, the locked transaction.
-
-`PostgresBase` is what the engine's groups of methods (`check_procedure`, `decisions`,
-and `engine` itself) are built on.
-"""
+"""The PostgreSQL engine's seam under `Store`: the pool, the rows this process knows, and flows run
+on rows locked `FOR UPDATE` (`_transact`, `_drive`); `check_procedure` and `engine` build on it."""
 
 from __future__ import annotations
 

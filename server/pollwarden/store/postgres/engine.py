@@ -1,8 +1,8 @@
 """The PostgreSQL engine: the `Store` interface over one database shared by every instance.
 
-Each method is one transaction, in pipeline mode (see `connection`), in as few
-round trips as its reads allow; the guarantee each gives is stated on it. The
-shape of most writes is two trips: the first locks the operation row (when the
+Each transaction runs in pipeline mode (see `connection`), in as few round
+trips as its reads allow (`base.PostgresBase._transact` runs the flows of
+`pollwarden.store.planned`). The shape of most writes is two trips: the first locks the operation row (when the
 provider has a [fleet] pace, its pace row too) and reads it; the second carries
 the new rows and the COMMIT. The check's own writes are shorter: the
 reservation, when nothing else goes with it, is one guarded `UPDATE …
