@@ -13,7 +13,7 @@ from harness import operation_record
 from pollwarden.audit_entry import NO_REFUSALS, PendingRefusals
 from pollwarden.gate import GateDecision, Step
 from pollwarden.records import CheckStart, OperationRecord
-from pollwarden.store import statements
+from pollwarden.store import planned, statements
 from pollwarden.store.planned import CarryOut, Flow, Locked, Query, Request, check, flush_all, flush_one, gate
 from pollwarden.store.plans import Flush
 from pollwarden.store.rows import StoredOperation
@@ -27,16 +27,12 @@ FLEET = FleetSpec(max_requests_per_second=1.0, burst=1)
 def drive(flow: Flow[Any], answer: Callable[[Request], object]) -> tuple[list[Request], Any]:
     """Run `flow` answering each request with `answer`; (every request, in order; the flow's result)."""
     asked: list[Request] = []
-    reply: object = None
-    while True:
-        try:
-            request = flow.send(reply)
-        except StopIteration as done:
-            return asked, done.value
-        requests = request if isinstance(request, tuple) else (request,)
-        asked.extend(requests)
-        replies = tuple(answer(r) for r in requests)
-        reply = replies if isinstance(request, tuple) else replies[0]
+
+    def noted(request: Request) -> object:
+        asked.append(request)
+        return answer(request)
+
+    return asked, planned.drive(flow, noted)
 
 
 def carried(request: Request) -> object:

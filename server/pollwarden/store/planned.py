@@ -101,6 +101,17 @@ Request = Locked | Query | Queue | CarryOut | LockPayload | LockHead
 Flow = Generator[Request | tuple[Request, ...], Any, T]
 
 
+def drive(flow: Flow[T], answer: Callable[[Request], object]) -> T:
+    """Run `flow`, each request answered by `answer` (a tuple's in order); the flow's result."""
+    reply: object = None
+    while True:
+        try:
+            asked = flow.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply = tuple(answer(r) for r in asked) if isinstance(asked, tuple) else answer(asked)
+
+
 def carry_out_on(plan_of: Callable[[OperationRecord], Plan]) -> Flow[Plan]:
     """The flow of a write that is one plan on the locked operation row: `plan_of` the row as read."""
     current: StoredOperation = yield Locked()

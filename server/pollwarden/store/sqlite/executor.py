@@ -23,7 +23,7 @@ from pollwarden.audit_entry import (
 from pollwarden.errors import StoreError
 from pollwarden.records import OperationRecord
 from pollwarden.store import statements
-from pollwarden.store.planned import CarryOut, Flow, Locked, Query, Queue, Request, T
+from pollwarden.store.planned import CarryOut, Flow, Locked, Query, Queue, Request, T, drive
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import sql
@@ -118,13 +118,7 @@ def run_flow(
             return carry_out(conn, request.current, request.plan, key, durable=durable, fresh=fresh)
         return None  # LockPayload, LockHead: the write lock serialises them already
 
-    reply: object = None
-    while True:
-        try:
-            request = flow.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply = tuple(answer(r) for r in request) if isinstance(request, tuple) else answer(request)
+    return drive(flow, answer)
 
 
 def append(conn: sqlite3.Connection, entry: AuditEvent, key: bytes | None) -> int:
