@@ -19,7 +19,6 @@ from pollwarden.core.errors import StoreError
 from pollwarden.core.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from pollwarden.store import open_store, statements
 from pollwarden.store.migrations.sqlite import LATEST, MIGRATIONS, split_sql
-from pollwarden.store.sqlite import sql as sqlite_sql
 from pollwarden.store.sqlite.engine import SQLiteStore
 from pollwarden.surface.server import controller_factory
 from tests.support.fake_provider import FakeProvider, pending
@@ -135,7 +134,7 @@ async def test_a_database_a_newer_release_wrote_is_refused_with_the_fix(tmp_path
         statements.list_operations(),
         statements.list_operations("status"),
         statements.list_operations("provider"),
-        sqlite_sql.SELECT_ALL_PENDING_REFUSALS,
+        statements.PENDING_REFUSALS,
         statements.LIST_APPROVALS_BY_STATUS,
     ],
 )

@@ -410,7 +410,7 @@ def write_anchor(db_path: Path | str | DatabaseLocation, out: Path) -> Anchor:
     The file is private (0600) and written whole: an exclusive temporary file
     with a random name, then a rename that never writes through a symlink
     (:func:`pollwarden.core.files.write_private_file`). On PostgreSQL, seal the
-    operations' chains first (`pollwarden.store.postgres.offline.seal`), so the
+    operations' chains first (`PostgresStore.seal`), so the
     anchor covers them too.
     """
     where = location_of(db_path)

@@ -32,10 +32,11 @@ from pollwarden.cli.policy import deciding_config
 from pollwarden.config import ServerConfig, load_config
 from pollwarden.core.clock import SystemClock
 from pollwarden.core.errors import ConfigError
+from pollwarden.core.records import ApprovalRecord
 from pollwarden.core.timefmt import iso
 from pollwarden.core.untrusted import one_line, quoted
 from pollwarden.flows.operator_decision import decide, header, not_found, refusal
-from pollwarden.store import ApprovalRecord, open_store
+from pollwarden.store import open_store
 
 __all__ = ["add_approval_commands", "decided_line", "question_lines"]
 

@@ -87,9 +87,14 @@ def _bring_story_up_to_date(args: argparse.Namespace, db: DatabaseLocation) -> N
             db.path, audit_key=audit_key_from_env(), busy_timeout=busy_timeout
         )
     else:
-        from pollwarden.store.postgres.offline import flush_refusals_before_reading as flush_pg
+        from pollwarden.store.postgres.offline import on_store
 
-        why_not = flush_pg(db, audit_key=audit_key_from_env(), busy_timeout=busy_timeout)
+        _, why_not = on_store(
+            db,
+            lambda store: store.flush_refusals(),
+            audit_key=audit_key_from_env(),
+            busy_timeout=busy_timeout,
+        )
     if why_not is not None:
         print(
             f"pollwarden audit: refused calls counted since the last row are not shown ({why_not})",
@@ -176,10 +181,13 @@ def _anchor(args: argparse.Namespace, db: DatabaseLocation) -> int:
 
 def _seal_first(args: argparse.Namespace, db: DatabaseLocation) -> None:
     """On PostgreSQL, seal the operations' chains so the anchor covers their latest rows too."""
-    from pollwarden.store.postgres.offline import seal
+    from pollwarden.store.postgres.offline import on_store
 
     busy_timeout = database_from(args).busy_timeout_seconds
-    sealed, why_not = seal(db, audit_key=audit_key_from_env(), busy_timeout=busy_timeout)
+    at = datetime.now(UTC).timestamp()
+    sealed, why_not = on_store(
+        db, lambda store: store.seal(at=at), audit_key=audit_key_from_env(), busy_timeout=busy_timeout
+    )
     if why_not is not None:
         print(
             f"pollwarden audit: could not seal the operations' chains first ({why_not}); the anchor covers "

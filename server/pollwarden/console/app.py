@@ -59,14 +59,14 @@ from pollwarden.config import ServerConfig, load_provider_tables
 from pollwarden.console import bearer, charts, reading
 from pollwarden.console.anchors import read_named_anchor
 from pollwarden.core.clock import Clock, SystemClock
-from pollwarden.core.records import OperationRecord
+from pollwarden.core.records import ApprovalRecord, OperationRecord
 from pollwarden.core.timefmt import iso, to_datetime
 from pollwarden.core.untrusted import one_line, quoted
 from pollwarden.core.vocabulary import Status, StopReason
 from pollwarden.flows.approvals import describe_request, offered_view
 from pollwarden.flows.operator_decision import decide
 from pollwarden.ops.health import ops_routes
-from pollwarden.store import ApprovalRecord, DatabaseLocation, OperationFilter, Store, open_store
+from pollwarden.store import DatabaseLocation, OperationFilter, Store, open_store
 from pollwarden.surface.views import budgets, human_duration
 from pollwarden_providers.table import ProviderTable
 

@@ -20,7 +20,7 @@ from pollwarden.access.policy_gate import stored_policy
 from pollwarden.access.principals import current_principal
 from pollwarden.config import ExtensionCaps
 from pollwarden.core.errors import InvalidRequest
-from pollwarden.core.records import OperationRecord
+from pollwarden.core.records import ApprovalRecord, OperationRecord
 from pollwarden.core.timefmt import iso, parse_iso
 from pollwarden.core.untrusted import quoted
 from pollwarden.core.vocabulary import ApprovalKind, ApprovalStatus, Outcome
@@ -30,7 +30,7 @@ from pollwarden.rules import extensions, questions
 from pollwarden.rules.business_deadline import business_deadline
 from pollwarden.rules.extensions import ExtensionDecision, ExtensionPlan, ExtensionResult, extension_changes
 from pollwarden.rules.job_identity import reopen_next_check_at
-from pollwarden.store import ApprovalRecord, Store
+from pollwarden.store import Store
 from pollwarden.surface.views import OperationView, allowed_actions, operation_view, suggested_extension
 from pollwarden_providers.table import ProviderTable
 

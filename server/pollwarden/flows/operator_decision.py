@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pollwarden.access.operator_keys import OperatorKey
+from pollwarden.core.records import ApprovalRecord
 from pollwarden.core.timefmt import iso
 from pollwarden.core.untrusted import quoted
 from pollwarden.core.vocabulary import ApprovalStatus
 from pollwarden.flows.approvals import decision_facts, describe_request, what_happens_next
 from pollwarden.ops import observe
-from pollwarden.store import ApprovalRecord, Store
+from pollwarden.store import Store
 
 __all__ = ["Decision", "decide", "header", "refusal"]
 

@@ -49,6 +49,11 @@ COUNT_ACTIVE_OF_OWNER = (
 COUNT_CREATED_SINCE_BY_OWNER = "SELECT count(*) FROM operations WHERE owner = :owner AND created_at > :since"
 
 NEW_OPERATION_VALUES = ", ".join(f":{c}" for c in NEW_OPERATION_COLUMNS)
+# Nothing inserted when the id, or the job (the partial UNIQUE index: one job, one budget), is taken.
+INSERT_OPERATION = (
+    f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) VALUES ({NEW_OPERATION_VALUES}) "
+    f"ON CONFLICT DO NOTHING RETURNING {OPERATION_ROW}"
+)
 
 # The operation that holds a job (one job, one budget: pollwarden.rules.job_identity), whichever principal
 # started it (issue 30: the provider sees one caller and one job; another principal is told only that
@@ -78,6 +83,9 @@ RESERVE = (
     f"AND (lease_owner IS NULL OR lease_expires_at <= :now) RETURNING {OPERATION_ROW}"
 )
 
+# A provider's shared [fleet] pace (`pollwarden.rules.fleet_pace`): its row's two clocks.
+SELECT_PACE = "SELECT tat, sent_tat FROM fleet_buckets WHERE provider = :provider"
+
 # Fair shares (issue 19): the fleet slots one principal's other operations hold for a provider (still
 # held: after `held_since`), the earliest, and how many of them wait for the pace without a slot, their
 # agents still coming, since a request older than `served_at` (issue 29: oldest-waiting first). Read with
@@ -100,6 +108,8 @@ PROVIDER_OWED_SLOTS = (
     "AND operation_id <> :operation_id"
 )
 
+# Every operation with refused calls not yet summarised, in id order (locked so, on PostgreSQL).
+PENDING_REFUSALS = f"SELECT {OPERATION_ROW} FROM operations WHERE refused_count > 0 ORDER BY operation_id"
 ANY_PENDING_REFUSALS_OF = "SELECT 1 FROM operations WHERE operation_id = :operation_id AND refused_count > 0"
 RESET_REFUSALS = (
     "UPDATE operations SET refused_count = 0, refused_outcome = NULL, refused_first_at = NULL, "
@@ -134,6 +144,12 @@ INSERT_APPROVAL = (
 DECIDE_APPROVAL = (
     "UPDATE approvals SET status = :status, decided_at = :at, decided_by = :by, decided_method = :method, "
     f"decision_signature = :signature WHERE approval_id = :approval_id AND status = 'pending' RETURNING {APPROVAL_ROW}"
+)
+# Guarded: only from the statuses the target may follow (vocabulary.APPROVAL_CLOSABLE_FROM: at most three,
+# the rest NULL), so a late or concurrent close never turns `applied` into `void`, nor `approved` into `expired`.
+CLOSE_APPROVAL = (
+    "UPDATE approvals SET status = :status, note = :note, decided_at = COALESCE(decided_at, :at) "
+    f"WHERE approval_id = :approval_id AND status IN (:from_0, :from_1, :from_2) RETURNING {APPROVAL_ROW}"
 )
 MARK_APPROVAL_APPLIED = (
     "UPDATE approvals SET status = 'applied', note = 'applied' WHERE approval_id = :approval_id"

@@ -1,30 +1,39 @@
-"""The PostgreSQL engine's shared parts: the pool, the rows this process knows, the locked transaction.
-
-`PostgresBase` is what the engine's groups of methods (`check_procedure`, `decisions`,
-and `engine` itself) are built on.
-"""
+"""The PostgreSQL engine's seam under `Store`: the pool, the rows this process knows, and flows run
+on rows locked `FOR UPDATE` (`_transact`, `_drive`); `check_procedure` and `engine` build on it."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
+from pollwarden.audit.entry import NO_REFUSALS, OperationChain
 from pollwarden.core.errors import StoreError
-from pollwarden.core.records import OperationRecord
-from pollwarden.core.untrusted import shown
 from pollwarden.core.vocabulary import Status
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.planned import PlannedWrites
-from pollwarden.store.plans import Plan
+from pollwarden.store.planned import (
+    CarryOut,
+    Flow,
+    Locked,
+    LockHead,
+    LockPayload,
+    Query,
+    Queue,
+    Request,
+    Store,
+    T,
+)
+from pollwarden.store.plans import CountRefusal, Flush, Plan, Update
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
 from pollwarden.store.postgres.executor import Writer, operation
 from pollwarden.store.reads import Row
 from pollwarden.store.rows import StoredOperation
+from pollwarden.surface.tool_errors import shown
 
 # Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
 RESERVED_KEPT = 256
@@ -32,13 +41,25 @@ RESERVED_KEPT = 256
 KNOWN_KEPT = 4096
 
 
-class PostgresBase(PlannedWrites):
+@dataclass
+class Held:
+    """A transaction a flow runs in: its writer, the locked row's cursor, the plans carried out."""
+
+    writer: Writer
+    tx: Tx
+    cursor: Any
+    lock: str | None
+    carried: list[tuple[StoredOperation, Plan]]
+
+
+class PostgresBase(Store):
     """One process's store on a PostgreSQL database: what every group of its methods shares."""
 
     def __init__(self, pool: Pool, location: DatabaseLocation, audit_key: bytes | None) -> None:
         self._pool = pool
         self._key = audit_key
         self.location = location
+        self.stats: EngineStats = pool.stats  # round trips and commits since the store opened
         # The rows this process reserved in one statement, by (operation, lease owner): the answer
         # that follows is written in one trip if the row is still exactly that (see apply_answer).
         self._reserved: dict[tuple[str, str], StoredOperation] = {}
@@ -74,13 +95,73 @@ class PostgresBase(PlannedWrites):
     contains = "strpos"
     payload_count = "(a.payload::jsonb ->> 'count')::bigint"
 
-    async def _carry_out_on(self, operation_id: str, plan_of: Callable[[OperationRecord], Plan]) -> Plan:
-        """One transaction on the operation row locked first: `plan_of` the row as read, carried out."""
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            plan = plan_of(current.record)
-            await writer.carry_out(current, plan)
-            return plan
+    async def _transact(
+        self, flow: Flow[T], *, lock: str | None = None, audit: bool = True, durable: bool = True
+    ) -> T:
+        """The flow as one transaction in pipeline mode: `lock`'s row locked first (`FOR UPDATE`), every
+        request of a tuple sent in one trip. After the COMMIT, each row a plan left is known (`_known_row`)."""
+        carried: list[tuple[StoredOperation, Plan]] = []
+        async with self._locked(lock, audit=audit, durable=durable) as (writer, tx, cursor):
+            result = await self._drive(flow, Held(writer, tx, cursor, lock, carried))
+        for current, plan in carried:
+            self._known_after(current, plan, writer.chain_of(current.record.operation_id))
+        return result
+
+    async def _drive(self, flow: Flow[T], held: Held | None = None) -> T:
+        """Answer `flow`'s requests in the transaction `held` (None: its queries alone, each autocommit)."""
+
+        async def send(request: Request) -> Any:
+            if held is None:
+                assert isinstance(request, Query), "outside a transaction a flow only reads"
+                return await (self._pool.read if request.every else self._pool.read_one)(
+                    request.statement, request.params
+                )
+            tx, writer = held.tx, held.writer
+            if isinstance(request, Query):
+                return await tx.queue(
+                    request.statement + (" FOR UPDATE" if request.lock else ""), request.params
+                )
+            if isinstance(request, Queue):
+                await tx.queue(request.statement, request.params)
+            elif isinstance(request, CarryOut):
+                self._forget(request.current.record.operation_id)
+                held.carried.append((request.current, request.plan))
+                return await writer.carry_out(request.current, request.plan)
+            elif isinstance(request, LockPayload):
+                await tx.queue(sql.LOCK_PAYLOAD, {"request_fingerprint": request.request_fingerprint})
+            elif isinstance(request, LockHead):
+                await writer.head_first(lock=True)
+            return None
+
+        async def read(request: Request, sent: Any) -> Any:
+            if held is None:
+                return sent
+            if isinstance(request, Locked):
+                return operation(await held.tx.read(held.cursor), str(held.lock))
+            if isinstance(request, Query):
+                return await held.tx.read_all(sent) if request.every else await held.tx.read(sent)
+            return sent
+
+        reply: Any = None
+        while True:
+            try:
+                asked = flow.send(reply)
+            except StopIteration as done:
+                return done.value
+            requests = asked if isinstance(asked, tuple) else (asked,)
+            sent = [await send(request) for request in requests]
+            replies = [await read(request, s) for request, s in zip(requests, sent, strict=True)]
+            reply = tuple(replies) if isinstance(asked, tuple) else replies[0]
+
+    def _known_after(self, current: StoredOperation, plan: Plan, chain: OperationChain | None) -> None:
+        """Remember the row a committed plan left, when the plan says exactly what it is."""
+        if not plan.applied or any(isinstance(w, CountRefusal) for w in plan.writes):
+            return
+        record = plan.record if any(isinstance(w, Update) for w in plan.writes) else current.record
+        flushed = any(isinstance(w, Flush) for w in plan.writes)
+        self._remember(
+            StoredOperation(record, NO_REFUSALS if flushed else current.refusals, chain or current.chain)
+        )
 
     async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
         """One read statement outside a transaction (autocommit)."""
@@ -96,11 +177,6 @@ class PostgresBase(PlannedWrites):
 
     def _forget(self, operation_id: str) -> None:
         self._known.pop(operation_id, None)
-
-    @property
-    def stats(self) -> EngineStats:
-        """Round trips and commits since the store opened."""
-        return self._pool.stats
 
     @asynccontextmanager
     async def _locked(

@@ -15,24 +15,20 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 
 from pollwarden.audit.entry import (
-    NO_REFUSALS,
     PendingRefusals,
 )
 from pollwarden.core.records import (
     CheckStart,
     OperationRecord,
 )
-from pollwarden.core.vocabulary import (
-    Status,
-)
-from pollwarden.rules.fleet_pace import PaceBucket, bucket_from_row
-from pollwarden.rules.gate import GateDecision, Step, decide_check
+from pollwarden.rules.fleet_pace import bucket_from_row
+from pollwarden.rules.gate import GateDecision, Step
 from pollwarden.store import plans, statements
+from pollwarden.store.planned import check, gate
 from pollwarden.store.postgres import sql
-from pollwarden.store.postgres.base import RESERVED_KEPT, PostgresBase
-from pollwarden.store.postgres.connection import Tx
+from pollwarden.store.postgres.base import RESERVED_KEPT, Held, PostgresBase
 from pollwarden.store.postgres.errors import GuardFailed
-from pollwarden.store.postgres.executor import Writer, answer_statement, operation
+from pollwarden.store.postgres.executor import answer_statement, operation
 from pollwarden.store.rows import StoredOperation, stored
 from pollwarden_providers.table_limits import FleetSpec
 
@@ -68,11 +64,10 @@ class CheckProcedure(PostgresBase):
         refusal counters' state) holds only on that very row, so the verdict is the one a read
         would have given. Any other verdict, or a guard that fails, reads the row.
         """
+        ask = (wait_until, fleets, apply_approvals, accounts, needs_person)
         known = self._known_row(operation_id)
         if known is not None:
-            decision = await self._decide(
-                None, known.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
-            )
+            decision = await self._drive(gate(known.record, now, *ask))
             if decision.step == Step.RESERVE or decision.refusal is not None:
                 at = clock() if clock is not None else now
                 quick = await self._one_statement(known, decision, at, owner, lease_seconds, fleets)
@@ -83,9 +78,7 @@ class CheckProcedure(PostgresBase):
             return None
         current = stored(row)
         self._remember(current)
-        decision = await self._decide(
-            None, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
-        )
+        decision = await self._drive(gate(current.record, now, *ask))
         if not decision.writes:
             return CheckStart(current.record, decision)
         at = clock() if clock is not None else now
@@ -113,50 +106,19 @@ class CheckProcedure(PostgresBase):
             current = operation(await tx.read(cursor), operation_id)
             pace_row = None if pace_cursor is None else await tx.read(pace_cursor)
             owed_row = None if owed_cursor is None else await tx.read(owed_cursor)
-            owed = 0 if owed_row is None else int(owed_row[0])
+            owed = None if owed_row is None else int(str(owed_row[0]))
             bucket = bucket_from_row(pace_row)
             now = clock() if clock is not None else now
-            decision = await self._decide(
-                tx, current.record, now, wait_until, fleets, apply_approvals, accounts, needs_person
-            )
+            held = Held(writer, tx, cursor, operation_id, [])
+            decision = await self._drive(gate(current.record, now, *ask), held)
             if not decision.writes:
                 return CheckStart(current.record, decision)
-            return await _carry_out(
-                writer, current, decision, now, owner, lease_seconds, fleet, bucket, fleet_slots, owed
-            )
+            flow = check(current, decision, now, owner, lease_seconds, fleet, fleet_slots, bucket, owed)
+            return await self._drive(flow, held)
 
     def _pace_turn_if(self, fleet: FleetSpec | None, provider: str) -> AbstractAsyncContextManager[None]:
         """`_pace_turn` for a provider with a [fleet] pace; nothing to wait for without one."""
         return self._pace_turn(provider) if fleet is not None else nullcontext()
-
-    async def _decide(
-        self,
-        tx: Tx | None,
-        record: OperationRecord,
-        now: float,
-        wait_until: float,
-        fleets: Mapping[str, FleetSpec | None],
-        apply_approvals: bool,
-        accounts: Mapping[str, str] | None,
-        needs_person: frozenset[str] = frozenset(),
-    ) -> GateDecision:
-        due = False
-        if apply_approvals and record.status == Status.ESCALATED:
-            params = {"operation_id": record.operation_id, "now": now}
-            if tx is None:
-                found = await self._pool.read_one(statements.HAS_DUE_EXTENSION_APPROVALS, params)
-            else:
-                found = await tx.one(statements.HAS_DUE_EXTENSION_APPROVALS, params)
-            due = found is not None
-        return decide_check(
-            record,
-            now=now,
-            wait_until=wait_until,
-            has_table=record.provider in fleets,
-            approvals_due=due,
-            account_context=None if accounts is None else accounts.get(record.provider),
-            may_send=record.provider not in needs_person,
-        )
 
     async def _one_statement(
         self,
@@ -216,31 +178,17 @@ class CheckProcedure(PostgresBase):
         at: float,
         payload_extra: Mapping[str, object],
     ) -> tuple[OperationRecord, bool]:
-        """Persist what one status answer meant and release the lease; (record, applied).
-
-        Guarantee: applied only while this call still holds the lease (checked
-        on the locked row); a late answer is audited, not applied. Two trips;
-        one when this process reserved the row in one statement and it is
-        still exactly as reserved (`_answer_as_reserved`).
-        """
+        """`Store.apply_answer` (on the locked row: two trips); one trip when this process reserved the
+        row in one statement and it is still exactly as reserved (`_answer_as_reserved`)."""
         reserved = self._reserved.pop((operation_id, owner), None)
         if reserved is not None:
             answered = await self._answer_as_reserved(reserved, owner, changes, at, payload_extra)
             if answered is not None:
                 self._remember(answered)
                 return answered.record, True
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            plan = plans.answer_plan(
-                current.record, owner=owner, changes=changes, at=at, payload_extra=payload_extra
-            )
-            updated = await writer.carry_out(current, plan)
-            if not plan.applied:
-                return updated, False
-            await writer.finish()
-            answered = StoredOperation(updated, NO_REFUSALS, writer.chain_of(operation_id))
-        self._remember(answered)  # committed: the next check needs no read
-        return updated, True
+        return await super().apply_answer(
+            operation_id, owner=owner, changes=changes, at=at, payload_extra=payload_extra
+        )
 
     async def _answer_as_reserved(
         self,
@@ -271,37 +219,3 @@ class CheckProcedure(PostgresBase):
         return after
 
     # -- creating and submitting ---------------------------------------------------------------
-
-
-async def _carry_out(
-    writer: Writer,
-    current: StoredOperation,
-    decision: GateDecision,
-    now: float,
-    owner: str,
-    lease_seconds: float,
-    fleet: FleetSpec | None,
-    bucket: PaceBucket,
-    fleet_slots: int | None = None,
-    owed: int = 0,
-) -> CheckStart:
-    """Write what the gate decided on the locked row (and the locked pace row): `plans.check_plan`."""
-    record = current.record
-    step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed)
-    booked = None
-    if plans.needs_booked_slots(step, fleet_slots) and fleet is not None:
-        params = plans.booked_slots_params(record, fleet, now=now)
-        booked = plans.booked_slots(await writer.tx.one(statements.PRINCIPAL_BOOKED_SLOTS, params))
-    plan = plans.check_plan(
-        record,
-        decision,
-        now=now,
-        owner=owner,
-        lease_seconds=lease_seconds,
-        step=step,
-        bucket=bucket,
-        booked=booked,
-        fleet_slots=fleet_slots,
-        fleet=fleet,
-    )
-    return CheckStart(await writer.carry_out(current, plan), plan.decision or decision)

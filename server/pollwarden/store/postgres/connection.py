@@ -120,7 +120,10 @@ class Tx:
 
     async def all(self, sql: str, params: Params = ()) -> list[Row]:
         """Run a statement and read every row (one trip)."""
-        cur = await self.queue(sql, params)
+        return await self.read_all(await self.queue(sql, params))
+
+    async def read_all(self, cur: AsyncCursor[TupleRow]) -> list[Row]:
+        """Every row of a queued statement (a trip unless it was sent with one already made)."""
         self._trip()
         return await cur.fetchall()
 
@@ -202,6 +205,12 @@ class Pool:
         with suppress(psycopg.Error, PoolTimeout):
             await self._reads.check()
 
+    async def _failed(self, exc: BaseException) -> StoreError:
+        """A write's driver error described (with the lock's holder); a lost connection's dead peers dropped."""
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            await self._forget_broken()
+        return describe(exc, self.location, self.lock_timeout, await self.lock_holder(exc))
+
     async def lock_holder(self, exc: BaseException) -> str | None:
         """For a lock_timeout: the oldest open transaction holding row locks on that table, described."""
         table = locked_table(exc)
@@ -249,9 +258,7 @@ class Pool:
                             await conn.rollback()
                     raise
         except (psycopg.Error, PoolTimeout) as exc:
-            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-                await self._forget_broken()
-            raise describe(exc, self.location, self.lock_timeout, await self.lock_holder(exc)) from None
+            raise await self._failed(exc) from None
 
     async def write_one(self, sql: str, params: Params = (), *, durable: bool = True) -> Row | None:
         """One statement as a transaction of its own, in one trip; its first row.
@@ -271,9 +278,7 @@ class Pool:
                     self.stats.relaxed_commits += 1
                 return row
         except (psycopg.Error, PoolTimeout) as exc:
-            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-                await self._forget_broken()
-            raise describe(exc, self.location, self.lock_timeout, await self.lock_holder(exc)) from None
+            raise await self._failed(exc) from None
 
     async def read(self, sql: str, params: Params = ()) -> list[Row]:
         """One statement outside a transaction (autocommit snapshot); retried once on a dead connection."""

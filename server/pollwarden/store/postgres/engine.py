@@ -1,8 +1,8 @@
 """The PostgreSQL engine: the `Store` interface over one database shared by every instance.
 
-Each method is one transaction, in pipeline mode (see `connection`), in as few
-round trips as its reads allow; the guarantee each gives is stated on it. The
-shape of most writes is two trips: the first locks the operation row (when the
+Each transaction runs in pipeline mode (see `connection`), in as few round
+trips as its reads allow (`base.PostgresBase._transact` runs the flows of
+`pollwarden.store.planned`). The shape of most writes is two trips: the first locks the operation row (when the
 provider has a [fleet] pace, its pace row too) and reads it; the second carries
 the new rows and the COMMIT. The check's own writes are shorter: the
 reservation, when nothing else goes with it, is one guarded `UPDATE …
@@ -26,33 +26,17 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from pollwarden.access.approval_policy import ApprovalPolicy
 from pollwarden.audit.chain import REKEY_OPERATION, SEAL_KIND
-from pollwarden.audit.entry import (
-    NO_REFUSALS,
-    AuditEvent,
-    OperationChain,
-    unlinked,
-)
-from pollwarden.core.errors import StoreError
-from pollwarden.core.records import (
-    OperationRecord,
-    WakeOutcome,
-    WakeResult,
-    new_record,
-)
-from pollwarden.core.vocabulary import (
-    Status,
-)
+from pollwarden.audit.entry import AuditEvent, unlinked
+from pollwarden.core.records import OperationRecord, new_record
 from pollwarden.store import plans, statements
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.migrations.postgres import LATEST, migrate
-from pollwarden.store.planned import approval_policy_params
+from pollwarden.store.planned import closing
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.check_procedure import CheckProcedure
 from pollwarden.store.postgres.connection import Pool
-from pollwarden.store.postgres.decisions import Decisions
-from pollwarden.store.postgres.executor import Writer, operation, seal_entries
+from pollwarden.store.postgres.executor import Writer, seal_entries
 from pollwarden.store.rows import StoredOperation, new_operation_values, stored
 
 # Connections per process: concurrent tool calls of one HTTP instance each borrow one.
@@ -61,12 +45,15 @@ POOL_SIZE = 10
 SEAL_BATCH = 1000
 
 
-class PostgresStore(CheckProcedure, Decisions):
+class PostgresStore(CheckProcedure):
     """One process's store on a PostgreSQL database (implements `pollwarden.store.Store`).
 
-    The check procedure is `check_procedure`'s, what people decide `decisions`'; the reads,
-    creating and submitting, webhook wake-ups, seals and refusal summaries are here.
+    The check procedure is `check_procedure`'s; the one-trip start, the database's clock and the
+    seals are here; every other transaction is a flow of `pollwarden.store.planned`.
     """
+
+    latest_schema = LATEST
+    schema_version_sql = "SELECT coalesce(max(version), 0) FROM pollwarden_schema"
 
     # -- reads (one statement, no transaction) ------------------------------------------------------
 
@@ -84,52 +71,14 @@ class PostgresStore(CheckProcedure, Decisions):
     async def create_operation(
         self, values: Mapping[str, object], *, kind: str, at: float
     ) -> tuple[OperationRecord, bool]:
-        """Insert the record and its first audit row unless the id or the job exists; (record, created).
-
-        Guarantee: one job, one budget across processes — the INSERT does nothing
-        when the id or the job (the partial UNIQUE index) is taken, waiting for a
-        concurrent insert of either to commit; then the operation holding the id,
-        else the job's holder, is returned (pollwarden.rules.job_identity). A submission
-        first takes its payload's advisory lock and, unless its id exists, is
-        answered with the payload's operation still in flight if there is one.
-        """
+        """`Store.create_operation`; a start that submits nothing, on an unkeyed chain, in one trip."""
         values = new_operation_values(values)
-        operation_id = str(values["operation_id"])
         if self._key is None and values["submit_payload_json"] is None:
             opened = await self._open_in_one_statement(values, kind=kind, at=at)
             if opened is not None:
                 self._remember(opened)  # committed: its first check needs no read
                 return opened.record, True
-        async with self._locked(audit=False) as (writer, tx, _):
-            if values["submit_payload_json"] is not None:
-                payload = {"request_fingerprint": values["request_fingerprint"]}
-                await tx.queue(sql.LOCK_PAYLOAD, payload)
-                same_id = await tx.queue(statements.SELECT_OPERATION, {"operation_id": operation_id})
-                in_flight = await tx.one(
-                    statements.SELECT_PAYLOAD_IN_FLIGHT, {**payload, "owner": values["owner"]}
-                )
-                if in_flight is not None and await tx.read(same_id) is None:
-                    return stored(in_flight).record, False
-            # Its first row is a row of the one chain: the head is locked before the row is inserted, as
-            # in the one-statement start (so two starts of one job never wait for each other crosswise).
-            await writer.head_first(lock=True)
-            inserted = await tx.queue(sql.INSERT_OPERATION, dict(values))
-            row = await tx.read(inserted)
-            if row is None:
-                existing = await tx.one(statements.SELECT_OPERATION, {"operation_id": operation_id})
-                if existing is None and values["provider_job_id"] is not None:
-                    job = {k: values[k] for k in ("provider", "account_context", "provider_job_id", "owner")}
-                    existing = await tx.one(statements.SELECT_JOB_OWNER, job)
-                return operation(existing, operation_id).record, False
-            created = stored(row).record
-            await writer.append(
-                plans.opening_event(created, kind, at),
-                on=StoredOperation(created, NO_REFUSALS, OperationChain(0, "")),
-            )
-            await writer.finish()
-            opened = StoredOperation(created, NO_REFUSALS, writer.chain_of(operation_id))
-        self._remember(opened)  # committed: its first check needs no read
-        return created, True
+        return await super().create_operation(values, kind=kind, at=at)
 
     async def _open_in_one_statement(
         self, values: Mapping[str, object], *, kind: str, at: float
@@ -146,102 +95,6 @@ class PostgresStore(CheckProcedure, Decisions):
             cursor = await tx.queue(sql.OPEN_OPERATION, {**values, **vars(first)})
         row = await cursor.fetchone()
         return None if row is None else stored(row)
-
-    async def finish_submission(
-        self,
-        operation_id: str,
-        *,
-        owner: str | None,
-        changes: Mapping[str, object],
-        kind: str,
-        at: float,
-        note: str | None,
-        payload_extra: Mapping[str, object] | None = None,
-    ) -> OperationRecord | None:
-        """Record what a submission led to; with `owner`, only while it holds the lease (released)."""
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            record = current.record
-            holder = None
-            job_id = changes.get("provider_job_id")
-            if job_id is not None and record.status == Status.SUBMITTING:
-                job = {
-                    "provider": record.provider,
-                    "account_context": record.account_context,
-                    "owner": record.owner,
-                }
-                found = await tx.one(statements.SELECT_JOB_OWNER, {**job, "provider_job_id": job_id})
-                holder = None if found is None else stored(found).record
-            plan = plans.finish_plan(
-                record,
-                owner=owner,
-                changes=changes,
-                kind=kind,
-                at=at,
-                note=note,
-                payload_extra=payload_extra,
-                job_holder=holder,
-            )
-            record = await writer.carry_out(current, plan)
-            return record if plan.applied else None
-
-    # -- extensions and approvals ---------------------------------------------------------------
-
-    async def wake(
-        self,
-        *,
-        provider: str,
-        job_id: str,
-        event_id: str,
-        event_type: str,
-        now: float,
-        remember_seconds: float,
-    ) -> WakeResult:
-        """Remember a verified webhook's id and bring the job's waiting operations forward (one transaction).
-
-        Guarantee: a replayed event id changes nothing (its row is inserted once, the primary key
-        decides); only the guarded UPDATE's rows move, each audited as `woken_by_webhook`.
-        """
-        job = {"provider": provider, "job_id": job_id}
-        if await self._pool.read_one(statements.KNOWS_JOB, job) is None:
-            return WakeResult(WakeOutcome.UNKNOWN_JOB, ())
-        async with self._locked() as (writer, tx, _):
-            await tx.queue(
-                statements.PRUNE_WEBHOOK_EVENTS, {"provider": provider, "before": now - remember_seconds}
-            )
-            remembered = await tx.one(
-                statements.REMEMBER_WEBHOOK_EVENT, {"provider": provider, "event_id": event_id, "now": now}
-            )
-            if remembered is None:
-                return WakeResult(WakeOutcome.REPLAYED, ())
-            woken: list[str] = []
-            for row in await tx.all(sql.LOCK_WAITING_ON_JOB, job):
-                current = stored(row)
-                plan = plans.wake_plan(current.record, now=now, event_id=event_id, event_type=event_type)
-                if plan is not None:
-                    self._forget(current.record.operation_id)
-                    await writer.carry_out(current, plan)
-                    woken.append(current.record.operation_id)
-            return WakeResult(WakeOutcome.WOKEN if woken else WakeOutcome.NOT_WOKEN, tuple(woken))
-
-    async def write_approval_policy(
-        self, policy: ApprovalPolicy, *, at: float, by: str, only_raising_to_a_key: bool
-    ) -> bool:
-        """Store the approval policy (guarded, one statement); whether it was written."""
-        params = approval_policy_params(policy, at=at, by=by, only_raising_to_a_key=only_raising_to_a_key)
-        return await self._pool.write_one(sql.WRITE_APPROVAL_POLICY, params) is not None
-
-    async def not_ready(self) -> str | None:
-        """Why the database cannot serve now (unreachable, schema dropped or behind), or None: ready."""
-        try:
-            row = await self._pool.read_one("SELECT coalesce(max(version), 0) FROM pollwarden_schema")
-            await self._pool.read("SELECT 1 FROM operations LIMIT 1")
-        except StoreError as exc:
-            return str(exc)
-        version = 0 if row is None else int(row[0])
-        if version < LATEST:
-            return f"the database is at schema step {version}, this pollwarden needs {LATEST}: restart to migrate"
-        return None
 
     async def database_time(self) -> float | None:
         """The database server's clock (epoch s) for `pollwarden doctor`'s skew check."""
@@ -278,27 +131,6 @@ class PostgresStore(CheckProcedure, Decisions):
                 return named
             after = str(moved[-1][0])  # seal_entries sorts by id
 
-    async def flush_refusals(self, operation_id: str | None = None) -> int:
-        """Write pending summaries of refused calls (one operation's, or all); how many were written."""
-        if operation_id is None:
-            if await self._pool.read_one(statements.ANY_PENDING_REFUSALS) is None:
-                return 0
-            async with self._locked() as (writer, tx, _):
-                written = 0
-                for row in await tx.all(sql.LOCK_PENDING_REFUSALS):
-                    self._forget(stored(row).record.operation_id)
-                    # A row another flush emptied while this one waited for its lock writes nothing.
-                    written += 1 if await writer.flush(stored(row)) else 0
-                return written
-        if (
-            await self._pool.read_one(statements.ANY_PENDING_REFUSALS_OF, {"operation_id": operation_id})
-            is None
-        ):
-            return 0
-        async with self._locked(operation_id) as (writer, tx, cursor):
-            current = operation(await tx.read(cursor), operation_id)
-            return 1 if await writer.flush(current) else 0
-
 
 @asynccontextmanager
 async def open_postgres(
@@ -313,14 +145,5 @@ async def open_postgres(
         with anyio.CancelScope(shield=True):
             await pool.close()
         raise
-    store = PostgresStore(pool, location, audit_key)
-    try:
+    async with closing(PostgresStore(pool, location, audit_key), pool.close) as store:
         yield store
-    finally:
-        with anyio.CancelScope(shield=True):
-            try:
-                await store.flush_refusals()
-            except StoreError:
-                pass  # unreachable or read-only: the counters stay in the row for the next reader
-            finally:
-                await pool.close()

@@ -1,9 +1,10 @@
-"""For the operator commands on PostgreSQL: re-key the audit, seal it, flush refusals before reading it."""
+"""For the operator commands on PostgreSQL: re-key the audit; any other work on an opened store."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
@@ -14,6 +15,11 @@ from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.executor import seal_entries
 from pollwarden.store.postgres.read_only import connect
+
+if TYPE_CHECKING:
+    from pollwarden.store.postgres.engine import PostgresStore
+
+T = TypeVar("T")
 
 
 def rekey(
@@ -54,37 +60,23 @@ def rekey(
         return int(inserted[0])
 
 
-def seal(
-    location: DatabaseLocation, *, audit_key: bytes | None, busy_timeout: float
-) -> tuple[int, str | None]:
-    """Seal every operation's chain that moved since the last seal (`PostgresStore.seal`), so an
-    anchor taken next covers them; (operations named, None) or (0, why it could not)."""
+def on_store(
+    location: DatabaseLocation,
+    work: Callable[[PostgresStore], Awaitable[T]],
+    *,
+    audit_key: bytes | None,
+    busy_timeout: float,
+) -> tuple[T | None, str | None]:
+    """Open the store and run `work` on it (an operator command: a seal, the refusals written before
+    the story is read); (its result, None), or (None, why it could not)."""
     from pollwarden.audit.chain import AuditKeyError as KeyProblem
     from pollwarden.store.postgres.engine import open_postgres
 
-    async def run() -> int:
+    async def opened() -> T:
         async with open_postgres(location, audit_key=audit_key, busy_timeout=busy_timeout) as store:
-            return await store.seal(at=datetime.now(UTC).timestamp())
+            return await work(store)
 
     try:
-        return anyio.run(run), None
+        return anyio.run(opened), None
     except (StoreError, KeyProblem) as exc:
-        return 0, str(exc)
-
-
-def flush_refusals_before_reading(
-    location: DatabaseLocation, *, audit_key: bytes | None, busy_timeout: float
-) -> str | None:
-    """Write every pending summary of refused calls; None when the story is complete, else why it is not."""
-    from pollwarden.audit.chain import AuditKeyError as KeyProblem
-    from pollwarden.store.postgres.engine import open_postgres
-
-    async def flush() -> None:
-        async with open_postgres(location, audit_key=audit_key, busy_timeout=busy_timeout) as store:
-            await store.flush_refusals()
-
-    try:
-        anyio.run(flush)
-    except (StoreError, KeyProblem) as exc:
-        return str(exc)
-    return None
+        return None, str(exc)

@@ -19,7 +19,6 @@ from functools import cache
 from pollwarden.audit.entry import REFUSALS_PER_SUMMARY
 from pollwarden.store import statements
 from pollwarden.store.rows import CHAIN_COLUMNS, MUTABLE_COLUMNS, NEW_OPERATION_COLUMNS, REFUSAL_COLUMNS
-from pollwarden.store.statements import APPROVAL_ROW
 
 # An operation row as this engine reads it: the shared one, then its own audit chain's head.
 OPERATION_ROW = f"{statements.OPERATION_ROW}, {', '.join(CHAIN_COLUMNS)}"
@@ -35,14 +34,6 @@ def dialect(statement: str) -> str:
 
 
 LOCK_OPERATION = dialect(statements.SELECT_OPERATION) + " FOR UPDATE"
-LOCK_PENDING_REFUSALS = (
-    f"SELECT {OPERATION_ROW} FROM operations WHERE refused_count > 0 ORDER BY operation_id FOR UPDATE"
-)
-INSERT_OPERATION = (
-    f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) "
-    f"VALUES ({', '.join(f'%({c})s' for c in NEW_OPERATION_COLUMNS)}) "
-    f"ON CONFLICT DO NOTHING RETURNING {OPERATION_ROW}"  # the id, or the job (one job, one budget)
-)
 
 # A new operation and its first audit row (a row of the one chain) in one statement, for a start that
 # submits nothing on an unkeyed chain: the head is locked first (as every start locks it before its
@@ -138,19 +129,6 @@ SET_FLEET_TAT = (
     "UPDATE fleet_buckets SET tat = %(tat)s, sent_tat = %(sent_tat)s WHERE provider = %(provider)s"
 )
 
-# -- approvals --------------------------------------------------------------------------------------
-
-LOCK_APPROVAL = dialect(statements.SELECT_APPROVAL) + " FOR UPDATE"
-CLOSE_APPROVAL = (
-    "UPDATE approvals SET status = %(status)s, note = %(note)s, decided_at = COALESCE(decided_at, %(at)s) "
-    "WHERE approval_id = %(approval_id)s AND status = ANY(%(allowed)s) "
-    f"RETURNING {APPROVAL_ROW}"
-)
-# -- webhook wake-ups (issue 21): the same conditions as SQLite's ---------------------------------------
-
-# The job's waiting operations, locked in id order, which a webhook may wake (`plans.may_wake` decides).
-LOCK_WAITING_ON_JOB = dialect(statements.WAITING_ON_JOB) + " FOR UPDATE"
-
 # -- the audit: the one chain's head row, and the rows (pollwarden.audit.verify) ----------------------
 
 # A chain row (an operation's first, a seal, the re-key) locks the head, is linked and hashed here (the
@@ -208,5 +186,3 @@ SEAL_OPERATIONS = (
 MOVED_OPERATIONS = (
     "SELECT operation_id, audit_rows, audit_hash FROM operations WHERE audit_rows > audit_sealed_rows"
 )
-
-WRITE_APPROVAL_POLICY = dialect(statements.WRITE_APPROVAL_POLICY)

@@ -135,10 +135,6 @@ class Database:
             "or restart the pollwarden server to use the new one (it starts without the old operations)"
         )
 
-    def close(self) -> None:
-        """Close the connection (in the database thread, after the last hop)."""
-        self.conn.close()
-
 
 class Session:
     """What a unit of work in the database thread uses: the connection and its transactions."""

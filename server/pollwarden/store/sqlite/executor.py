@@ -1,7 +1,6 @@
-"""Reading rows and appending audit rows, inside a transaction the caller already opened.
+"""The SQLite executor: flows and plans carried out inside a transaction the caller already opened.
 
-Plain functions over a `sqlite3.Connection`, run in the database thread. They
-are the pieces the engine's one-trip operations are made of.
+Plain functions over a `sqlite3.Connection`, run in the database thread.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from pollwarden.core.errors import StoreError
 from pollwarden.core.records import OperationRecord
 from pollwarden.core.vocabulary import Outcome
 from pollwarden.store import statements
+from pollwarden.store.planned import CarryOut, Flow, Locked, Query, Queue, Request, T, drive
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import sql
@@ -42,12 +42,6 @@ def must_fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation:
     if found is None:
         raise StoreError(f"operation {operation_id!r} vanished from the database")
     return found
-
-
-def returned(cursor: sqlite3.Cursor) -> StoredOperation | None:
-    """The row an `UPDATE … RETURNING` wrote (None when its guard did not hold)."""
-    row = cursor.fetchone()
-    return None if row is None else stored(row)
 
 
 class StaleRow(StoreError):
@@ -95,6 +89,36 @@ def carry_out(
                 {"provider": write.provider, "tat": write.tat, "sent_tat": write.sent_tat},
             )
     return plan.record
+
+
+def run_flow(
+    conn: sqlite3.Connection,
+    flow: Flow[T],
+    operation_id: str | None,
+    key: bytes | None,
+    *,
+    durable: bool = True,
+    fresh: bool = True,
+) -> T:
+    """Run a flow of `pollwarden.store.planned` in the caller's open transaction (the write lock held:
+    every row it reads stays as read, and the locks it asks for are held already); its result.
+
+    `durable`, `fresh`: as `carry_out`'s (a check guarded by the version it read outside the lock)."""
+
+    def answer(request: Request) -> object:
+        if isinstance(request, Locked):
+            assert operation_id is not None, "a flow read the locked row of a transaction that locks none"
+            return must_fetch(conn, operation_id)
+        if isinstance(request, Query):
+            cursor = conn.execute(request.statement, dict(request.params))
+            return cursor.fetchall() if request.every else cursor.fetchone()
+        if isinstance(request, Queue):
+            conn.execute(request.statement, dict(request.params)).fetchall()
+        elif isinstance(request, CarryOut):
+            return carry_out(conn, request.current, request.plan, key, durable=durable, fresh=fresh)
+        return None  # LockPayload, LockHead: the write lock serialises them already
+
+    return drive(flow, answer)
 
 
 def append(conn: sqlite3.Connection, entry: AuditEvent, key: bytes | None) -> int:
@@ -146,14 +170,6 @@ def flush_refusals(conn: sqlite3.Connection, operation_id: str, key: bytes | Non
     row = conn.execute(sql.SELECT_PENDING_REFUSALS, {"operation_id": operation_id}).fetchone()
     if row is not None:
         _write_summary(conn, stored(row), key)
-
-
-def flush_all_refusals(conn: sqlite3.Connection, key: bytes | None) -> int:
-    """Write every operation's pending summary of refused calls; how many were written."""
-    rows = conn.execute(sql.SELECT_ALL_PENDING_REFUSALS).fetchall()
-    for row in rows:
-        _write_summary(conn, stored(row), key)
-    return len(rows)
 
 
 def _write_summary(conn: sqlite3.Connection, pending: StoredOperation, key: bytes | None) -> None:

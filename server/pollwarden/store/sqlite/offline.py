@@ -14,8 +14,10 @@ from pathlib import Path
 
 from pollwarden.audit.chain import AuditKeyError
 from pollwarden.core.errors import StoreError
+from pollwarden.store import statements
 from pollwarden.store.migrations.sqlite import up_to_date
-from pollwarden.store.sqlite import sql, writes
+from pollwarden.store.planned import flush_all
+from pollwarden.store.sqlite import executor, sql
 from pollwarden.store.sqlite.connection import Database, Session
 
 
@@ -35,7 +37,11 @@ def flush_refusals_before_reading(path: Path, *, audit_key: bytes | None, busy_t
             return None  # an older file: a server summarises its refusals when it opens it
         conn.execute(sql.busy_timeout(busy_timeout))
         conn.execute(sql.SYNCHRONOUS_FULL)
-        writes.flush_refusals(Session(Database(conn, path, busy_timeout), None), None, audit_key)
+        if (
+            conn.execute(statements.ANY_PENDING_REFUSALS).fetchone() is not None
+        ):  # a quiet file: nothing written
+            with Session(Database(conn, path, busy_timeout), None).transaction():
+                executor.run_flow(conn, flush_all(), None, audit_key)
     except (sqlite3.Error, StoreError, AuditKeyError) as exc:
         return str(exc)
     finally:

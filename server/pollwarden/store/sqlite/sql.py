@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from pollwarden.store.rows import NEW_OPERATION_COLUMNS, REFUSAL_COLUMNS
-from pollwarden.store.statements import APPROVAL_ROW, NEW_OPERATION_VALUES, OPERATION_ROW
+from pollwarden.store.rows import REFUSAL_COLUMNS
+from pollwarden.store.statements import OPERATION_ROW
 
 # -- connection and transactions -----------------------------------------------------------
 
@@ -30,10 +30,6 @@ def busy_timeout(seconds: float) -> str:
 
 # -- operations ------------------------------------------------------------------------------
 
-INSERT_OPERATION = (
-    f"INSERT INTO operations ({', '.join(NEW_OPERATION_COLUMNS)}) VALUES ({NEW_OPERATION_VALUES}) "
-    f"ON CONFLICT (operation_id) DO NOTHING RETURNING {OPERATION_ROW}"
-)
 
 # One refused call (not_yet or stopped). The version guard: the operation is still as the gate read it
 # (every change but this counter bumps the version), so only the counters need returning.
@@ -47,7 +43,6 @@ COUNT_REFUSAL = (
 SELECT_PENDING_REFUSALS = (
     f"SELECT {OPERATION_ROW} FROM operations WHERE operation_id = :operation_id AND refused_count > 0"
 )
-SELECT_ALL_PENDING_REFUSALS = f"SELECT {OPERATION_ROW} FROM operations WHERE refused_count > 0"
 
 
 @cache
@@ -63,21 +58,11 @@ def update_operation(columns: tuple[str, ...]) -> str:
 
 # -- fleet pacing ----------------------------------------------------------------------------------
 
-SELECT_FLEET_TAT = "SELECT tat, sent_tat FROM fleet_buckets WHERE provider = :provider"
 UPSERT_FLEET_TAT = (
     "INSERT INTO fleet_buckets (provider, tat, sent_tat) VALUES (:provider, :tat, :sent_tat) "
     "ON CONFLICT(provider) DO UPDATE SET tat = excluded.tat, sent_tat = excluded.sent_tat"
 )
 
-# -- approvals -------------------------------------------------------------------------------
-
-# Guarded: only from the statuses the target may follow (vocabulary.APPROVAL_CLOSABLE_FROM, a JSON list),
-# so a late or concurrent close never turns `applied` into `void`, nor a person's `approved` into `expired`.
-CLOSE_APPROVAL = (
-    "UPDATE approvals SET status = :status, note = :note, decided_at = COALESCE(decided_at, :at) "
-    "WHERE approval_id = :approval_id AND status IN (SELECT value FROM json_each(:allowed)) "
-    f"RETURNING {APPROVAL_ROW}"
-)
 
 # -- the audit chain: every SQLite row is a chain row, its seq its place ------------------------------
 
