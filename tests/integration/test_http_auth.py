@@ -42,7 +42,8 @@ from tests.support.fake_provider import FakeProvider
 from tests.support.live import pollwarden_cli
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is bearer tokens on streamable HTTP (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 AGENT = "pollwarden:agent"
 OPERATOR = "pollwarden:operator"

@@ -24,7 +24,8 @@ from tests.integration.test_restart_and_transports import (
 from tests.support.auth_helpers import bearer_client
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is serve's token file as a process (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 async def test_a_token_protected_serve_process_refuses_without_a_token_serves_with_one_and_keeps_principals_apart(

@@ -25,7 +25,8 @@ from pollwarden import decision_log
 from pollwarden.cli import log_handler
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is spans and logs (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 SECRET = "sk-trace-" + "b" * 40
 AUTH = {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}
