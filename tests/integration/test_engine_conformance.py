@@ -6,7 +6,8 @@ stores racing for one write: exactly one wins, the other writes nothing), `Flush
 row, `CountRefusal` (quiet, then a summary row), `SetPace` (one shared pace across stores),
 `Append` (the recovered lease told), `Execute` (an approval applied with its extension, a follow-up
 recorded with the approval it used), and the wake-up's plan applied only where `plans.may_wake` says.
-Races: two stores taking one lease, one pace, one extension, one approval's answer. A fault: a plan
+Races: two stores taking one lease, one pace, one extension, one approval's answer, counting
+refusals on one operation. A fault: a plan
 whose statement fails after its `Update` ran writes nothing at all.
 
 This module, not a copy of every integration test, is what holds PostgreSQL to SQLite's behaviour
@@ -416,3 +417,20 @@ async def test_two_stores_racing_for_one_pace_admit_one_and_pace_the_other(tmp_p
     paced = next(r for r in results if r.decision.step == Step.PACED)
     assert paced.decision.allowed_at == NOW + 0.5  # the one slot behind the admitted request
     assert paced.record.status_requests_used == 0
+
+
+async def test_refusals_counted_by_two_stores_at_once_are_all_counted(tmp_path: Path) -> None:
+    async with stores(tmp_path, 2) as (first, second):
+        await first.create_operation(values("op", next_check_at=NOW + 600), kind="started", at=NOW - 100)
+
+        async def refuse(store: Store, times: int) -> None:
+            for i in range(times):
+                assert (await check(store, "op", NOW + i)).decision.step == Step.NOT_YET
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(refuse, first, 5)
+            tg.start_soon(refuse, second, 5)
+        await first.flush_refusals("op")
+        rows = await first.audit_rows("op")
+    assert rows[0].kind == "started"
+    assert sum(int(str(row.payload_obj["count"])) for row in rows[1:]) == 10  # no count lost to the race
