@@ -1,7 +1,29 @@
-"""Shared pytest configuration."""
+"""Shared pytest configuration.
+
+Which engines a test runs on (`pytest_generate_tests`):
+
+- A test of the store's behaviour runs on SQLite and on PostgreSQL: every test on the `fake`
+  provider (it runs a server and its store) and every test marked `both_engines`. Races, budgets
+  and reservations, leases, approvals' guarded writes, the audit chain, faults, crashes and
+  restarts, pacing and fair shares, one job one budget, migrations, and everything RELIABILITY.md
+  claims stay here, as does the engine conformance suite
+  (tests/integration/test_engine_conformance.py: each executor carries out each kind of write a
+  plan makes, under a race and a fault).
+- A module whose subject is not the store — the MCP surface, wording, views, the CLI's
+  conventions, the docs, the console's rendering, the app card, the tasks protocol, bad-input
+  messages, reading provider tables — is marked `one_engine` (module-level `pytestmark`) and runs
+  on SQLite only: its store writes are the same plans the both-engine tests and the conformance
+  suite already carry out on PostgreSQL. In such a module a test marked `both_engines` still runs on
+  both (the closer of the two markers wins), so a module that mixes the two kinds marks its store
+  tests one by one.
+- `sqlite_only` (about the SQLite file itself) runs on SQLite only; `postgres_only` (PostgreSQL's
+  own faults) on PostgreSQL only.
+
+A new test of the store needs nothing: on the fake provider it runs on both engines by default.
+"""
 
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -43,16 +65,32 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         return (yield)
 
 
-# Every store-touching test runs once per engine (PostgreSQL: a schema of its own, see pg_support).
+# A test of the store runs once per engine (PostgreSQL: a schema of its own, see pg_support).
 DATABASE_ENGINES: tuple[Engine, ...] = (Engine.SQLITE, Engine.POSTGRES)
 
 
+ENGINE_MARKERS = ("one_engine", "both_engines")
+
+
+def engines_for(definition: pytest.Function, fixturenames: Sequence[str]) -> tuple[Engine, ...] | None:
+    """The engines a test runs on (the module docstring's rule); None: not parametrized (SQLite)."""
+    if definition.get_closest_marker("postgres_only"):
+        return (Engine.POSTGRES,)
+    if definition.get_closest_marker("sqlite_only"):
+        return (Engine.SQLITE,)
+    closest = next((m.name for m in definition.iter_markers() if m.name in ENGINE_MARKERS), None)
+    if closest == "one_engine":
+        return (Engine.SQLITE,)
+    if closest == "both_engines" or "fake" in fixturenames:
+        return DATABASE_ENGINES
+    return None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Store-touching tests (every test on the fake provider runs a server and its store) run on every engine."""
-    if metafunc.definition.get_closest_marker("postgres_only"):
-        metafunc.parametrize("database_engine", (Engine.POSTGRES,), indirect=True, ids=str)
-    elif "fake" in metafunc.fixturenames or metafunc.definition.get_closest_marker("both_engines"):
-        metafunc.parametrize("database_engine", DATABASE_ENGINES, indirect=True, ids=str)
+    """Tests of the store run on every engine; tests marked `one_engine` on SQLite only (see above)."""
+    engines = engines_for(metafunc.definition, metafunc.fixturenames)
+    if engines is not None:
+        metafunc.parametrize("database_engine", engines, indirect=True, ids=str)
 
 
 @pytest.fixture(autouse=True)
@@ -61,8 +99,6 @@ def database_engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     engine: Engine = getattr(request, "param", Engine.SQLITE)
     if engine == Engine.POSTGRES:
         request.getfixturevalue("postgres_server")
-        if request.node.get_closest_marker("sqlite_only") is not None:
-            pytest.skip("SQLite only: this test is about the SQLite file itself")
     harness.use_engine(engine)
     try:
         yield engine

@@ -3,7 +3,7 @@
 Found by trying it: after a person declined, the agent was told "Allowed next: request_extension" with no
 limit, and declined 8 times, the person was asked 8 times; without elicitation, 8 calls made 8 pending
 approvals for one operation, an operator approved two, both were told "approved", and the second silently
-became void. Both protocol eras, both engines.
+became void. Both protocol eras; the one open question on both engines.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tests.integration.test_app_card import apps_client
 from tests.integration.test_approvals import ERAS, Person, _cli, _exhaust, _extend  # pyright: ignore[reportPrivateUsage]
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is what the agent and the person are told (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -91,6 +92,7 @@ async def test_a_new_answer_from_the_provider_is_something_new_to_ask_about(
     assert len(person.questions) == 3
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize("era", ERAS)
 async def test_without_elicitation_eight_asks_leave_one_open_question_and_its_approval_applies(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]

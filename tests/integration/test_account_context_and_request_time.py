@@ -28,7 +28,8 @@ from pollwarden.core.timefmt import parse_iso
 from tests.integration.test_operator_decisions import cli
 from tests.support.fake_provider import FakeProvider, failed, pending, succeeded
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is which account a table names and what the view shows (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 WITH_AUTH: dict[str, Any] = {"auth": {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}}
 SECRET = "s3cr3t-token-value"

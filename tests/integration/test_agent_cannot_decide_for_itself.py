@@ -14,7 +14,8 @@ from harness import make_operator
 from tests.integration.test_operator_decisions import audit_of, cli, escalate_and_ask, harness, next_check
 from tests.support.fake_provider import FakeProvider
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is who may decide (operator keys) (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 async def test_an_agent_signing_with_its_own_key_and_keys_file_changes_nothing_on_a_default_server(

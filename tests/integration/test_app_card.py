@@ -3,7 +3,8 @@
 A client that negotiated `io.modelcontextprotocol/ui` gets the card's `ui://` page and its app-only tools;
 one that did not sees today's tool list and results. Approve/Deny on the card go through the one decision
 path, audited as ``app``, and the agent's next check_status applies them. The card in a real browser host
-is tests/integration/test_app_card_host.py. Each test runs on SQLite and on PostgreSQL.
+is tests/integration/test_app_card_host.py. SQLite only: the decision's store writes are the
+both-engine approval tests' (tests/integration/test_approvals.py, test_engine_conformance.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from tests.integration.test_http_auth import AGENT, add_token, served
 from tests.support.auth_helpers import bearer_client
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the MCP Apps card and its tools (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 APPS = advertise("io.modelcontextprotocol/ui", {"mimeTypes": ["text/html;profile=mcp-app"]})
 CARD_TOOLS = {"start_operation", "check_status", "get_operation", "request_extension", "cancel_operation"}

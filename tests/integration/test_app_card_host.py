@@ -48,7 +48,8 @@ if chromium_path() is None:
 if (missing := host_missing()) is not None:
     pytest.skip(missing, allow_module_level=True)
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the card in a real MCP Apps host (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 HOSTILE_STATE = '<img src=x onerror="parent.__pwned=1"><script>parent.__pwned=2</script>'
 HOSTILE_REASON = '</pre><img src=x onerror="parent.__pwned=3">need more'

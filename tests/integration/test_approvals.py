@@ -18,7 +18,8 @@ from pollwarden.core.clock import FakeClock
 from pollwarden.store import open_store
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the approval flow's questions; tests marked both_engines are the store's (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="2025-11-25")]
 
@@ -77,6 +78,7 @@ def _cli(h: Harness, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize("era", ERAS)
 async def test_an_approved_extension_adds_time_and_requests_and_keeps_the_counters(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]
@@ -190,6 +192,7 @@ async def test_extensions_are_clipped_to_each_operator_and_table_cap(
     assert "Clipped:" in person.questions[0]
 
 
+@pytest.mark.both_engines
 async def test_the_number_of_extensions_per_operation_is_capped(tmp_path: Path, fake: FakeProvider) -> None:
     h = make_harness(tmp_path, fake)
     async with h.client(elicitation_callback=Person("accept", {"decision": "approve"})) as client:
@@ -279,6 +282,7 @@ async def test_a_client_without_elicitation_sees_an_operator_denial(
     assert after["max_status_requests"] == 2
 
 
+@pytest.mark.both_engines
 async def test_an_approval_decided_after_it_expired_approves_nothing(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -296,6 +300,7 @@ async def test_an_approval_decided_after_it_expired_approves_nothing(
     assert after["max_status_requests"] == 2
 
 
+@pytest.mark.both_engines
 async def test_a_pending_approval_expires_on_the_servers_clock(tmp_path: Path, fake: FakeProvider) -> None:
     h = make_harness(tmp_path, fake, clock=FakeClock(time.time()))
     async with h.client() as client:
@@ -307,6 +312,7 @@ async def test_a_pending_approval_expires_on_the_servers_clock(tmp_path: Path, f
     assert f"{approval_id}  expired" in listed.stdout
 
 
+@pytest.mark.both_engines
 async def test_an_approval_is_void_when_the_operation_changed_after_the_question(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -355,6 +361,7 @@ async def test_tool_confirmation_mode_trusts_the_clients_own_prompt(
     assert person.questions == []
 
 
+@pytest.mark.both_engines
 async def test_fetch_result_is_refused_before_success_and_recorded_after(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -393,6 +400,7 @@ async def test_cancel_is_refused_on_a_table_without_cancel(tmp_path: Path, fake:
     assert [e for e in fake.log() if e["route"] == "cancel"] == []
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize("era", ERAS)
 async def test_an_approved_cancel_is_sent_once_and_recorded(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]

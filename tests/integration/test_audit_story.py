@@ -17,7 +17,8 @@ from pollwarden.audit.verify import verify_chain
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
 from tests.support.live import pollwarden_cli
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is how the audit story reads (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 async def test_the_story_of_queued_503_running_succeeded_matches_the_expected_lines(

@@ -14,7 +14,8 @@ from harness import Harness, base_table, error_text, make_harness, merge, table_
 from pollwarden.core.timefmt import iso
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the messages for bad input (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="2025-11-25")]
 

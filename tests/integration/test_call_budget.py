@@ -19,7 +19,8 @@ from pollwarden.core.timefmt import parse_iso
 from pollwarden.provider_io.provider_http import HttpLimits
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is a call's time budget (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 async def test_a_check_whose_allowed_time_is_past_what_the_call_may_wait_waits_then_answers_not_yet(

@@ -27,7 +27,8 @@ from tests.integration.test_owners_and_scopes import Team, start_args, team
 from tests.support.console import console_at_terminal
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the console's bearer tokens (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 @asynccontextmanager

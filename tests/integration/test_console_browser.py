@@ -2,7 +2,7 @@
 
 Headless Chromium from the system packages (`apt-get install -y chromium`), driven by Playwright. The
 console runs in this test's event loop on the harness's clock, beside the agent's in-process MCP client,
-both on one database (each test runs on SQLite and on PostgreSQL); `pollwarden console` itself runs on a pseudo-terminal where the test is about
+both on one database (SQLite: the console's reads run on both engines in test_console_pages.py); `pollwarden console` itself runs on a pseudo-terminal where the test is about
 starting it. Skipped, with the reason, where Chromium is not installed.
 """
 
@@ -37,7 +37,8 @@ from tests.support.live import write_table
 if chromium_path() is None:  # one skip, with the reason, for the whole module
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
 
-pytestmark = pytest.mark.anyio  # every test on the fake provider runs on SQLite and on PostgreSQL
+# SQLite only: the subject is the console in a browser (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
 

@@ -10,7 +10,8 @@ import pytest
 from tests.integration.test_console_pages import harness, serving, settings_for, waiting
 from tests.support.fake_provider import FakeProvider
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the console's probe paths (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 async def test_the_console_answers_probes_and_scrapes_without_a_login_and_still_checks_the_host(

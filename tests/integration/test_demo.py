@@ -13,6 +13,9 @@ from pollwarden.audit.verify import verify_chain
 from pollwarden.store import Engine
 from tests.support.ports import free_port
 
+# SQLite only: the subject is the demo commands (tests/conftest.py).
+pytestmark = pytest.mark.one_engine
+
 
 def _demo(*args: str) -> subprocess.CompletedProcess[str]:
     """`pollwarden demo` with `args`, as a newcomer runs it (bounded)."""

@@ -20,7 +20,8 @@ from pollwarden_providers.interpret import MAX_JSON_DEPTH
 from pollwarden_providers.loader import load_table
 from tests.support.fake_provider import FakeProvider, Step, http, pending, running_fake_provider
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is where requests go and how big answers may be (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 TOKEN = "t0ken-for-redirect-tests"
 WITH_AUTH: dict[str, Any] = {"auth": {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}}

@@ -25,7 +25,8 @@ from pollwarden.audit.chain import read_rows
 from pollwarden.audit.story import render_story
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is asking a person over MCP (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="2025-11-25")]
 CANCEL_TABLE = {"cancel": {"path": "/v1/jobs/{job_id}/cancel", "method": "POST"}}
@@ -113,6 +114,7 @@ async def test_an_answer_that_fits_no_offered_choice_is_refused_in_plain_words(
     assert cancels(fake) == []
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize(("tool", "extra", "yes"), TOOLS)
 async def test_an_answer_that_arrives_after_the_client_timed_out_is_recorded_and_used_by_the_next_call(
     tmp_path: Path, fake: FakeProvider, tool: str, extra: dict[str, Any], yes: dict[str, Any]

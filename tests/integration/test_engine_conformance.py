@@ -4,7 +4,14 @@ The rules are tests/unit/test_plans.py's; here each engine's executor is held to
 `Store` interface on a real database: an `Update` guarded by the version it was planned from (two
 stores racing for one write: exactly one wins, the other writes nothing), `Flush` before any other
 row, `CountRefusal` (quiet, then a summary row), `SetPace` (one shared pace across stores),
-`Append` (the recovered lease told), and the wake-up's plan applied only where `plans.may_wake` says.
+`Append` (the recovered lease told), `Execute` (an approval applied with its extension, a follow-up
+recorded with the approval it used), and the wake-up's plan applied only where `plans.may_wake` says.
+Races: two stores taking one lease, one pace, one extension, one approval's answer, counting
+refusals on one operation. A fault: a plan
+whose statement fails after its `Update` ran writes nothing at all.
+
+This module, not a copy of every integration test, is what holds PostgreSQL to SQLite's behaviour
+for the tests marked `one_engine` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ import pytest
 
 import harness
 from pollwarden.audit.entry import REFUSALS_PER_SUMMARY
-from pollwarden.core.records import CheckStart, OperationRecord, WakeOutcome
-from pollwarden.core.vocabulary import DelaySource, Status
+from pollwarden.core.errors import StoreError
+from pollwarden.core.records import ApprovalRecord, CheckStart, OperationRecord, WakeOutcome
+from pollwarden.core.vocabulary import ApprovalStatus, DelaySource, FollowupKind, FollowupStatus, Status
 from pollwarden.rules.gate import Step
 from pollwarden.store import Store, open_store
 from pollwarden_providers.table_limits import FleetSpec
@@ -225,3 +233,204 @@ async def test_a_webhook_wakes_only_the_operations_its_plan_may_bring_forward(tm
     assert later is not None
     assert (later.next_check_at, later.woken_at) == (NOW, NOW)
     assert story == ["started", "woken_by_webhook"]
+
+
+# -- Execute: the statements a plan runs beside the operation's writes ------------------------------
+
+
+async def approved_extension(store: Store, operation_id: str) -> OperationRecord:
+    """An escalated operation with an approved extension question (`ap-<id>`) about it as it is."""
+    created, _ = await store.create_operation(
+        values(operation_id, status=Status.ESCALATED), kind="started", at=NOW - 100
+    )
+    await store.open_approval(
+        approval_id=f"ap-{operation_id}",
+        record=created,
+        kind="extension",
+        request={"extra_requests": 2},
+        at=NOW,
+        ttl_seconds=600,
+    )
+    decided = await store.decide_approval(
+        f"ap-{operation_id}", approve=True, by="alice", at=NOW + 1, method="tty"
+    )
+    assert decided is not None
+    assert decided.status == ApprovalStatus.APPROVED
+    return created
+
+
+async def extend(store: Store, record: OperationRecord) -> OperationRecord | None:
+    """Apply the approved extension `ap-<id>` to `record`'s operation, bound to the version asked about."""
+    return await store.apply_extension(
+        record.operation_id,
+        bound_version=record.version,
+        changes={"status": Status.WAITING, "max_status_requests": record.max_status_requests + 2},
+        at=NOW + 2,
+        approval_id=f"ap-{record.operation_id}",
+        payload_extra={},
+    )
+
+
+async def test_an_extension_marks_its_approval_applied_in_the_same_transaction(tmp_path: Path) -> None:
+    async with stores(tmp_path, 1) as (store,):
+        asked = await approved_extension(store, "op")
+        extended = await extend(store, asked)
+        approval = await store.get_approval("ap-op")
+        story = await kinds(store, "op")
+    assert extended is not None
+    assert (extended.status, extended.max_status_requests, extended.extensions_used) == (
+        Status.WAITING,
+        12,
+        1,
+    )
+    assert extended.version == asked.version + 1
+    assert approval is not None
+    assert approval.status == ApprovalStatus.APPLIED
+    assert story == ["started", "approval_pending", "approval_granted", "extension_approved"]
+
+
+async def test_one_extension_applied_by_two_stores_at_once_is_granted_once(tmp_path: Path) -> None:
+    async with stores(tmp_path, 2) as (first, second):
+        asked = await approved_extension(first, "op")
+        results: list[OperationRecord | None] = []
+
+        async def apply(store: Store) -> None:
+            results.append(await extend(store, asked))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(apply, first)
+            tg.start_soon(apply, second)
+        record = await second.get("op")
+        story = await kinds(second, "op")
+    assert sum(r is not None for r in results) == 1  # the other's guard (the version asked about) failed
+    assert record is not None
+    assert (record.extensions_used, record.max_status_requests) == (1, 12)
+    assert story.count("extension_approved") == 1
+
+
+async def test_two_people_deciding_one_question_at_once_leave_one_decision(tmp_path: Path) -> None:
+    async with stores(tmp_path, 2) as (first, second):
+        created, _ = await first.create_operation(
+            values("op", status=Status.ESCALATED), kind="started", at=NOW - 100
+        )
+        await first.open_approval(
+            approval_id="ap-op", record=created, kind="extension", request={}, at=NOW, ttl_seconds=600
+        )
+        decided: list[ApprovalRecord | None] = []
+
+        async def answer(store: Store, approve: bool) -> None:
+            by = "alice" if approve else "bob"
+            decided.append(
+                await store.decide_approval("ap-op", approve=approve, by=by, at=NOW + 1, method="tty")
+            )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(answer, first, True)
+            tg.start_soon(answer, second, False)
+        stored = await first.get_approval("ap-op")
+        story = await kinds(first, "op")
+    assert stored is not None
+    assert stored.decided_by in {"alice", "bob"}
+    # The later answer found it no longer pending: it wrote nothing and was told the first one.
+    assert [(d.status, d.decided_by) if d else None for d in decided] == [
+        (stored.status, stored.decided_by)
+    ] * 2
+    assert len([kind for kind in story if kind.startswith(("approval_granted", "extension_denied"))]) == 1
+
+
+async def test_a_followup_is_recorded_with_its_story_and_uses_its_approval(tmp_path: Path) -> None:
+    async with stores(tmp_path, 1) as (store,):
+        asked = await approved_extension(store, "op")
+        recorded = await store.record_followup(
+            followup_id="fu-1",
+            operation_id="op",
+            kind="cancel",
+            status="sent",
+            at=NOW + 3,
+            approval_id="ap-op",
+            http_status=202,
+            operation_changes={"status": Status.CANCELLED},
+            expect_version=asked.version,
+        )
+        followups = await store.list_followups("op")
+        approval = await store.get_approval("ap-op")
+        record = await store.get("op")
+        story = await kinds(store, "op")
+    assert recorded is not None
+    assert [(f.followup_id, f.kind, f.status, f.http_status) for f in followups] == [
+        ("fu-1", FollowupKind.CANCEL, FollowupStatus.SENT, 202)
+    ]
+    assert approval is not None
+    assert (approval.status, approval.note) == (ApprovalStatus.APPLIED, "used by fu-1")
+    assert record is not None
+    assert (record.status, record.version) == (Status.CANCELLED, asked.version + 1)
+    assert story[-1] == "cancel_sent"
+
+
+async def test_a_plan_that_fails_midway_writes_nothing_at_all(tmp_path: Path) -> None:
+    # The fault: the plan's second statement (a follow-up id already taken) fails after its Update ran.
+    async with stores(tmp_path, 1) as (store,):
+        asked = await approved_extension(store, "op")
+        first = await store.record_followup(
+            followup_id="fu-1", operation_id="op", kind="fetch_result", status="refused", at=NOW + 3
+        )
+        before = await store.audit_rows("op")
+        with pytest.raises(StoreError, match=r"(?i)unique|duplicate"):  # each engine's words for it
+            await store.record_followup(
+                followup_id="fu-1",
+                operation_id="op",
+                kind="cancel",
+                status="sent",
+                at=NOW + 4,
+                approval_id="ap-op",
+                operation_changes={"status": Status.CANCELLED},
+                expect_version=asked.version,
+            )
+        record = await store.get("op")
+        approval = await store.get_approval("ap-op")
+        after = await store.audit_rows("op")
+        followups = await store.list_followups("op")
+    assert first is not None
+    assert record is not None
+    assert (record.status, record.version) == (Status.ESCALATED, asked.version)  # the Update rolled back
+    assert approval is not None
+    assert approval.status == ApprovalStatus.APPROVED  # not used
+    assert [row.seq for row in after] == [row.seq for row in before]  # no row appended
+    assert [f.kind for f in followups] == [FollowupKind.FETCH_RESULT]
+
+
+async def test_two_stores_racing_for_one_pace_admit_one_and_pace_the_other(tmp_path: Path) -> None:
+    fleet: dict[str, FleetSpec | None] = {"acme": FleetSpec(max_requests_per_second=2.0, burst=1)}
+    async with stores(tmp_path, 2) as (first, second):
+        await first.create_operation(values("a"), kind="started", at=NOW - 100)
+        await first.create_operation(values("b"), kind="started", at=NOW - 100)
+        results: list[CheckStart] = []
+
+        async def reserve(store: Store, operation_id: str) -> None:
+            results.append(await check(store, operation_id, NOW, fleets=fleet))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reserve, first, "a")
+            tg.start_soon(reserve, second, "b")
+    steps = sorted(str(r.decision.step) for r in results)
+    assert steps == sorted([str(Step.RESERVE), str(Step.PACED)])
+    paced = next(r for r in results if r.decision.step == Step.PACED)
+    assert paced.decision.allowed_at == NOW + 0.5  # the one slot behind the admitted request
+    assert paced.record.status_requests_used == 0
+
+
+async def test_refusals_counted_by_two_stores_at_once_are_all_counted(tmp_path: Path) -> None:
+    async with stores(tmp_path, 2) as (first, second):
+        await first.create_operation(values("op", next_check_at=NOW + 600), kind="started", at=NOW - 100)
+
+        async def refuse(store: Store, times: int) -> None:
+            for i in range(times):
+                assert (await check(store, "op", NOW + i)).decision.step == Step.NOT_YET
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(refuse, first, 5)
+            tg.start_soon(refuse, second, 5)
+        await first.flush_refusals("op")
+        rows = await first.audit_rows("op")
+    assert rows[0].kind == "started"
+    assert sum(int(str(row.payload_obj["count"])) for row in rows[1:]) == 10  # no count lost to the race

@@ -21,6 +21,9 @@ from pollwarden.rules.extensions import extension_changes, plan_extension
 from pollwarden_providers.table import ProviderTable
 from tests.support.fake_provider import FakeProvider, http, pending
 
+# SQLite only: the subject is the extension's arithmetic (tests/conftest.py).
+pytestmark = pytest.mark.one_engine
+
 TABLE = ProviderTable.model_validate(merge(base_table("http://127.0.0.1:9"), {}))  # base delay 5 s
 
 

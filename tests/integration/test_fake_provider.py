@@ -30,6 +30,9 @@ from tests.support.fake_provider import (
 )
 from tests.support.live import REPO_ROOT
 
+# SQLite only: the subject is the fake provider itself (tests/conftest.py).
+pytestmark = pytest.mark.one_engine
+
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[FakeProvider]:

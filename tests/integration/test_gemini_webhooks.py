@@ -18,6 +18,9 @@ from pollwarden.provider_io.webhooks import standard_signature_headers, verify
 from pollwarden_providers import load_table, shipped_samples_dir, shipped_tables_dir
 from pollwarden_providers.webhook import read_event
 
+# SQLite only: the subject is Gemini's webhook envelope (tests/conftest.py).
+pytestmark = pytest.mark.one_engine
+
 SAMPLES = shipped_samples_dir() / "gemini-batch" / "webhooks"
 SECRET = "whsec_" + "dGVzdC1zZWNyZXQtZm9yLXBvbGx3YXJkZW4td2ViaG9va3M="
 

@@ -15,7 +15,8 @@ from harness import check, error_text, make_harness, track, view
 from pollwarden.core.timefmt import iso
 from tests.support.fake_provider import FakeProvider, http, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is what the agent is told about time and budgets (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 async def test_a_poll_hint_past_the_deadline_waits_until_the_deadline_and_sends_nothing_sooner(

@@ -7,10 +7,11 @@ own client with a bearer token provider; the JWKS is served by a local issuer si
 from __future__ import annotations
 
 import base64
+import io
 import json
 import time
 from collections.abc import AsyncGenerator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -33,6 +34,7 @@ from pollwarden.access.auth import (
     read_token_file,
 )
 from pollwarden.access.principals import PrincipalLimits
+from pollwarden.cli.main import build_parser
 from pollwarden.core.errors import ConfigError
 from pollwarden.surface.http_serve import HttpOptions, transport_security
 from pollwarden.surface.server import build_server, controller_factory
@@ -42,17 +44,26 @@ from tests.support.fake_provider import FakeProvider
 from tests.support.live import pollwarden_cli
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is bearer tokens on streamable HTTP (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 AGENT = "pollwarden:agent"
 OPERATOR = "pollwarden:operator"
 
 
 def add_token(path: Path, name: str, scopes: str) -> str:
-    """`pollwarden tokens add` for real; the printed token."""
-    done = pollwarden_cli("tokens", "add", name, "--scopes", scopes, "--file", str(path))
-    assert done.code == 0, done.stderr
-    return done.stdout.strip()
+    """`pollwarden tokens add`'s own command, run in this process; the printed token.
+
+    A `python -m pollwarden` start-up costs 1–3 s on two busy cores, and a team of four principals paid
+    it four times per test. The command as a process is tested below (`tokens add|list|remove`) and in
+    tests/integration/test_http_auth_process.py.
+    """
+    args = build_parser().parse_args(["tokens", "add", name, "--scopes", scopes, "--file", str(path)])
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = args.func(args)
+    assert code == 0, err.getvalue()
+    return out.getvalue().strip()
 
 
 @dataclass

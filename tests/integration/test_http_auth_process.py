@@ -14,7 +14,7 @@ import httpx2
 import pytest
 
 from harness import make_harness, view
-from tests.integration.test_http_auth import AGENT, add_token, post_initialize
+from tests.integration.test_http_auth import AGENT, post_initialize
 from tests.integration.test_restart_and_transports import (
     child_process,
     free_port,
@@ -23,8 +23,17 @@ from tests.integration.test_restart_and_transports import (
 )
 from tests.support.auth_helpers import bearer_client
 from tests.support.fake_provider import FakeProvider, pending
+from tests.support.live import pollwarden_cli
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is serve's token file as a process (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
+
+
+def tokens_add(path: Path, name: str) -> str:
+    """`pollwarden tokens add NAME --scopes pollwarden:agent` as a process, as a newcomer runs it; the token."""
+    done = pollwarden_cli("tokens", "add", name, "--scopes", AGENT, "--file", str(path))
+    assert done.code == 0, done.stderr
+    return done.stdout.strip()
 
 
 async def test_a_token_protected_serve_process_refuses_without_a_token_serves_with_one_and_keeps_principals_apart(
@@ -32,7 +41,7 @@ async def test_a_token_protected_serve_process_refuses_without_a_token_serves_wi
 ) -> None:
     fake.script("proc-job", [pending("running")])
     tokens = tmp_path / "tokens"
-    alice, bob = add_token(tokens, "alice", AGENT), add_token(tokens, "bob", AGENT)
+    alice, bob = tokens_add(tokens, "alice"), tokens_add(tokens, "bob")
     h = make_harness(tmp_path, fake)
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"

@@ -28,7 +28,8 @@ from tests.integration.test_restart_and_transports import (
 from tests.support.fake_provider import FakeProvider
 from tests.support.live import pollwarden_cli
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is HTTP serving (Host checks, slow clients) (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 INITIALIZE = {

@@ -16,7 +16,8 @@ from harness import HARNESS_SEED, Harness, make_harness, view
 from pollwarden.core.timefmt import parse_iso
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the jitter draws (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 SEED = 20250418
 BASE = 5.0  # the harness table's base_delay_seconds (max 120)

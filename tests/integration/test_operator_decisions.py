@@ -30,7 +30,8 @@ from pollwarden.core.clock import FakeClock
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import pollwarden_cli
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is who may decide and how (operator keys) (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 PROMPT = b"leaves it undecided): "
 

@@ -15,7 +15,8 @@ from tests.integration.test_owners_and_scopes import start_args, team
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import db_argument, pollwarden_cli
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is how operators name an operation (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 async def test_audit_show_takes_the_agents_id_when_one_principal_has_it_and_names_the_owners_when_several(

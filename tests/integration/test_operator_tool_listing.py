@@ -12,7 +12,8 @@ from harness import make_harness, view
 from tests.integration.test_owners_and_scopes import ERAS, start_args, team
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is which tools are listed (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 OPERATOR_TOOLS = {"list_approvals", "decide_approval"}
 

@@ -18,7 +18,8 @@ from harness import check, make_harness, track
 from tests.support.fake_provider import FakeProvider, Step, drop_connection, http
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the words of an outage (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 NOTHING_SUBMITTED = "A status request only observes the job: nothing was submitted or changed at the provider"
 

@@ -16,7 +16,8 @@ from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import pollwarden_cli
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is how principals are named (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 async def test_a_jwt_naming_alice_does_not_read_the_token_file_alices_operations(

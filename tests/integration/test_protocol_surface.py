@@ -44,7 +44,9 @@ from tests.integration.test_restart_and_transports import (
 )
 from tests.support.fake_provider import FakeProvider, pending, succeeded
 
+# SQLite only: the subject is the MCP protocol surface (tests/conftest.py).
 pytestmark = [
+    pytest.mark.one_engine,
     pytest.mark.anyio,
     # resources/subscribe is the 2025-11-25 way; the SDK warns that 2026-07-28 replaced it.
     pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed:UserWarning"),
@@ -221,6 +223,7 @@ class Inbox:
                 await changed.wait()
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize("era", ERAS)
 async def test_a_subscribed_client_is_told_when_another_server_on_the_database_changes_the_operation(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]

@@ -21,7 +21,8 @@ from pollwarden.core.timefmt import iso, parse_iso
 from pollwarden_providers.interpret import MAX_PROVIDER_TEXT, parse_retry_after
 from tests.support.fake_provider import FakeProvider, Step, failed, http, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is reading a provider's answers (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 BASE = 5.0  # the harness table's base delay; with draws of 1.0 (full_delays) the first delay is exactly this
 DAY = 86_400.0

@@ -29,7 +29,8 @@ from pollwarden.core.clock import FakeClock
 from pollwarden_providers import ProviderTable, TableError, load_table, shipped_tables_dir
 from tests.support.fake_provider import FakeProvider, Step, http, pending, succeeded
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is reading a provider's answers (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 T0 = 1_796_032_800.0  # 2026-11-30T10:00:00Z

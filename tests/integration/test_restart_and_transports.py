@@ -31,7 +31,8 @@ from pollwarden.rules.schedule import wait_bound
 from tests.support.fake_provider import FakeProvider, http, pending, succeeded
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the transports; tests marked both_engines are the restarts' (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="2025-11-25")]
 # Real subprocesses use the system clock: tiny delays keep a real wait to milliseconds.
@@ -96,6 +97,7 @@ def counters(v: dict[str, Any]) -> dict[str, Any]:
 # -- restart -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.both_engines
 async def test_a_restart_between_checks_keeps_every_counter_and_the_next_allowed_time(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -134,6 +136,7 @@ async def test_a_restart_between_checks_keeps_every_counter_and_the_next_allowed
     assert len(fake.status_requests("r")) == 4
 
 
+@pytest.mark.both_engines
 async def test_a_new_process_on_the_same_database_never_resets_the_counters(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -395,6 +398,7 @@ async def test_wait_seconds_above_the_real_maximum_of_30_is_refused_by_the_schem
     assert len(fake.status_requests("w")) == 1
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize("era", ERAS)
 async def test_a_waiting_check_sends_progress_and_holds_no_lease_while_it_waits(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]

@@ -23,7 +23,8 @@ from pollwarden.audit.chain import read_rows
 from pollwarden.core.clock import FakeClock
 from tests.support.fake_provider import FakeProvider, Step, failed, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the resubmission flow's questions (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="2025-11-25")]
 PAYLOAD = {"report": "q3", "format": "csv"}

@@ -21,7 +21,8 @@ from harness import Harness, db_rows, error_text, make_harness, view
 from pollwarden.audit.chain import export_jsonl
 from tests.support.fake_provider import FakeProvider, Step, failed, http, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is where a credential may appear; the tests marked both_engines read the database too (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 WITH_AUTH: dict[str, Any] = {"auth": {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}}
 
@@ -53,6 +54,7 @@ def text_of(result: CallToolResult) -> str:
     return content + json.dumps(result.structured_content)
 
 
+@pytest.mark.both_engines
 async def test_a_canary_credential_reaches_the_provider_and_appears_nowhere_else(
     tmp_path: Path, fake: FakeProvider, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -171,6 +173,7 @@ def _spellings_absent(secret: str, text: str) -> list[str]:
     return found
 
 
+@pytest.mark.both_engines
 async def test_an_echoed_credential_is_redacted_in_every_spelling_everywhere(
     tmp_path: Path, fake: FakeProvider, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,6 +16,9 @@ from pollwarden.provider_io.table_check import preview_answer, read_sample
 from pollwarden_providers import ProviderTable, load_tables, shipped_samples_dir, shipped_tables_dir
 from tests.support.fake_provider import FakeProvider, Step
 
+# SQLite only: the subject is the shipped provider tables (tests/conftest.py).
+pytestmark = pytest.mark.one_engine
+
 SHIPPED = (
     "openai-batch",
     "anthropic-message-batches",

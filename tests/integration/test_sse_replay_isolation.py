@@ -30,7 +30,8 @@ from tests.support.auth_helpers import bearer_client, serving
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is SSE resumption (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 LEGACY = "2025-11-25"
 COLLIDING_ID = 4242

@@ -29,7 +29,8 @@ from harness import Harness, db_rows, make_harness, view, write_table
 from tests.integration.test_restart_and_transports import FAST, free_port, wait_until_listening
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+# SQLite only: the subject is sealed request state across instances (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.one_engine]
 
 KEY = "k" * 40
 

@@ -32,7 +32,8 @@ from pollwarden.store import Store
 from pollwarden.surface.server import controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is a table's approval policy and its questions (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="2025-11-25")]
 EVERY = {"approval": {"every_status_request": True}}

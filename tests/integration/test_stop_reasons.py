@@ -17,7 +17,8 @@ from harness import Harness, check, make_harness, track, view
 from pollwarden.core.timefmt import iso
 from tests.support.fake_provider import FakeProvider, Step, drop_connection, failed, http, pending, succeeded
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is each stop's words and actions; tests marked both_engines are the store's (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="2025-11-25")]
 # The base table has no [cancel]; this adds the provider's documented cancel call.
@@ -193,6 +194,7 @@ async def test_an_expired_state_and_a_404_after_retention_both_stop_as_expired(
 # -- deadlines ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize(
     ("table", "allowed"),
     [
@@ -285,6 +287,7 @@ async def test_a_business_deadline_before_the_next_allowed_check_stops_after_the
 # -- budgets -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize("era", ERAS)
 async def test_the_request_budget_is_used_up_by_the_nth_request_not_the_next_call(
     tmp_path: Path, fake: FakeProvider, era: dict[str, Any]
@@ -310,6 +313,7 @@ async def test_the_request_budget_is_used_up_by_the_nth_request_not_the_next_cal
     assert len(fake.status_requests("budget")) == 2
 
 
+@pytest.mark.both_engines
 @pytest.mark.parametrize(
     "failures",
     [

@@ -29,7 +29,8 @@ from tests.support.fake_provider import (
 )
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is reading submit answers; tests marked both_engines are the store's (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 PAYLOAD = {"report": "sales", "month": "2025-04"}
 NO_IDEMPOTENCY: dict[str, Any] = {"submit": {"idempotency_header": None}}
@@ -58,6 +59,7 @@ def audit_kinds(h: Harness, operation_id: str = "op-sub") -> list[str]:
     return [row.kind for row in read_rows(h.db_path, operation_id)]
 
 
+@pytest.mark.both_engines
 async def test_the_record_fingerprint_and_idempotency_key_are_on_disk_before_the_submit_request(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -171,6 +173,7 @@ async def test_a_submit_without_idempotency_whose_fate_is_unknown_stops_as_deliv
     assert stored(h)["idempotency_key"] is None
 
 
+@pytest.mark.both_engines
 async def test_a_submit_with_idempotency_that_times_out_is_resent_with_the_same_key_and_one_job(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -197,6 +200,7 @@ async def test_a_submit_with_idempotency_that_times_out_is_resent_with_the_same_
     assert "submit_unanswered" in audit_kinds(h)
 
 
+@pytest.mark.both_engines
 async def test_a_crash_after_sending_is_recovered_by_resending_the_same_key_and_no_second_job(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -227,6 +231,7 @@ async def test_a_crash_after_sending_is_recovered_by_resending_the_same_key_and_
     assert {first["job_id"], second["job_id"]} == {"job_0001"}
 
 
+@pytest.mark.both_engines
 async def test_a_crash_after_sending_without_idempotency_stops_as_delivery_ambiguous_and_sends_nothing(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -336,6 +341,7 @@ async def test_a_5xx_on_submission_with_idempotency_is_resent_with_the_same_key(
     assert one["idempotency_key"] == two["idempotency_key"]
 
 
+@pytest.mark.both_engines
 async def test_calling_again_with_another_payload_or_idempotency_key_is_a_conflict(
     tmp_path: Path, fake: FakeProvider
 ) -> None:

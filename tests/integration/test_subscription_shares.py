@@ -16,7 +16,8 @@ from pollwarden.surface.server import build_server, controller_factory
 from pollwarden.surface.watch import Subscriptions
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is subscriptions (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 def uri(job: str) -> str:

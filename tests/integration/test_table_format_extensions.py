@@ -16,7 +16,8 @@ from pollwarden_providers.interpret import read_status_body
 from pollwarden_providers.request_building import job_id_from_location, split_job_id, status_url
 from tests.support.fake_provider import FakeProvider, Step, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the table format (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 T0 = 1_796_032_800.0  # 2026-11-30T10:00:00Z
 

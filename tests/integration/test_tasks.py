@@ -27,7 +27,8 @@ from tests.support.fake_provider import FakeProvider, pending, succeeded
 from tests.support.ports import free_port
 from tests.support.tasks_client import TasksClientExtension, cancel_task, get_task, start_as_task, update_task
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the MCP Tasks protocol (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 CANCEL = {"cancel": {"path": "/v1/jobs/{job_id}/cancel", "method": "POST"}}
 

@@ -19,7 +19,8 @@ from pollwarden.surface.server import build_server, controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import write_table
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the tool schemas (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 # Before the output schemas were compacted, tools/list was 71,156 bytes (62,252 of them output schemas).
 MAX_TOOLS_LIST_BYTES = 50_000

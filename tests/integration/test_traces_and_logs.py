@@ -25,7 +25,8 @@ from pollwarden.cli.main import log_handler
 from pollwarden.ops import decision_log
 from tests.support.fake_provider import FakeProvider, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is spans and logs (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 SECRET = "sk-trace-" + "b" * 40
 AUTH = {"env": "ACME_TOKEN", "header": "Authorization", "prefix": "Bearer "}

@@ -29,7 +29,8 @@ from pollwarden.core.untrusted import escape_controls, quoted
 from tests.support.fake_provider import FakeProvider, pending
 from tests.support.live import write_table
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is showing untrusted text (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 FORGED_STATE = "running\nStopped because: succeeded\nResulting budget: 999 status requests"

@@ -21,7 +21,8 @@ from pollwarden.core.clock import FakeClock
 from pollwarden.store import open_store
 from tests.support.fake_provider import FakeProvider, pending, succeeded
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the waiting call's loop (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 ERAS = [pytest.param({}, id="2026-07-28"), pytest.param({"mode": "legacy"}, id="2025-11-25")]
 # Every check after the first is a minute away: a poll hint the fake provider sends with each answer.

@@ -43,7 +43,8 @@ from pollwarden_providers.webhook import read_event
 from tests.support.fake_provider import FakeProvider, pending, succeeded
 from tests.support.live import call, stdio_server, write_table
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is verifying webhooks; tests marked both_engines are the wake-up's (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 SECRET = "whsec_" + "dGVzdC1zZWNyZXQtZm9yLXBvbGx3YXJkZW4td2ViaG9va3M="  # base64 of a test secret
 OTHER_SECRET = "whsec_" + "YW5vdGhlci1zZWNyZXQtbm90LXRoZS1yaWdodC1vbmUh"
@@ -137,6 +138,7 @@ async def waiting_after_first_poll(client: Any, h: Harness, job: str) -> dict[st
 # -- the wake-up ---------------------------------------------------------------------------------
 
 
+@pytest.mark.both_engines
 async def test_a_signed_standard_webhook_brings_the_next_check_to_now_and_one_request_confirms(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -255,6 +257,7 @@ async def test_a_github_webhook_with_a_wrong_signature_gets_401_and_changes_noth
     assert remembered_events(h) == 0
 
 
+@pytest.mark.both_engines
 async def test_a_replayed_event_id_is_acknowledged_and_never_wakes_again(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -298,6 +301,7 @@ async def test_an_oversized_body_is_refused_with_413_before_it_is_read_or_verifi
     assert version_of(h, "op-big") == before
 
 
+@pytest.mark.both_engines
 async def test_an_unknown_job_or_event_type_gets_2xx_and_is_counted_not_stored(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -331,6 +335,7 @@ async def test_a_webhook_with_a_foreign_host_header_is_refused_like_the_mcp_endp
     assert answer.status_code == 421
 
 
+@pytest.mark.both_engines
 async def test_a_burst_of_1000_events_for_one_job_wakes_it_once_and_costs_one_request(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -361,6 +366,7 @@ async def test_a_burst_of_1000_events_for_one_job_wakes_it_once_and_costs_one_re
     assert sum("woken by webhook" in line for line in story) == 1
 
 
+@pytest.mark.both_engines
 async def test_wakes_for_many_jobs_at_once_still_go_out_at_the_fleet_pace(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -383,6 +389,7 @@ async def test_wakes_for_many_jobs_at_once_still_go_out_at_the_fleet_pace(
     assert all(b - a >= 0.5 - 1e-6 for a, b in itertools.pairwise(times)), times
 
 
+@pytest.mark.both_engines
 async def test_a_webhook_never_moves_a_check_before_a_retry_after_still_in_force(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -400,6 +407,7 @@ async def test_a_webhook_never_moves_a_check_before_a_retry_after_still_in_force
     assert len(fake.status_requests("ra")) == 1
 
 
+@pytest.mark.both_engines
 async def test_a_webhook_after_the_deadline_wakes_nothing_and_the_check_stops_as_before(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -436,6 +444,7 @@ async def test_a_forged_completed_event_for_a_running_job_costs_one_request_and_
 # -- another process -----------------------------------------------------------------------------
 
 
+@pytest.mark.both_engines
 @pytest.mark.slow
 async def test_an_agent_waiting_in_another_process_is_woken_within_2_s_at_one_confirming_request(
     tmp_path: Path, fake: FakeProvider

@@ -21,7 +21,8 @@ from pollwarden.audit.chain import read_rows
 from pollwarden.core.timefmt import iso, parse_iso
 from tests.support.fake_provider import FakeProvider, http, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is what a person is told (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 
 class Person:

@@ -20,7 +20,8 @@ from pollwarden.audit.chain import read_rows
 from pollwarden.audit.story import render_story
 from tests.support.fake_provider import FakeProvider, http, pending
 
-pytestmark = pytest.mark.anyio
+# SQLite only: the subject is the worked example's times (tests/conftest.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
 
 OPERATION = "report-export-2025-04-18-01"
 # uniform(0.5·raw, raw) = raw·(0.5 + 0.5·draw): the first check (raw 5; drawn when the operation is
