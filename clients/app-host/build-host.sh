@@ -4,6 +4,9 @@
 # Installs from package-lock.json when it changed (CI runs this from nothing).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# One build at a time: each pytest-xdist worker that collects the host test runs this script.
+exec 9>"$here/.build.lock"
+flock 9
 stamp="$here/node_modules/.installed-from-package-lock.json"
 if ! cmp -s "$here/package-lock.json" "$stamp" 2>/dev/null; then
     echo "== npm ci (pinned: clients/app-host/package-lock.json)"
