@@ -40,7 +40,7 @@ from pollwarden.core.vocabulary import (
     Status,
 )
 from pollwarden.rules.fleet_pace import PaceBucket, bucket_from_row
-from pollwarden.rules.gate import GateDecision, decide_check
+from pollwarden.rules.gate import GateVerdict, gate_verdict
 from pollwarden.store import plans, statements
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.plans import FLUSH, Append, Plan
@@ -144,13 +144,13 @@ def gate(
     apply_approvals: bool,
     accounts: Mapping[str, str] | None,
     needs_person: frozenset[str],
-) -> Flow[GateDecision]:
-    """The gate's verdict on `record` (`gate.decide_check`), told whether an extension decision waits."""
+) -> Flow[GateVerdict]:
+    """The gate's verdict on `record` (`gate.gate_verdict`), told whether an extension decision waits."""
     due = False
     if apply_approvals and record.status == Status.ESCALATED:
         params = {"operation_id": record.operation_id, "now": now}
         due = (yield Query(statements.HAS_DUE_EXTENSION_APPROVALS, params)) is not None
-    return decide_check(
+    return gate_verdict(
         record,
         now=now,
         wait_until=wait_until,
@@ -163,7 +163,7 @@ def gate(
 
 def check(
     current: StoredOperation,
-    decision: GateDecision,
+    decision: GateVerdict,
     now: float,
     owner: str,
     lease_seconds: float,
@@ -290,7 +290,7 @@ class Store(StoreReads):
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
 
-        Loads the operation, lets `pollwarden.rules.gate.decide_check` decide, and
+        Loads the operation, lets `pollwarden.rules.gate.gate_verdict` decide, and
         writes that (`plans.check_plan`): a counted refusal (not_yet, stopped), a
         stop before any request (deadline, budget), or the reservation (the
         request counted and the lease taken, or a fleet slot booked), guarded by

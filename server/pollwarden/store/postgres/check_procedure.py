@@ -1,6 +1,6 @@
 """The check procedure on PostgreSQL: the gate's verdict written, and the answer recorded.
 
-`begin_check` writes what `pollwarden.rules.gate.decide_check` decided, as one guarded
+`begin_check` writes what `pollwarden.rules.gate.gate_verdict` decided, as one guarded
 statement when nothing else goes with it (the reservation, or the count of a
 refused call), else on the locked row (and the locked pace row); `apply_answer`
 records what the one request's answer meant, in one guarded trip after this
@@ -22,7 +22,7 @@ from pollwarden.core.records import (
     OperationRecord,
 )
 from pollwarden.rules.fleet_pace import bucket_from_row
-from pollwarden.rules.gate import GateDecision, Step
+from pollwarden.rules.gate import GateVerdict, Verdict
 from pollwarden.store import plans, statements
 from pollwarden.store.planned import check, gate
 from pollwarden.store.postgres import sql
@@ -68,7 +68,7 @@ class CheckProcedure(PostgresBase):
         known = self._known_row(operation_id)
         if known is not None:
             decision = await self._drive(gate(known.record, now, *ask))
-            if decision.step == Step.RESERVE or decision.refusal is not None:
+            if decision.kind == Verdict.RESERVE or decision.refusal is not None:
                 at = clock() if clock is not None else now
                 quick = await self._one_statement(known, decision, at, owner, lease_seconds, fleets)
                 if quick is not None:
@@ -123,7 +123,7 @@ class CheckProcedure(PostgresBase):
     async def _one_statement(
         self,
         current: StoredOperation,
-        decision: GateDecision,
+        decision: GateVerdict,
         now: float,
         owner: str,
         lease_seconds: float,
@@ -147,7 +147,7 @@ class CheckProcedure(PostgresBase):
             refusals = PendingRefusals(int(count), outcome, first_at, last_at)
             self._remember(dataclasses.replace(current, refusals=refusals))
             return CheckStart(record, decision)  # the version guard held: only the counters moved
-        if decision.step != Step.RESERVE or fleets.get(record.provider) is not None:
+        if decision.kind != Verdict.RESERVE or fleets.get(record.provider) is not None:
             return None
         if record.lease_owner is not None:
             return None  # an expired lease is recovered on the locked path (it writes an audit row)
