@@ -15,10 +15,20 @@ from pollwarden.core.records import CheckStart, OperationRecord
 from pollwarden.core.vocabulary import Outcome, Status
 from pollwarden.rules.fleet_pace import PaceBucket
 from pollwarden.rules.gate import GateVerdict, Verdict
-from pollwarden.store import planned, statements
-from pollwarden.store.planned import CarryOut, Flow, Locked, Query, Request, check, flush_all, flush_one, gate
+from pollwarden.store import statements, transactions
 from pollwarden.store.plans import Flush
 from pollwarden.store.rows import StoredOperation
+from pollwarden.store.transactions import (
+    CarryOut,
+    Flow,
+    Locked,
+    Query,
+    Request,
+    check,
+    flush_all,
+    flush_one,
+    gate,
+)
 from pollwarden_providers.table_limits import FleetSpec
 
 NOW = 2000.0
@@ -33,7 +43,7 @@ def drive(flow: Flow[Any], answer: Callable[[Request], object]) -> tuple[list[Re
         asked.append(request)
         return answer(request)
 
-    return asked, planned.drive(flow, noted)
+    return asked, transactions.drive(flow, noted)
 
 
 def carried(request: Request) -> object:

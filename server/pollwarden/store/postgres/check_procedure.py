@@ -24,12 +24,12 @@ from pollwarden.core.records import (
 from pollwarden.rules.fleet_pace import bucket_from_row
 from pollwarden.rules.gate import GateVerdict, Verdict
 from pollwarden.store import plans, statements
-from pollwarden.store.planned import check, gate
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, Held, PostgresBase
 from pollwarden.store.postgres.errors import GuardFailed
 from pollwarden.store.postgres.executor import answer_statement, operation
 from pollwarden.store.rows import StoredOperation, stored
+from pollwarden.store.transactions import check, gate
 from pollwarden_providers.table_limits import FleetSpec
 
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 
 from pollwarden.core.records import CheckStart
 from pollwarden.store import plans
-from pollwarden.store.planned import check, gate
 from pollwarden.store.sqlite import executor
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.store.sqlite.executor import StaleRow
+from pollwarden.store.transactions import check, gate
 from pollwarden_providers.table_limits import FleetSpec
 
 

@@ -21,10 +21,11 @@ from pollwarden.core.files import prepare_database_file
 from pollwarden.core.records import CheckStart
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.migrations.sqlite import LATEST
-from pollwarden.store.planned import Flow, Store, T, closing
+from pollwarden.store.planned import Store, T, closing
 from pollwarden.store.reads import Row
 from pollwarden.store.sqlite import check_procedure, executor
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
+from pollwarden.store.transactions import Flow
 from pollwarden_providers.table_limits import FleetSpec
 
 
