@@ -45,6 +45,7 @@ from pollwarden.store.reads import Row, StoreReads
 from pollwarden.store.rows import StoredOperation, new_operation_values, stored
 from pollwarden.store.transactions import (
     CarryOut,
+    CheckCall,
     Flow,
     Locked,
     LockHead,
@@ -151,9 +152,25 @@ class Store(StoreReads):
         none approved this call: the gate answers NEEDS_PERSON and nothing is written.
         `fleet_slots`: while a pace is used up, at most this many booked slots per
         principal (issue 19's fair shares). With `clock`, the time every write is
-        guarded and paced by is read again once the locks are held. Each engine
-        defines it (its one-statement and locked paths).
+        guarded and paced by is read again once the locks are held.
         """
+        call = CheckCall(
+            operation_id,
+            now,
+            wait_until,
+            owner,
+            lease_seconds,
+            fleets,
+            apply_approvals,
+            clock,
+            accounts,
+            needs_person,
+            fleet_slots,
+        )
+        return await self._begin_check(call)
+
+    async def _begin_check(self, call: CheckCall) -> CheckStart | None:
+        """`begin_check` in this engine: its one-statement and locked paths (each engine defines it)."""
         raise NotImplementedError  # the engine class defines it
 
     async def apply_answer(

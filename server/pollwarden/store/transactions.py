@@ -185,3 +185,31 @@ def must(row: Row | None, operation_id: object) -> StoredOperation:
     if row is None:
         raise StoreError(f"operation {operation_id!r} is not in the database")
     return stored(row)
+
+
+@dataclass(frozen=True)
+class CheckCall:
+    """One `Store.begin_check`'s arguments, as each engine's check procedure receives them."""
+
+    operation_id: str
+    now: float
+    wait_until: float
+    owner: str
+    lease_seconds: float
+    fleets: Mapping[str, FleetSpec | None]
+    apply_approvals: bool = True
+    clock: Callable[[], float] | None = None
+    accounts: Mapping[str, str] | None = None
+    needs_person: frozenset[str] = frozenset()
+    fleet_slots: int | None = None
+
+    @property
+    def asks(
+        self,
+    ) -> tuple[float, Mapping[str, FleetSpec | None], bool, Mapping[str, str] | None, frozenset[str]]:
+        """What the gate is asked besides the record and the time (`gate`'s arguments after them)."""
+        return (self.wait_until, self.fleets, self.apply_approvals, self.accounts, self.needs_person)
+
+    def time(self, now: float) -> float:
+        """The time to guard and pace by once the locks are held: the clock read again, or `now`."""
+        return self.clock() if self.clock is not None else now
