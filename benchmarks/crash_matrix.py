@@ -38,7 +38,7 @@ from tests.support.crash import PROVIDER, CrashRun, crash_once
 from tests.support.live import FakeControl, fake_provider_process, stdio_server, write_provider_table
 
 from benchmarks.measure import RESULTS_DIR, run_and_report
-from pollwarden.flows.check_hooks import CHECK_STEPS
+from pollwarden.flows.check_hooks import CHECK_BOUNDARIES
 
 DEFAULT_OUT = RESULTS_DIR / "crash_matrix.json"
 
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks.crash_matrix", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("--runs", type=int, default=20, help="runs per step (default 20)")
-    parser.add_argument("--steps", nargs="*", default=list(CHECK_STEPS), choices=CHECK_STEPS)
+    parser.add_argument("--steps", nargs="*", default=list(CHECK_BOUNDARIES), choices=CHECK_BOUNDARIES)
     parser.add_argument("--budget", type=int, default=3, help="status requests per operation (default 3)")
     parser.add_argument("--lease-seconds", type=float, default=1.5, help="lease length (default 1.5)")
     parser.add_argument("--time-limit", type=float, default=1800.0, help="stop starting runs after this (s)")

@@ -18,7 +18,7 @@ transaction, where the time is read again), its answer reaches the agent one
 round trip later (the commit), and a request reaches the provider then. The
 store's decision is modelled as the engines take it: the gate's "too early"
 (`next_check_at`), fair shares per principal (`PRINCIPAL_BOOKED_SLOTS`,
-`fleet_pace.share_wait`), and the pace rule `pollwarden.rules.fleet_pace.decide_pace`.
+`fleet_pace.share_wait`), and the pace rule `pollwarden.rules.fleet_pace.pace_verdict`.
 Three rules are compared: `old` (`old_rule` below, before issue 29: a booked slot
 used only within 50 ms of its time, a later caller books again at the tail);
 `held` (slots held for their agents; a principal's slots to whoever books first);
@@ -50,8 +50,8 @@ if not __package__:  # run as `python benchmarks/pace_simulation.py`: make `benc
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
     PaceVerdict,
-    decide_pace,
     owed_slots,
+    pace_verdict,
     share_wait,
     slot_hold_seconds,
 )
@@ -86,7 +86,7 @@ def old_rule(
 
 # "held": held slots alone (the first step of issue 29); "new": the same, the sends' clock keeping room
 # for earlier held slots not yet used (`owed`), and a principal's slots given oldest-waiting first.
-RULES: dict[str, Rule] = {"old": old_rule, "held": decide_pace, "new": decide_pace}
+RULES: dict[str, Rule] = {"old": old_rule, "held": pace_verdict, "new": pace_verdict}
 
 
 @dataclass(frozen=True)

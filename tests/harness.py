@@ -313,7 +313,7 @@ def operation_record(**changes: Any) -> OperationRecord:
 
 
 def polling_record(now: float = 1500.0, **changes: Any) -> OperationRecord:
-    """A waiting `operation_record` as `decide_after_response` sees it: reloaded under the lease, this
+    """A waiting `operation_record` as `interpret_status_answer` sees it: reloaded under the lease, this
     request counted (3 used, 2 polls completed), the lease held until `now` + 60."""
     base: dict[str, Any] = {
         "status": Status.WAITING,

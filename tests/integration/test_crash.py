@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import database_in
-from pollwarden.flows.check_hooks import CHECK_STEPS, CheckStep
+from pollwarden.flows.check_hooks import CHECK_BOUNDARIES, CheckBoundary
 from tests.support.crash import SENT_AT_CRASH, CrashRun, crash_once
 from tests.support.fake_provider import FakeProvider
 from tests.support.live import FakeControl, stdio_server, write_provider_table
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 LEASE_SECONDS = 6.0
 
 
-async def _crash(tmp_path: Path, fake: FakeProvider, step: CheckStep, *, budget: int) -> CrashRun:
+async def _crash(tmp_path: Path, fake: FakeProvider, step: CheckBoundary, *, budget: int) -> CrashRun:
     tables = tmp_path / "tables"
     write_provider_table(tables, "crash", fake.base_url)
     db = database_in(tmp_path)
@@ -47,9 +47,9 @@ async def _crash(tmp_path: Path, fake: FakeProvider, step: CheckStep, *, budget:
         await control.aclose()
 
 
-@pytest.mark.parametrize("step", CHECK_STEPS)
+@pytest.mark.parametrize("step", CHECK_BOUNDARIES)
 async def test_a_server_killed_at_any_step_loses_no_count_and_a_fresh_one_recovers_after_the_lease(
-    tmp_path: Path, fake: FakeProvider, step: CheckStep
+    tmp_path: Path, fake: FakeProvider, step: CheckBoundary
 ) -> None:
     run = await _crash(tmp_path, fake, step, budget=3)
 

@@ -263,7 +263,11 @@ async def test_an_answer_the_locked_file_cannot_take_is_held_and_recorded_by_the
             holding.append(holder)
 
     factory = controller_factory(
-        h.config(), clock=h.clock, rng=h.rng, environ=h.environ, on_step=lock_before_the_answer_is_recorded
+        h.config(),
+        clock=h.clock,
+        rng=h.rng,
+        environ=h.environ,
+        on_boundary=lock_before_the_answer_is_recorded,
     )
     async with Client(build_server(factory)) as client:
         await track(client, "held")

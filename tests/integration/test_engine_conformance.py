@@ -29,7 +29,7 @@ from pollwarden.audit.entry import REFUSALS_PER_SUMMARY
 from pollwarden.core.errors import StoreError
 from pollwarden.core.records import ApprovalRecord, CheckStart, OperationRecord, WakeOutcome
 from pollwarden.core.vocabulary import ApprovalStatus, DelaySource, FollowupKind, FollowupStatus, Status
-from pollwarden.rules.gate import Step
+from pollwarden.rules.gate import Verdict
 from pollwarden.store import Store, open_store
 from pollwarden_providers.table_limits import FleetSpec
 
@@ -100,10 +100,10 @@ async def test_a_guarded_update_raced_by_two_stores_is_written_once(tmp_path: Pa
         async with anyio.create_task_group() as tg:
             tg.start_soon(reserve, first)
             tg.start_soon(reserve, second)
-        steps = sorted(str(r.decision.step) for r in results)
+        steps = sorted(str(r.decision.kind) for r in results)
         record = await first.get("op")
-    assert steps == sorted([str(Step.RESERVE), str(Step.NOT_YET)]) or steps == sorted(
-        [str(Step.RESERVE), str(Step.WAIT)]
+    assert steps == sorted([str(Verdict.RESERVE), str(Verdict.NOT_YET)]) or steps == sorted(
+        [str(Verdict.RESERVE), str(Verdict.WAIT)]
     )
     assert record is not None
     assert record.status_requests_used == 1  # one request counted, one lease taken
@@ -132,7 +132,7 @@ async def test_refused_calls_are_counted_quietly_and_flushed_before_the_next_row
         await store.create_operation(values("op", next_check_at=NOW + 600), kind="started", at=NOW - 100)
         for i in range(3):
             refused = await check(store, "op", NOW + i)
-            assert refused.decision.step == Step.NOT_YET
+            assert refused.decision.kind == Verdict.NOT_YET
         before = [row.kind for row in await store.audit_rows("op")]
         await store.audit_event("op", kind="noted", at=NOW + 10, note=None, extra={})
         after = [row.kind for row in await store.audit_rows("op")]
@@ -159,8 +159,8 @@ async def test_one_pace_is_shared_by_every_store_on_the_database(tmp_path: Path)
         admitted = await check(first, "a", NOW, fleets=fleet)
         paced = await check(second, "b", NOW, fleets=fleet)
         booked = await second.get("b")
-    assert admitted.decision.step == Step.RESERVE
-    assert paced.decision.step == Step.PACED
+    assert admitted.decision.kind == Verdict.RESERVE
+    assert paced.decision.kind == Verdict.PACED
     assert paced.decision.allowed_at == NOW + 0.5
     assert booked is not None
     assert (booked.fleet_slot_at, booked.next_check_at, booked.status_requests_used) == (
@@ -176,7 +176,7 @@ async def test_a_recovered_lease_is_told_before_the_reservation_that_takes_it(tm
         await check(first, "op", NOW)  # this call's process dies with the lease
         taken = await check(second, "op", NOW + 31)
         story = await kinds(second, "op")
-    assert taken.decision.step == Step.RESERVE
+    assert taken.decision.kind == Verdict.RESERVE
     assert taken.record.status_requests_used == 2  # the lost request stays counted
     assert story == ["started", "lease_recovered"]
 
@@ -186,7 +186,7 @@ async def test_a_stop_before_any_request_is_written_with_its_story(tmp_path: Pat
         await store.create_operation(values("op", deadline_at=NOW), kind="started", at=NOW - 100)
         stopped = await check(store, "op", NOW)
         story = await kinds(store, "op")
-    assert stopped.decision.step == Step.STOP
+    assert stopped.decision.kind == Verdict.STOP
     assert stopped.record.status == Status.ESCALATED
     assert stopped.record.status_requests_used == 0
     assert story == ["started", "stopped"]
@@ -412,9 +412,9 @@ async def test_two_stores_racing_for_one_pace_admit_one_and_pace_the_other(tmp_p
         async with anyio.create_task_group() as tg:
             tg.start_soon(reserve, first, "a")
             tg.start_soon(reserve, second, "b")
-    steps = sorted(str(r.decision.step) for r in results)
-    assert steps == sorted([str(Step.RESERVE), str(Step.PACED)])
-    paced = next(r for r in results if r.decision.step == Step.PACED)
+    steps = sorted(str(r.decision.kind) for r in results)
+    assert steps == sorted([str(Verdict.RESERVE), str(Verdict.PACED)])
+    paced = next(r for r in results if r.decision.kind == Verdict.PACED)
     assert paced.decision.allowed_at == NOW + 0.5  # the one slot behind the admitted request
     assert paced.record.status_requests_used == 0
 
@@ -425,7 +425,7 @@ async def test_refusals_counted_by_two_stores_at_once_are_all_counted(tmp_path: 
 
         async def refuse(store: Store, times: int) -> None:
             for i in range(times):
-                assert (await check(store, "op", NOW + i)).decision.step == Step.NOT_YET
+                assert (await check(store, "op", NOW + i)).decision.kind == Verdict.NOT_YET
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(refuse, first, 5)

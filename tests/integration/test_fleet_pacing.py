@@ -28,11 +28,11 @@ from pollwarden.core.timefmt import iso
 from pollwarden.rules.fleet_pace import (
     FLEET_SLOT_HOLD_SECONDS,
     PaceBucket,
-    decide_pace,
+    pace_verdict,
     slot_held,
     slot_hold_seconds,
 )
-from pollwarden.rules.gate import Step
+from pollwarden.rules.gate import Verdict
 from pollwarden.rules.schedule import pace
 from pollwarden.store import open_store
 from pollwarden_providers import load_tables
@@ -202,7 +202,7 @@ def test_late_callers_never_push_the_sends_past_the_envelope_and_every_caller_is
         assert steps < 20_000, "a caller is never served"
         pending.sort(key=lambda p: p[0])
         arrival, slot = pending.pop(0)
-        verdict = decide_pace(bucket, now=arrival, held_slot=slot, rate=rate, burst=burst)
+        verdict = pace_verdict(bucket, now=arrival, held_slot=slot, rate=rate, burst=burst)
         bucket = verdict.bucket
         if verdict.send:
             sent.append(arrival)
@@ -446,7 +446,7 @@ async def test_a_slow_round_trip_to_the_database_does_not_turn_a_booked_slot_lat
             clock=lambda: slot + 0.3,
         )
         assert start is not None
-        assert start.decision.step == Step.RESERVE
+        assert start.decision.kind == Verdict.RESERVE
         assert start.record.status_requests_used == 1
         assert start.record.lease_expires_at == slot + 0.3 + 30
 

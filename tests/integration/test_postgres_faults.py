@@ -87,7 +87,7 @@ async def test_an_answer_that_arrives_while_the_server_is_down_is_recorded_when_
             cluster.stop()  # the request was sent and answered; the database goes away before it is recorded
 
     factory = controller_factory(
-        h.config(), clock=h.clock, rng=h.rng, environ=h.environ, on_step=stop_after_the_answer
+        h.config(), clock=h.clock, rng=h.rng, environ=h.environ, on_boundary=stop_after_the_answer
     )
     async with Client(build_server(factory)) as client:
         await track(client, "blip")

@@ -1,6 +1,6 @@
 """Property tests: hostile provider answers never crash the controller or loosen a limit.
 
-Pure level: `decide_after_response` and the schedule, fed arbitrary status
+Pure level: `interpret_status_answer` and the schedule, fed arbitrary status
 codes, headers (Retry-After garbage, HTTP-dates, huge numbers) and bodies
 (unknown states, huge numbers, wrong types, NaN, invalid dates, deep nesting,
 bytes that are not JSON). End to end: the same kind of answers served by the
@@ -46,7 +46,7 @@ from pollwarden.rules.status_answer import (
     ProviderAnswer,
     Transition,
     UnusableAnswer,
-    decide_after_response,
+    interpret_status_answer,
 )
 from pollwarden.store import DatabaseLocation, open_store
 from pollwarden_providers.interpret import parse_retry_after
@@ -283,7 +283,7 @@ def _decide(
     answer: ProviderAnswer | NoAnswer | UnusableAnswer,
     seed: int,
 ) -> Transition:
-    return decide_after_response(record, table, answer, rng=random.Random(seed))
+    return interpret_status_answer(record, table, answer, rng=random.Random(seed))
 
 
 def _retry_after_seconds(answer: object, table: ProviderTable) -> float | None:
@@ -297,7 +297,7 @@ def _retry_after_seconds(answer: object, table: ProviderTable) -> float | None:
     return check.seconds
 
 
-# -- pure: decide_after_response -----------------------------------------------------------------
+# -- pure: interpret_status_answer -----------------------------------------------------------------
 
 
 @PURE

@@ -22,7 +22,7 @@ from pathlib import Path
 from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 
-from pollwarden.flows.check_hooks import CheckStep
+from pollwarden.flows.check_hooks import CheckBoundary
 from tests.support.fake_provider import pending
 from tests.support.live import (
     Database,
@@ -87,7 +87,7 @@ async def _drive_until_killed(client: Client, operation_id: str) -> bool:
 
 
 async def crash_once(
-    step: CheckStep,
+    step: CheckBoundary,
     *,
     run: int,
     db: Database,

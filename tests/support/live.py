@@ -32,7 +32,7 @@ from mcp_types import CallToolResult
 
 from pollwarden.config import ServerConfig
 from pollwarden.core.vocabulary import Status, StopReason
-from pollwarden.flows.check_hooks import CheckStep
+from pollwarden.flows.check_hooks import CheckBoundary
 from pollwarden.store import DatabaseLocation
 from pollwarden.surface.server import ControllerFactory, build_server, controller_factory
 from pollwarden_providers.loader import load_table
@@ -302,7 +302,7 @@ def timing_controller_factory(db: Database, base_url: str) -> ControllerFactory:
 class Rigging:
     """What a test asks of a served process beyond the operator's flags (see `serve_with_faults`)."""
 
-    fault_step: CheckStep | None = None  # SIGKILL the process when a check reaches this step
+    fault_step: CheckBoundary | None = None  # SIGKILL the process when a check reaches this step
     lease_seconds: float | None = None  # a shorter lease, so recovery is seen in seconds
     busy_timeout_seconds: float | None = None  # the operator flag --busy-timeout
 

@@ -6,7 +6,7 @@
 Takes every `pollwarden serve` flag, plus (before `serve`):
 
 * ``--fault-step STEP``: SIGKILL this process when a status check reaches STEP
-  (one of `pollwarden.flows.check_hooks.CHECK_STEPS`), through the controller's step hook;
+  (one of `pollwarden.flows.check_hooks.CHECK_BOUNDARIES`), through the controller's step hook;
 * ``--lease-seconds N``: the lease on one in-flight request, shortened so a
   recovery after the crash is seen in seconds.
 
@@ -25,18 +25,18 @@ import sys
 from collections.abc import Sequence
 
 from pollwarden.cli.main import build_parser, serve_config, setup_logging
-from pollwarden.flows.check_hooks import CHECK_STEPS, CheckStep, StepHook, ignore_step
+from pollwarden.flows.check_hooks import CHECK_BOUNDARIES, BoundaryHook, CheckBoundary, ignore_boundary
 from pollwarden.surface.server import build_server, controller_factory
 
 HOOK_LINE = "fault hook: SIGKILL at {step} (pid {pid})"
 
 
-def kill_at(target: CheckStep | None) -> StepHook:
+def kill_at(target: CheckBoundary | None) -> BoundaryHook:
     """A step hook that kills this process, hard, when a check reaches `target` (None: never)."""
     if target is None:
-        return ignore_step
+        return ignore_boundary
 
-    def hook(step: CheckStep) -> None:
+    def hook(step: CheckBoundary) -> None:
         if step == target:
             print(HOOK_LINE.format(step=step, pid=os.getpid()), file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -47,7 +47,7 @@ def kill_at(target: CheckStep | None) -> StepHook:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the rigging flags, then serve over stdio as `pollwarden serve` would."""
     rigging = argparse.ArgumentParser(prog="python -m tests.support.serve_with_faults")
-    rigging.add_argument("--fault-step", choices=CHECK_STEPS, default=None)
+    rigging.add_argument("--fault-step", choices=CHECK_BOUNDARIES, default=None)
     rigging.add_argument("--lease-seconds", type=float, default=None)
     ours, rest = rigging.parse_known_args(argv)
     args = build_parser().parse_args(rest)
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(verbose=bool(args.verbose))
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     config = dataclasses.replace(serve_config(args), lease_seconds=ours.lease_seconds)
-    server = build_server(controller_factory(config, on_step=kill_at(ours.fault_step)))
+    server = build_server(controller_factory(config, on_boundary=kill_at(ours.fault_step)))
     server.run()
     return 0
 

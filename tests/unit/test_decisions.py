@@ -1,7 +1,7 @@
 """README "How a check decides" and "Submitting a job": what one answer means, table by table.
 
-Both pure decision functions — `decide_after_response` (a status answer) and
-`decide_after_submit` (a submit answer), with `decide_before_submit` — over
+Both pure decision functions — `interpret_status_answer` (a status answer) and
+`interpret_submit_answer` (a submit answer), with `submission_verdict` — over
 every status class, every hint and every budget edge, built on the one shared
 record and table factory (`harness.operation_record`, `harness.provider_table`).
 Each row names the case, the record's state, the answer and what must follow.
@@ -23,14 +23,14 @@ from pollwarden.rules.status_answer import (
     ProviderAnswer,
     StatusClass,
     UnusableAnswer,
-    decide_after_response,
+    interpret_status_answer,
     sort_status,
 )
 from pollwarden.rules.submit_answer import (
     SendSubmission,
     SubmitOutcome,
-    decide_after_submit,
-    decide_before_submit,
+    interpret_submit_answer,
+    submission_verdict,
 )
 
 NOW = 1500.0  # the answer's arrival; the record started at 1000.0 and its deadline is 3400.0
@@ -38,12 +38,12 @@ RATE_LIMIT_TABLE = {"rate_limit": {"remaining_header": "x-ratelimit-remaining"}}
 
 
 def _polling(**changes: Any) -> OperationRecord:
-    """A waiting record as `decide_after_response` sees it: reloaded under the lease, this request counted."""
+    """A waiting record as `interpret_status_answer` sees it: reloaded under the lease, this request counted."""
     return polling_record(NOW, **changes)
 
 
 def _submitting(**changes: Any) -> OperationRecord:
-    """A submission as `decide_after_submit` sees it: claimed under its lease, no job id yet."""
+    """A submission as `interpret_submit_answer` sees it: claimed under its lease, no job id yet."""
     base: dict[str, Any] = {
         "status": Status.SUBMITTING,
         "provider_job_id": None,
@@ -279,7 +279,7 @@ AFTER_RESPONSE = [
 @pytest.mark.parametrize("case", AFTER_RESPONSE, ids=lambda c: c.name)
 def test_each_status_answer_leads_to_the_documented_next_step(case: Case) -> None:
     record = _polling(**case.record)
-    decided = decide_after_response(record, provider_table(case.table), case.answer, rng=SteppedRandom(0.5))
+    decided = interpret_status_answer(record, provider_table(case.table), case.answer, rng=SteppedRandom(0.5))
     assert (decided.status, decided.stop_reason) == (case.status, case.reason)
     assert case.detail in (decided.stop_detail or "")
     if case.status == Status.WAITING:
@@ -299,7 +299,7 @@ def test_each_status_answer_leads_to_the_documented_next_step(case: Case) -> Non
 
 def test_a_retry_after_keeps_its_wait_even_when_the_budget_stops_the_operation() -> None:
     record = _polling(status_requests_used=12)
-    decided = decide_after_response(
+    decided = interpret_status_answer(
         record, provider_table(), _answer(200, RUNNING, retry_after="90"), rng=SteppedRandom(0.5)
     )
     assert decided.stop_reason == StopReason.REQUEST_BUDGET_EXHAUSTED
@@ -332,7 +332,7 @@ def test_status_and_submit_answers_sort_a_status_code_the_same_one_way(
     assert sort_status(code, rate_limit_403=rate_limit_403) == sorted_as
 
 
-# -- decide_after_submit ------------------------------------------------------------------------------
+# -- interpret_submit_answer ------------------------------------------------------------------------------
 
 NO_KEY = {"idempotency_key": None}
 
@@ -487,7 +487,7 @@ AFTER_SUBMIT = [
 @pytest.mark.parametrize("case", AFTER_SUBMIT, ids=lambda c: c.name)
 def test_each_submit_answer_leads_to_the_documented_outcome(case: SubmitCase) -> None:
     record = _submitting(**case.record)
-    outcome = decide_after_submit(record, provider_table(), case.answer, rng=SteppedRandom(0.5))
+    outcome = interpret_submit_answer(record, provider_table(), case.answer, rng=SteppedRandom(0.5))
     assert (outcome.kind, outcome.stop.reason if outcome.stop else None) == (case.kind, case.reason)
     assert case.detail in outcome.note
     assert outcome.at == NOW
@@ -511,12 +511,12 @@ def test_each_submit_answer_leads_to_the_documented_outcome(case: SubmitCase) ->
 
 def test_a_403_submit_answer_with_the_tables_rate_limit_signal_is_tried_again_later_not_a_refusal() -> None:
     table = provider_table(RATE_LIMIT_TABLE)
-    limited = decide_after_submit(
+    limited = interpret_submit_answer(
         _submitting(), table, _answer(403, x_ratelimit_remaining="0"), rng=SteppedRandom(0.5)
     )
     assert (limited.kind, limited.stop) == ("submit_unanswered", None)
     assert "403 (rate limited, x-ratelimit-remaining: 0, 1 of 3)" in limited.note
-    refused = decide_after_submit(
+    refused = interpret_submit_answer(
         _submitting(), table, _answer(403, x_ratelimit_remaining="12"), rng=SteppedRandom(0.5)
     )
     assert refused.stop is not None
@@ -550,7 +550,7 @@ def test_a_403_submit_answer_with_the_tables_rate_limit_signal_is_tried_again_la
 def test_before_sending_a_submission_is_left_stopped_or_sent(
     name: str, changes: dict[str, Any], expected: object
 ) -> None:
-    start = decide_before_submit(_submitting(**changes), provider_table(), now=NOW)
+    start = submission_verdict(_submitting(**changes), provider_table(), now=NOW)
     if expected is None:
         assert start is None
     elif expected == "send":

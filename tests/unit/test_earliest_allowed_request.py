@@ -9,10 +9,10 @@ from harness import SteppedRandom, operation_record, provider_table
 from pollwarden.core.records import OperationRecord
 from pollwarden.core.vocabulary import DelaySource, Status, StopReason
 from pollwarden.rules.extensions import ExtensionPlan, extension_changes
-from pollwarden.rules.gate import Step, decide_check, may_reserve
+from pollwarden.rules.gate import Verdict, gate_verdict, may_reserve
 from pollwarden.rules.job_identity import reopen_next_check_at
 from pollwarden.rules.schedule import after_timeout, earliest_allowed, not_before, plan_next_check
-from pollwarden.rules.status_answer import NoAnswer, ProviderAnswer, decide_after_response
+from pollwarden.rules.status_answer import NoAnswer, ProviderAnswer, interpret_status_answer
 
 TABLE = provider_table({"schedule": {"base_delay_seconds": 8, "max_delay_seconds": 120}})
 
@@ -24,7 +24,7 @@ def _waiting(**changes: object) -> OperationRecord:
 def test_a_retry_after_shorter_than_the_local_backoff_is_still_kept_as_the_earliest_allowed_request() -> None:
     record = operation_record(status_requests_used=0, polls_completed=0, last_http_at=None)
     answer = ProviderAnswer(503, {"retry-after": "3"}, b"", received_at=2000.0)
-    decided = decide_after_response(record, TABLE, answer, rng=SteppedRandom(0.5))
+    decided = interpret_status_answer(record, TABLE, answer, rng=SteppedRandom(0.5))
     # The local backoff (8–16 s) decides the schedule, and the provider's 3 s stays a fact of its own.
     assert decided.delay_source == DelaySource.LOCAL_BACKOFF
     assert decided.next_check_at is not None
@@ -45,14 +45,14 @@ def test_the_earliest_allowed_request_never_moves_earlier() -> None:
 def test_the_gate_waits_for_the_earliest_allowed_request_whatever_moved_the_next_check() -> None:
     # A webhook, an approval or a reopen set next_check_at to now; the provider said 3 s.
     record = _waiting(next_check_at=2001.0, not_before_at=2003.0)
-    early = decide_check(record, now=2001.0, wait_until=2001.0, has_table=True, approvals_due=False)
-    assert (early.step, early.allowed_at) == (Step.NOT_YET, 2003.0)
-    waited = decide_check(record, now=2001.0, wait_until=2010.0, has_table=True, approvals_due=False)
-    assert (waited.step, waited.allowed_at) == (Step.WAIT, 2003.0)
+    early = gate_verdict(record, now=2001.0, wait_until=2001.0, has_table=True, approvals_due=False)
+    assert (early.kind, early.allowed_at) == (Verdict.NOT_YET, 2003.0)
+    waited = gate_verdict(record, now=2001.0, wait_until=2010.0, has_table=True, approvals_due=False)
+    assert (waited.kind, waited.allowed_at) == (Verdict.WAIT, 2003.0)
     assert not may_reserve(record, 2002.9)  # so no fleet slot is booked before it either
     assert may_reserve(record, 2003.0)
-    assert decide_check(record, now=2003.0, wait_until=2003.0, has_table=True, approvals_due=False).step == (
-        Step.RESERVE
+    assert gate_verdict(record, now=2003.0, wait_until=2003.0, has_table=True, approvals_due=False).kind == (
+        Verdict.RESERVE
     )
 
 
@@ -60,10 +60,10 @@ def test_an_operator_approval_of_one_request_still_waits_for_the_earliest_allowe
     record = _waiting(next_check_at=2001.0, not_before_at=2003.0)
     # may_send=True is what an approved request gives the gate: it still may not go early.
     # A caller with wait left holds on (issue 30 item 2), but nothing is reserved before 2003.
-    waiting = decide_check(record, now=2001.0, wait_until=2002.0, has_table=True, approvals_due=False)
-    assert (waiting.step, waiting.allowed_at) == (Step.WAIT, 2003.0)
-    decided = decide_check(record, now=2002.0, wait_until=2002.0, has_table=True, approvals_due=False)
-    assert (decided.step, decided.allowed_at) == (Step.NOT_YET, 2003.0)
+    waiting = gate_verdict(record, now=2001.0, wait_until=2002.0, has_table=True, approvals_due=False)
+    assert (waiting.kind, waiting.allowed_at) == (Verdict.WAIT, 2003.0)
+    decided = gate_verdict(record, now=2002.0, wait_until=2002.0, has_table=True, approvals_due=False)
+    assert (decided.kind, decided.allowed_at) == (Verdict.NOT_YET, 2003.0)
 
 
 def test_an_approved_extension_and_a_reopen_never_schedule_before_the_earliest_allowed_request() -> None:
@@ -101,11 +101,11 @@ def test_a_timed_out_status_request_holds_the_next_one_back_by_its_length_and_re
     timed_out = NoAnswer(
         "timeout", "timed out waiting for the provider", 2010.0, sent=True, waited_seconds=10.0
     )
-    decided = decide_after_response(record, TABLE, timed_out, rng=SteppedRandom(1.0), sent_at=2000.0)
+    decided = interpret_status_answer(record, TABLE, timed_out, rng=SteppedRandom(1.0), sent_at=2000.0)
     assert decided.transport_failure
     assert decided.next_check_at == 2010.0 + 10.0 + 16.0  # the timeout's length again, then the backoff
     assert decided.not_before_at == 2020.0
     # A connection that never opened holds nothing back: nothing is in flight at the provider.
     refused = NoAnswer("connection_error", "connection refused or failed", 2010.0, sent=False)
-    plain = decide_after_response(record, TABLE, refused, rng=SteppedRandom(1.0), sent_at=2000.0)
+    plain = interpret_status_answer(record, TABLE, refused, rng=SteppedRandom(1.0), sent_at=2000.0)
     assert (plain.next_check_at, plain.not_before_at) == (2026.0, None)

@@ -1,6 +1,6 @@
 """The expected terminal state recorded at start decides how an end answer is read (issue 12, item 7).
 
-Pure: `decide_after_response` on a record and a table, no store. While the
+Pure: `interpret_status_answer` on a record and a table, no store. While the
 table lists exactly the success states the operation recorded, the table's
 reading stands; once they changed, an end answer the recorded contract does not
 cover stops as `integration_failure` for a person, never as a plain success or
@@ -17,7 +17,7 @@ import pytest
 
 from harness import base_table, merge, operation_record
 from pollwarden.rules.job_identity import expected_terminal_state_of
-from pollwarden.rules.status_answer import ProviderAnswer, decide_after_response
+from pollwarden.rules.status_answer import ProviderAnswer, interpret_status_answer
 from pollwarden_providers.table import ProviderTable
 
 RECORD = operation_record(status="waiting", stop_reason=None, stopped_at=None, status_requests_used=2)
@@ -54,7 +54,7 @@ def test_an_end_answer_is_read_by_the_table_only_while_its_success_states_are_th
     states: dict[str, list[str]], state: str, stop_reason: str
 ) -> None:
     table = _table(states)
-    decided = decide_after_response(RECORD, table, _answer({"state": state, **OK}), rng=random.Random(1))
+    decided = interpret_status_answer(RECORD, table, _answer({"state": state, **OK}), rng=random.Random(1))
     assert decided.stop_reason == stop_reason
     if stop_reason == "integration_failure":
         assert decided.stop_detail is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pollwarden.rules.fleet_pace import PaceBucket, decide_pace, owed_slots, share_wait, slot_hold_seconds
+from pollwarden.rules.fleet_pace import PaceBucket, owed_slots, pace_verdict, share_wait, slot_hold_seconds
 
 RATE = 5.0  # one slot every 0.2 s
 BURST = 1
@@ -12,7 +12,7 @@ BURST = 1
 
 def test_a_held_slot_is_used_late_without_taking_a_second_slot_from_the_bookings_clock() -> None:
     bucket = PaceBucket(tat=12.0, sent_tat=9.0)  # slots booked up to 12 s; last request at 8.8 s
-    verdict = decide_pace(bucket, now=10.4, held_slot=10.0, rate=RATE, burst=BURST)
+    verdict = pace_verdict(bucket, now=10.4, held_slot=10.0, rate=RATE, burst=BURST)
     assert verdict.send
     assert verdict.bucket == PaceBucket(tat=12.0, sent_tat=10.6)  # the bookings' clock did not move
     assert not verdict.new_booking
@@ -22,7 +22,7 @@ def test_a_held_slot_with_no_room_on_the_sends_clock_is_kept_and_moved_to_the_fi
     None
 ):
     bucket = PaceBucket(tat=12.0, sent_tat=10.5)  # a request left at 10.3 s
-    verdict = decide_pace(bucket, now=10.4, held_slot=10.0, rate=RATE, burst=BURST)
+    verdict = pace_verdict(bucket, now=10.4, held_slot=10.0, rate=RATE, burst=BURST)
     assert not verdict.send
     assert verdict.at == 10.5
     assert verdict.bucket == bucket
@@ -34,7 +34,7 @@ def test_a_slot_whose_agent_does_not_come_within_the_hold_is_released_and_the_ag
 ):
     bucket = PaceBucket(tat=20.0, sent_tat=12.0)
     late = 10.0 + slot_hold_seconds(RATE) + 0.01
-    verdict = decide_pace(bucket, now=late, held_slot=10.0, rate=RATE, burst=BURST)
+    verdict = pace_verdict(bucket, now=late, held_slot=10.0, rate=RATE, burst=BURST)
     assert not verdict.send
     assert verdict.new_booking
     assert verdict.at == 20.0
@@ -42,11 +42,11 @@ def test_a_slot_whose_agent_does_not_come_within_the_hold_is_released_and_the_ag
 
 
 def test_a_newcomer_sends_only_when_both_clocks_have_room() -> None:
-    free = decide_pace(PaceBucket(None, None), now=5.0, held_slot=None, rate=RATE, burst=BURST)
+    free = pace_verdict(PaceBucket(None, None), now=5.0, held_slot=None, rate=RATE, burst=BURST)
     assert free.send
     assert free.bucket == PaceBucket(5.2, 5.2)
     # Bookings' clock free, but late agents just used the sends' clock: booked where it has room.
-    busy = decide_pace(PaceBucket(5.0, 5.3), now=5.0, held_slot=None, rate=RATE, burst=BURST)
+    busy = pace_verdict(PaceBucket(5.0, 5.3), now=5.0, held_slot=None, rate=RATE, burst=BURST)
     assert not busy.send
     assert busy.at == 5.3
     assert busy.new_booking
@@ -55,7 +55,7 @@ def test_a_newcomer_sends_only_when_both_clocks_have_room() -> None:
 
 def test_an_agent_early_for_its_slot_keeps_it_and_waits() -> None:
     bucket = PaceBucket(12.0, 9.0)
-    verdict = decide_pace(bucket, now=9.5, held_slot=10.0, rate=RATE, burst=BURST)
+    verdict = pace_verdict(bucket, now=9.5, held_slot=10.0, rate=RATE, burst=BURST)
     assert (verdict.send, verdict.at, verdict.bucket, verdict.new_booking) == (False, 10.0, bucket, False)
 
 
@@ -90,20 +90,20 @@ def test_room_is_kept_for_an_earlier_held_slot_whose_agent_has_not_come_yet() ->
     # The sends' clock has room for one request now; another operation's slot came at 10.0 s and
     # its agent (further from the database) is on its way.
     bucket = PaceBucket(tat=10.2, sent_tat=10.2)
-    on_time = decide_pace(bucket, now=10.2, held_slot=10.2, rate=RATE, burst=BURST)
+    on_time = pace_verdict(bucket, now=10.2, held_slot=10.2, rate=RATE, burst=BURST)
     assert on_time.send  # nothing owed: the on-time agent takes the room
-    kept = decide_pace(bucket, now=10.2, held_slot=10.2, rate=RATE, burst=BURST, owed=1)
+    kept = pace_verdict(bucket, now=10.2, held_slot=10.2, rate=RATE, burst=BURST, owed=1)
     assert not kept.send  # the room is the late agent's: this one keeps its slot, moved after it
     assert kept.at == pytest.approx(10.4)
     assert not kept.new_booking
-    late = decide_pace(bucket, now=10.3, held_slot=10.0, rate=RATE, burst=BURST)
+    late = pace_verdict(bucket, now=10.3, held_slot=10.0, rate=RATE, burst=BURST)
     assert late.send  # and the late agent finds it
 
 
 def test_an_operation_without_a_slot_is_not_admitted_into_room_owed_to_a_held_slot() -> None:
     bucket = PaceBucket(tat=10.0, sent_tat=10.0)
-    assert decide_pace(bucket, now=10.0, held_slot=None, rate=RATE, burst=BURST).send
-    booked = decide_pace(bucket, now=10.0, held_slot=None, rate=RATE, burst=BURST, owed=1)
+    assert pace_verdict(bucket, now=10.0, held_slot=None, rate=RATE, burst=BURST).send
+    booked = pace_verdict(bucket, now=10.0, held_slot=None, rate=RATE, burst=BURST, owed=1)
     assert not booked.send
     assert booked.new_booking
     assert booked.at == pytest.approx(10.2)  # the first moment after the owed request

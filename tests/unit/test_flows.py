@@ -14,11 +14,21 @@ from pollwarden.audit.entry import NO_REFUSALS, PendingRefusals
 from pollwarden.core.records import CheckStart, OperationRecord
 from pollwarden.core.vocabulary import Outcome, Status
 from pollwarden.rules.fleet_pace import PaceBucket
-from pollwarden.rules.gate import GateDecision, Step
-from pollwarden.store import planned, statements
-from pollwarden.store.planned import CarryOut, Flow, Locked, Query, Request, check, flush_all, flush_one, gate
+from pollwarden.rules.gate import GateVerdict, Verdict
+from pollwarden.store import statements, transactions
 from pollwarden.store.plans import Flush
 from pollwarden.store.rows import StoredOperation
+from pollwarden.store.transactions import (
+    CarryOut,
+    Flow,
+    Locked,
+    Query,
+    Request,
+    check,
+    flush_all,
+    flush_one,
+    gate,
+)
 from pollwarden_providers.table_limits import FleetSpec
 
 NOW = 2000.0
@@ -33,7 +43,7 @@ def drive(flow: Flow[Any], answer: Callable[[Request], object]) -> tuple[list[Re
         asked.append(request)
         return answer(request)
 
-    return asked, planned.drive(flow, noted)
+    return asked, transactions.drive(flow, noted)
 
 
 def carried(request: Request) -> object:
@@ -58,7 +68,7 @@ def test_the_gate_reads_the_approvals_only_for_an_escalated_operation_that_appli
 
 def test_a_check_reads_the_pace_only_on_a_paced_provider_and_then_carries_its_plan_out() -> None:
     current = StoredOperation(waiting(), NO_REFUSALS)
-    reserve = GateDecision(Step.RESERVE)
+    reserve = GateVerdict(Verdict.RESERVE)
     asked, start = drive(check(current, reserve, NOW, "me", 30.0, None, None), carried)
     assert [type(r) for r in asked] == [CarryOut]
     assert isinstance(start, CheckStart)

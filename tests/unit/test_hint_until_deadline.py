@@ -14,7 +14,7 @@ from harness import SteppedRandom, polling_record, provider_table
 from pollwarden.core.records import OperationRecord
 from pollwarden.core.vocabulary import DelaySource, Status, StopReason
 from pollwarden.rules.schedule import plan_next_check
-from pollwarden.rules.status_answer import ProviderAnswer, decide_after_response
+from pollwarden.rules.status_answer import ProviderAnswer, interpret_status_answer
 from pollwarden.surface.views import operation_view
 
 NOW = 1100.0  # the record's deadline (3400.0) is 2,300 s away
@@ -63,7 +63,7 @@ def test_a_retry_after_past_the_deadline_is_still_a_minimum_that_no_check_fits()
 
 def test_a_running_answer_with_poll_after_3000_waits_until_the_deadline_not_the_local_backoff() -> None:
     record = _polling()
-    decided = decide_after_response(
+    decided = interpret_status_answer(
         record, provider_table(), _running(poll_after_seconds=3000), rng=SteppedRandom(0.5)
     )
     assert (decided.status, decided.stop_reason) == (Status.WAITING, None)
@@ -73,7 +73,7 @@ def test_a_running_answer_with_poll_after_3000_waits_until_the_deadline_not_the_
 
 def test_a_hint_past_the_business_deadline_waits_until_the_business_deadline() -> None:
     record = _polling(business_deadline_at=2000.0)
-    decided = decide_after_response(
+    decided = interpret_status_answer(
         record, provider_table(), _running(poll_after_seconds=1500), rng=SteppedRandom(0.5)
     )
     assert (decided.status, decided.next_check_at) == (Status.WAITING, 2000.0)
@@ -81,7 +81,7 @@ def test_a_hint_past_the_business_deadline_waits_until_the_business_deadline() -
 
 def test_an_absurd_hint_longer_than_the_tables_maximum_deadline_is_still_rejected() -> None:
     record = _polling()
-    decided = decide_after_response(
+    decided = interpret_status_answer(
         record, provider_table(), _running(poll_after_seconds=86401), rng=SteppedRandom(0.5)
     )
     assert decided.delay_source == DelaySource.LOCAL_BACKOFF
@@ -93,7 +93,7 @@ def test_an_absurd_hint_longer_than_the_tables_maximum_deadline_is_still_rejecte
 def test_a_retry_after_past_the_deadline_still_stops_at_once() -> None:
     record = _polling()
     answer = ProviderAnswer(200, {"retry-after": "3000"}, json.dumps({"state": "running"}).encode(), NOW)
-    decided = decide_after_response(record, provider_table(), answer, rng=SteppedRandom(0.5))
+    decided = interpret_status_answer(record, provider_table(), answer, rng=SteppedRandom(0.5))
     assert decided.stop_reason == StopReason.DEADLINE_EXCEEDED
 
 

@@ -1,7 +1,7 @@
 """Agents that do what they are told on one fleet pace, on virtual time (issue 29).
 
 The simulation is `benchmarks/pace_simulation.py` (pure; the benchmark prints the same
-runs); the store's decision in it is `pollwarden.rules.fleet_pace.decide_pace`, or the rule
+runs); the store's decision in it is `pollwarden.rules.fleet_pace.pace_verdict`, or the rule
 before issue 29 for the comparison.
 """
 

@@ -25,13 +25,13 @@ from pollwarden.core.vocabulary import (
     StopReason,
 )
 from pollwarden.rules.fleet_pace import PaceBucket, PaceVerdict
-from pollwarden.rules.gate import GateDecision, Step
+from pollwarden.rules.gate import GateVerdict, Verdict
 from pollwarden.store import plans
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, SetPace, Update
 from pollwarden_providers.table_limits import FleetSpec
 
 NOW = 2000.0
-RESERVE = GateDecision(Step.RESERVE)
+RESERVE = GateVerdict(Verdict.RESERVE)
 FLEET = FleetSpec(max_requests_per_second=1.0, burst=1)
 
 
@@ -73,7 +73,7 @@ def test_a_stop_before_any_request_writes_the_refusals_then_the_stop_and_tells_a
     lease: str | None, expected: list[str]
 ) -> None:
     record = waiting(lease_owner=lease, lease_expires_at=None if lease is None else NOW - 1)
-    stop = GateDecision(Step.STOP, stop_reason=StopReason.DEADLINE_EXCEEDED, stop_detail="passed")
+    stop = GateVerdict(Verdict.STOP, stop_reason=StopReason.DEADLINE_EXCEEDED, stop_detail="passed")
     plan = plans.check_plan(record, stop, now=NOW, owner="me", lease_seconds=30)
     assert kinds(plan) == expected
     assert plan.record.status == Status.ESCALATED
@@ -86,11 +86,11 @@ def test_a_stop_before_any_request_writes_the_refusals_then_the_stop_and_tells_a
     assert plan.record.status_requests_used == record.status_requests_used  # nothing sent, nothing counted
 
 
-@pytest.mark.parametrize("step", [Step.NOT_YET, Step.STOPPED])
-def test_a_refused_call_is_only_counted(step: Step) -> None:
+@pytest.mark.parametrize("step", [Verdict.NOT_YET, Verdict.STOPPED])
+def test_a_refused_call_is_only_counted(step: Verdict) -> None:
     record = waiting()
-    plan = plans.check_plan(record, GateDecision(step), now=NOW, owner="me", lease_seconds=30)
-    assert kinds(plan) == [f"Count:{GateDecision(step).refusal}"]
+    plan = plans.check_plan(record, GateVerdict(step), now=NOW, owner="me", lease_seconds=30)
+    assert kinds(plan) == [f"Count:{GateVerdict(step).refusal}"]
     assert plan.record is record
 
 
@@ -116,23 +116,23 @@ def test_a_reservation_counts_the_request_and_takes_the_lease(lease: str | None,
 @pytest.mark.parametrize(
     ("refusals", "decision", "quiet"),
     [
-        (NO_REFUSALS, GateDecision(Step.NOT_YET), True),
-        (PendingRefusals(3, Outcome.NOT_YET, 1.0, 2.0), GateDecision(Step.NOT_YET), True),
+        (NO_REFUSALS, GateVerdict(Verdict.NOT_YET), True),
+        (PendingRefusals(3, Outcome.NOT_YET, 1.0, 2.0), GateVerdict(Verdict.NOT_YET), True),
         (
             PendingRefusals(3, Outcome.STOPPED, 1.0, 2.0),
-            GateDecision(Step.NOT_YET),
+            GateVerdict(Verdict.NOT_YET),
             False,
         ),  # the other kind first
         (
             PendingRefusals(99, Outcome.NOT_YET, 1.0, 2.0),
-            GateDecision(Step.NOT_YET),
+            GateVerdict(Verdict.NOT_YET),
             False,
         ),  # completes a row
         (NO_REFUSALS, RESERVE, False),
     ],
 )
 def test_only_a_count_that_writes_no_audit_row_is_quiet(
-    refusals: PendingRefusals, decision: GateDecision, quiet: bool
+    refusals: PendingRefusals, decision: GateVerdict, quiet: bool
 ) -> None:
     assert plans.quiet_refusal(refusals, decision) is quiet
 
@@ -148,13 +148,13 @@ NO_ROW = PaceBucket(None, None)
     [
         (waiting(), RESERVE, FLEET, True),
         (waiting(), RESERVE, None, False),  # no [fleet] pace
-        (waiting(), GateDecision(Step.NOT_YET), FLEET, False),  # no reservation
+        (waiting(), GateVerdict(Verdict.NOT_YET), FLEET, False),  # no reservation
         (waiting(next_check_at=NOW + 1), RESERVE, FLEET, False),  # its guard would not hold
         (waiting(fleet_slot_at=NOW), RESERVE, FLEET, True),  # its own slot: the sends' clock still decides
     ],
 )
 def test_the_pace_is_read_only_by_a_reservation_whose_guard_holds_on_a_paced_provider(
-    record: OperationRecord, decision: GateDecision, fleet: FleetSpec | None, taken: bool
+    record: OperationRecord, decision: GateVerdict, fleet: FleetSpec | None, taken: bool
 ) -> None:
     assert plans.needs_pace(record, decision, fleet, now=NOW) is taken
     assert (plans.pace_step(record, decision, fleet, NO_ROW, now=NOW) is not None) is taken
@@ -184,7 +184,7 @@ def test_a_used_up_pace_books_the_next_free_slot_and_counts_nothing() -> None:
         "next_check_at": NOW + 3.0,
         "delay_source": DelaySource.FLEET_PACING,
     }
-    assert plan.decision == GateDecision(Step.PACED, allowed_at=NOW + 3.0)
+    assert plan.decision == GateVerdict(Verdict.PACED, allowed_at=NOW + 3.0)
     assert plan.record.status_requests_used == record.status_requests_used
 
 
@@ -196,7 +196,7 @@ def test_a_slot_held_for_its_agent_is_kept_without_moving_the_pace() -> None:
     assert (step.send, step.new_booking, step.at) == (False, False, NOW + 2.0)
     plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
     assert kinds(plan) == ["Update"]  # the pace row is as read
-    assert plan.decision == GateDecision(Step.PACED, allowed_at=NOW + 2.0)
+    assert plan.decision == GateVerdict(Verdict.PACED, allowed_at=NOW + 2.0)
 
 
 @pytest.mark.parametrize(
@@ -241,7 +241,7 @@ def test_fair_shares_a_principal_holding_its_share_or_owing_an_older_waiter_wait
             "next_check_at": waits_for,
             "delay_source": DelaySource.FLEET_PACING,
         }
-        assert plan.decision == GateDecision(Step.PACED, allowed_at=waits_for)
+        assert plan.decision == GateVerdict(Verdict.PACED, allowed_at=waits_for)
 
 
 def test_the_booked_slots_read_counts_held_slots_and_ranks_by_the_last_request() -> None:

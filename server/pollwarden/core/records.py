@@ -26,7 +26,7 @@ from pollwarden.core.vocabulary import (
     StopReason,
     status_for,
 )
-from pollwarden.rules.gate import GateDecision
+from pollwarden.rules.gate import GateVerdict
 
 __all__ = [
     "APPROVAL_COLUMNS",
@@ -260,7 +260,7 @@ class CheckStart:
     """
 
     record: OperationRecord
-    decision: GateDecision
+    decision: GateVerdict
 
 
 class WakeOutcome(StrEnum):

@@ -28,11 +28,11 @@ from pollwarden.core.records import OperationRecord
 from pollwarden.core.untrusted import shown
 from pollwarden.core.vocabulary import Outcome
 from pollwarden.flows import approvals, starting
-from pollwarden.flows.check_hooks import StepHook, ignore_step
+from pollwarden.flows.check_hooks import BoundaryHook, ignore_boundary
 from pollwarden.flows.held_answers import HeldAnswer, HeldAnswers, answer_held_message
 from pollwarden.ops import decision_log, observe
 from pollwarden.provider_io.provider_http import ProviderHTTP
-from pollwarden.rules.gate import Step
+from pollwarden.rules.gate import Verdict
 from pollwarden.rules.job_identity import (
     account_context_of,
     already_tracked_message,
@@ -44,7 +44,7 @@ from pollwarden.rules.status_answer import (
     ProviderAnswer,
     Transition,
     UnusableAnswer,
-    decide_after_response,
+    interpret_status_answer,
 )
 from pollwarden.rules.stored_result import encode_result
 from pollwarden.store import Store, new_lease_owner
@@ -80,7 +80,7 @@ class Controller:
     rng: RandomSource
     config: ServerConfig
     # Called at each boundary of a status check (see check_hooks.py); the crash tests stop the process there.
-    on_step: StepHook = ignore_step
+    on_boundary: BoundaryHook = ignore_boundary
     # Answers the database could not record yet, and where they are retried (issue 29; `held_answers`).
     held_answers: HeldAnswers = field(default_factory=HeldAnswers)
     background: TaskGroup | None = None
@@ -282,27 +282,27 @@ class Controller:
             if start is None:
                 raise self._not_found(operation_id)
             record, decision = start.record, start.decision
-            match decision.step:
-                case Step.NO_TABLE:
+            match decision.kind:
+                case Verdict.NO_TABLE:
                     if (problem := self._credential_problems.get(record.provider)) is not None:
                         raise InvalidRequest(problem)
                     self.table_for(record.provider)  # raises, naming the loaded providers
-                case Step.APPLY_APPROVALS:
+                case Verdict.APPLY_APPROVALS:
                     await approvals.apply_decided_approvals(self, record)
                     apply_approvals = False  # once per call: whatever they did, look again
-                case Step.STOPPED | Step.STOP:
+                case Verdict.STOPPED | Verdict.STOP:
                     return await self.view(record, Outcome.STOPPED)
-                case Step.NOT_YET:
+                case Verdict.NOT_YET:
                     return await self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
-                case Step.NEEDS_PERSON:
+                case Verdict.NEEDS_PERSON:
                     shown = await self.view(record, Outcome.NOT_YET, retry_at=decision.allowed_at)
                     return shown.model_copy(update={"message": NEEDS_PERSON_MESSAGE.format(record.provider)})
-                case Step.WAIT | Step.PACED:
+                case Verdict.WAIT | Verdict.PACED:
                     # Too early (or the provider's shared pace is used up and a slot is booked). The call
                     # waits toward the allowed time, or to the end of its own wait, whichever comes first,
                     # and looks again each round: a wake-up (a webhook) may move the allowed time earlier.
                     allowed_at = decision.allowed_at or now
-                    if decision.step == Step.PACED and allowed_at > wait_until:
+                    if decision.kind == Verdict.PACED and allowed_at > wait_until:
                         return await self.view(record, Outcome.NOT_YET)
                     await self._wait(
                         allowed_at,
@@ -313,8 +313,8 @@ class Controller:
                         decision.lease_busy,
                         last_progress,
                     )
-                case Step.RESERVE:
-                    self.on_step("after_reservation")
+                case Verdict.RESERVE:
+                    self.on_boundary("after_reservation")
                     return await self._send_and_record(record, self.table_for(record.provider), owner)
         raise InvalidRequest("check_status could not settle; try again")  # pragma: no cover
 
@@ -359,9 +359,9 @@ class Controller:
         with anyio.CancelScope(shield=True):
             sent_at = self.clock.now()
             answer = await self.http.get_status(table, record.provider_job_id)
-            self.on_step("after_response")
-            transition = decide_after_response(record, table, answer, rng=self.rng, sent_at=sent_at)
-            self.on_step("before_persist")
+            self.on_boundary("after_response")
+            transition = interpret_status_answer(record, table, answer, rng=self.rng, sent_at=sent_at)
+            self.on_boundary("before_persist")
             changes = transition_changes(record, transition, answer, sent_at=sent_at)
             extra: dict[str, object] = {
                 "rejected_hints": [h.as_record() for h in transition.rejected_hints],

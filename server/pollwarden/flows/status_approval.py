@@ -7,7 +7,7 @@ before check_status sends one, the person is asked by elicitation (either
 protocol era); a client that cannot ask gets a pending approval that an
 operator decides with `pollwarden approve`, used by the agent's next
 check_status for one request. A refusal, a dismissed question or no answer
-sends nothing. The gate enforces it (`Step.NEEDS_PERSON`): without an
+sends nothing. The gate enforces it (`Verdict.NEEDS_PERSON`): without an
 approval in this call, no request for such a provider is reserved.
 """
 
@@ -24,7 +24,7 @@ from pollwarden.core.untrusted import quoted
 from pollwarden.core.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden.flows.approval_flow import ELICITATION, Approver, No
 from pollwarden.flows.approvals import check_operator_decision, open_question, operator_must_decide
-from pollwarden.rules.gate import Step, decide_check
+from pollwarden.rules.gate import Verdict, gate_verdict
 
 if TYPE_CHECKING:
     from pollwarden.flows.controller import Controller
@@ -59,12 +59,12 @@ async def plan(controller: Controller, operation_id: str, *, wait_seconds: float
     if record is None or not requires_person(controller, record):
         return StatusRequestPlan()
     now = controller.clock.now()
-    decision = decide_check(
+    decision = gate_verdict(
         record, now=now, wait_until=now + wait_seconds, has_table=True, approvals_due=False
     )
-    if decision.step not in (Step.RESERVE, Step.WAIT):
+    if decision.kind not in (Verdict.RESERVE, Verdict.WAIT):
         return StatusRequestPlan()
-    if decision.step == Step.WAIT and (decision.allowed_at or now) > now + wait_seconds:
+    if decision.kind == Verdict.WAIT and (decision.allowed_at or now) > now + wait_seconds:
         return (
             StatusRequestPlan()
         )  # the call waits, but its request is not due within the wait: nobody is asked

@@ -13,7 +13,7 @@ import json
 from typing import TYPE_CHECKING
 
 from pollwarden.core.records import OperationRecord
-from pollwarden.rules.submit_answer import SubmitOutcome, decide_after_submit, decide_before_submit
+from pollwarden.rules.submit_answer import SubmitOutcome, interpret_submit_answer, submission_verdict
 from pollwarden.store import new_lease_owner
 from pollwarden_providers.table import ProviderTable
 
@@ -32,7 +32,7 @@ async def submit(controller: Controller, record: OperationRecord, table: Provide
     without one the operation stops as `delivery_ambiguous` and is never resent.
     """
     now = controller.clock.now()
-    start = decide_before_submit(record, table, now=now)
+    start = submission_verdict(record, table, now=now)
     if start is None:
         return record  # another call is sending it, or a retry is not yet allowed
     if isinstance(start, SubmitOutcome):
@@ -52,7 +52,7 @@ async def submit(controller: Controller, record: OperationRecord, table: Provide
     assert claimed.submit_payload_json is not None
     payload = json.loads(claimed.submit_payload_json)
     answer = await controller.http.submit(table, payload, claimed.idempotency_key)
-    outcome = decide_after_submit(claimed, table, answer, rng=controller.rng)
+    outcome = interpret_submit_answer(claimed, table, answer, rng=controller.rng)
     return await _write(controller, claimed, outcome, owner=owner)
 
 

@@ -39,7 +39,7 @@ from urllib.parse import unquote_plus
 import anyio
 import httpx2
 
-from pollwarden.flows.check_hooks import StepHook, ignore_step
+from pollwarden.flows.check_hooks import BoundaryHook, ignore_boundary
 from pollwarden.ops import observe
 from pollwarden.rules.status_answer import NoAnswer, ProviderAnswer, UnusableAnswer
 from pollwarden_providers.request_building import (
@@ -237,12 +237,12 @@ class _Decoder:
         return piece
 
 
-def _after_request_sent(on_step: StepHook) -> Callable[[httpx2.Response], Awaitable[None]]:
+def _after_request_sent(on_boundary: BoundaryHook) -> Callable[[httpx2.Response], Awaitable[None]]:
     """A response hook: the provider has the request and has answered with headers."""
 
     async def hook(response: httpx2.Response) -> None:
         del response
-        on_step("after_request_sent")
+        on_boundary("after_request_sent")
 
     return hook
 
@@ -257,7 +257,7 @@ class ProviderHTTP:
         now: Callable[[], float],
         limits: HttpLimits | None = None,
         transport: httpx2.AsyncBaseTransport | None = None,
-        on_step: StepHook = ignore_step,
+        on_boundary: BoundaryHook = ignore_boundary,
     ) -> None:
         self.environ = environ
         self.now = now
@@ -274,7 +274,7 @@ class ProviderHTTP:
                 "Accept": "application/json",
                 "Accept-Encoding": "gzip, deflate",
             },
-            event_hooks={"response": [_after_request_sent(on_step)]},
+            event_hooks={"response": [_after_request_sent(on_boundary)]},
         )
         self._log_filter = _RedactingFilter()
         self._redactors: dict[tuple[str, ...], Redactor] = {}

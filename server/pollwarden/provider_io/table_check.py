@@ -1,6 +1,6 @@
 """Checking a provider table against sample responses, without a database or a network.
 
-`preview_answer` runs the controller's own decision (`decide_after_response`)
+`preview_answer` runs the controller's own decision (`interpret_status_answer`)
 on a sample as the answer to a fresh operation's first status request, so what
 `pollwarden providers check` prints is what the server would do. Samples are a
 JSON body (taken as a 200) or a raw HTTP response as ``curl -i`` prints it.
@@ -19,7 +19,7 @@ from pollwarden.core.timefmt import iso
 from pollwarden.core.vocabulary import DelaySource, Status
 from pollwarden.flows.controller import transition_changes
 from pollwarden.rules.job_identity import account_context_of, expected_terminal_state_of
-from pollwarden.rules.status_answer import ProviderAnswer, Transition, decide_after_response
+from pollwarden.rules.status_answer import ProviderAnswer, Transition, interpret_status_answer
 from pollwarden.rules.stored_result import decode_result
 from pollwarden.surface.views import allowed_actions, person_must_act_at
 from pollwarden_providers.category import CATEGORIES
@@ -160,8 +160,8 @@ def preview_answer(
         now=answer.received_at,
         job_id=job_id if job_id is not None else sample_job_id(table, answer),
     )
-    shortest = decide_after_response(record, table, answer, rng=_FixedRandom(0.0))
-    longest = decide_after_response(record, table, answer, rng=_FixedRandom(1.0))
+    shortest = interpret_status_answer(record, table, answer, rng=_FixedRandom(0.0))
+    longest = interpret_status_answer(record, table, answer, rng=_FixedRandom(1.0))
     after = dataclasses.replace(record, **transition_changes(record, longest, answer))
     waits: tuple[float, float] | None = None
     if shortest.next_check_at is not None and longest.next_check_at is not None:

@@ -28,7 +28,7 @@ operations oldest-waiting first, and a slot whose time has come counts as held
 until it is used, so a principal never holds more than its share.
 
 Pure: the engines read the pace row and the operation's `fleet_slot_at`, call
-`decide_pace` with the time read inside their transaction, and write what it says.
+`pace_verdict` with the time read inside their transaction, and write what it says.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class PaceVerdict:
     new_booking: bool  # a slot was taken from the pace for a later time (fair shares count it)
 
 
-def decide_pace(
+def pace_verdict(
     bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int, owed: int = 0
 ) -> PaceVerdict:
     """Send now, or the slot this operation holds (kept, or booked now); see the module's rule.
@@ -120,7 +120,7 @@ def _owing(sent_tat: float | None, owed: int, *, now: float, rate: float) -> flo
 
 
 def owed_slots(held_slot: float | None, *, now: float, rate: float) -> tuple[float, float]:
-    """Which other operations' slots `decide_pace` keeps room for: held (from the first bound) and come
+    """Which other operations' slots `pace_verdict` keeps room for: held (from the first bound) and come
     before this one's (before the second)."""
     before = now if held_slot is None or held_slot > now else held_slot
     return now - slot_hold_seconds(rate), before

@@ -1,6 +1,6 @@
 """Before a request: what one round of check_status does, decided from the record alone.
 
-`decide_check` is a pure function of the operation record, the time and the
+`gate_verdict` is a pure function of the operation record, the time and the
 caller's wait bound. The store calls it inside the transaction that then
 carries the verdict out (count a refusal, stop, take the lease and count the
 request), so the load, the decision and the guarded write are one trip; the
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 IN_FLIGHT_RECHECK_SECONDS = 0.5
 
 
-class Step(StrEnum):
+class Verdict(StrEnum):
     """The verdict of the gate for one round of check_status."""
 
     NO_TABLE = "no_table"  # the operation's provider table is not loaded: nothing is decided
@@ -45,14 +45,14 @@ class Step(StrEnum):
 
 
 # What the agent is told when a round ends in a refusal.
-REFUSAL_OUTCOME: dict[Step, Outcome] = {Step.STOPPED: Outcome.STOPPED, Step.NOT_YET: Outcome.NOT_YET}
+REFUSAL_OUTCOME: dict[Verdict, Outcome] = {Verdict.STOPPED: Outcome.STOPPED, Verdict.NOT_YET: Outcome.NOT_YET}
 
 
 @dataclass(frozen=True)
-class GateDecision:
+class GateVerdict:
     """The gate's verdict, with what the store needs to carry it out."""
 
-    step: Step
+    kind: Verdict
     allowed_at: float | None = None  # WAIT, NOT_YET: when a request may go out
     lease_busy: bool = False  # WAIT, NOT_YET: another request is in flight
     stop_reason: StopReason | None = None  # STOP
@@ -61,12 +61,17 @@ class GateDecision:
     @property
     def writes(self) -> bool:
         """Whether carrying this verdict out changes the database."""
-        return self.step not in (Step.NO_TABLE, Step.APPLY_APPROVALS, Step.WAIT, Step.NEEDS_PERSON)
+        return self.kind not in (
+            Verdict.NO_TABLE,
+            Verdict.APPLY_APPROVALS,
+            Verdict.WAIT,
+            Verdict.NEEDS_PERSON,
+        )
 
     @property
     def refusal(self) -> Outcome | None:
         """The outcome of a refused call this verdict counts, or None."""
-        return REFUSAL_OUTCOME.get(self.step)
+        return REFUSAL_OUTCOME.get(self.kind)
 
 
 def lease_busy(record: OperationRecord, now: float) -> bool:
@@ -74,7 +79,7 @@ def lease_busy(record: OperationRecord, now: float) -> bool:
     return record.lease_owner is not None and (record.lease_expires_at or 0.0) > now
 
 
-def decide_check(
+def gate_verdict(
     record: OperationRecord,
     *,
     now: float,
@@ -83,7 +88,7 @@ def decide_check(
     approvals_due: bool,
     account_context: str | None = None,
     may_send: bool = True,
-) -> GateDecision:
+) -> GateVerdict:
     """What this round of check_status does; `approvals_due` says an operator's decision waits.
 
     `account_context` is the provider table's account context now (None: not
@@ -93,11 +98,11 @@ def decide_check(
     none approved this call): where a request would go out now or after a wait, nothing is.
     """
     if not has_table:
-        return GateDecision(Step.NO_TABLE)
+        return GateVerdict(Verdict.NO_TABLE)
     if record.status == Status.ESCALATED and approvals_due:
-        return GateDecision(Step.APPLY_APPROVALS)
+        return GateVerdict(Verdict.APPLY_APPROVALS)
     if record.status != Status.WAITING:
-        return GateDecision(Step.STOPPED)
+        return GateVerdict(Verdict.STOPPED)
     busy = lease_busy(record, now)
     if not busy:
         # Checked only once no request is in flight: its answer may stop the operation itself.
@@ -108,7 +113,7 @@ def decide_check(
             stop.budget_used(record),
         ):
             if stopped is not None:
-                return GateDecision(Step.STOP, stop_reason=stopped.reason, stop_detail=stopped.detail)
+                return GateVerdict(Verdict.STOP, stop_reason=stopped.reason, stop_detail=stopped.detail)
     # Whatever moved next_check_at (a webhook, an approval, a reopen), never before the earliest allowed time.
     allowed_at = not_before(record.next_check_at, record.not_before_at)
     if busy:
@@ -117,15 +122,15 @@ def decide_check(
         allowed_at = max(allowed_at, min(record.lease_expires_at or now, now + IN_FLIGHT_RECHECK_SECONDS))
     if now < allowed_at:
         if not may_send:
-            step = Step.NEEDS_PERSON if allowed_at <= wait_until else Step.NOT_YET
+            kind = Verdict.NEEDS_PERSON if allowed_at <= wait_until else Verdict.NOT_YET
         else:
             # A caller with wait left holds on (re-reading the record each round) even when the allowed
             # time is past its wait: a webhook may bring the check forward. not_yet only at its end.
-            step = Step.WAIT if now < wait_until else Step.NOT_YET
-        return GateDecision(step, allowed_at=allowed_at, lease_busy=busy)
+            kind = Verdict.WAIT if now < wait_until else Verdict.NOT_YET
+        return GateVerdict(kind, allowed_at=allowed_at, lease_busy=busy)
     if not may_send:
-        return GateDecision(Step.NEEDS_PERSON, allowed_at=allowed_at)
-    return GateDecision(Step.RESERVE)
+        return GateVerdict(Verdict.NEEDS_PERSON, allowed_at=allowed_at)
+    return GateVerdict(Verdict.RESERVE)
 
 
 def may_reserve(record: OperationRecord, now: float) -> bool:

@@ -1,6 +1,6 @@
 """Stop predicates: what one status answer means for an operation.
 
-`decide_after_response` is a pure function of the record (as reloaded under the
+`interpret_status_answer` is a pure function of the record (as reloaded under the
 lease, with this request already counted), the provider's answer, the time and
 a random source. It returns a `Transition` that the store applies in one
 transaction. Nothing in a provider answer can change a budget, a deadline or an
@@ -325,7 +325,7 @@ def timed_out_after(
     return max(0.0, measured, answer.waited_seconds or 0.0)
 
 
-def decide_after_response(
+def interpret_status_answer(
     record: OperationRecord,
     table: ProviderTable,
     answer: ProviderAnswer | NoAnswer | UnusableAnswer,
@@ -340,7 +340,7 @@ def decide_after_response(
     allowed request time (`not_before_at`), which no other path goes before.
     """
     timed_out = timed_out_after(answer, sent_at)
-    decided = _decide(record, table, answer, rng=rng, timed_out=timed_out)
+    decided = _interpret(record, table, answer, rng=rng, timed_out=timed_out)
     not_before_at = earliest_allowed(
         record.not_before_at,
         received_at=answer.received_at,
@@ -350,7 +350,7 @@ def decide_after_response(
     return replace(decided, not_before_at=not_before_at)
 
 
-def _decide(
+def _interpret(
     record: OperationRecord,
     table: ProviderTable,
     answer: ProviderAnswer | NoAnswer | UnusableAnswer,

@@ -1,9 +1,9 @@
 """What one submit answer means: a job id, a later retry, or a stop (pure, beside `pollwarden.rules.status_answer`).
 
-`decide_before_submit` says whether a call sends the submission at all;
-`decide_after_submit` reads the provider's answer to it. Both are pure
+`submission_verdict` says whether a call sends the submission at all;
+`interpret_submit_answer` reads the provider's answer to it. Both are pure
 functions of the record, the table, the time and a random source; the status
-code is sorted as `decide_after_response` sorts a status answer's
+code is sorted as `interpret_status_answer` sorts a status answer's
 (`pollwarden.rules.status_answer.sort_status`) and every stop is a condition of
 `pollwarden.rules.stop`. `pollwarden.flows.submission` does the I/O: it claims the lease,
 sends, and writes the `SubmitOutcome` in one guarded transition.
@@ -102,7 +102,7 @@ def has_idempotency(record: OperationRecord, table: ProviderTable) -> bool:
     return bool(table.submit and table.submit.idempotency_header and record.idempotency_key)
 
 
-def decide_before_submit(
+def submission_verdict(
     record: OperationRecord, table: ProviderTable, *, now: float
 ) -> SendSubmission | SubmitOutcome | None:
     """Before sending a submission: send it, stop it, or leave it (None) as it is.
@@ -137,7 +137,7 @@ def decide_before_submit(
     )
 
 
-def decide_after_submit(
+def interpret_submit_answer(
     record: OperationRecord,
     table: ProviderTable,
     answer: ProviderAnswer | NoAnswer | UnusableAnswer,
@@ -147,7 +147,7 @@ def decide_after_submit(
     """What one submit answer means (README "Submitting a job"): a job id, a later retry, or a stop.
 
     A job id comes from the table's documented field or a same-origin Location,
-    never guessed. The status code is sorted as `decide_after_response` sorts it.
+    never guessed. The status code is sorted as `interpret_status_answer` sorts it.
     """
     assert table.submit is not None
     has_key = has_idempotency(record, table)

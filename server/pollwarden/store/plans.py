@@ -31,12 +31,12 @@ from pollwarden.core.vocabulary import (
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
     PaceVerdict,
-    decide_pace,
     owed_slots,
+    pace_verdict,
     share_wait,
     slot_hold_seconds,
 )
-from pollwarden.rules.gate import GateDecision, Step, lease_busy, may_reserve
+from pollwarden.rules.gate import GateVerdict, Verdict, lease_busy, may_reserve
 from pollwarden.rules.job_identity import REOPENABLE, account_parts, duplicate_changes
 from pollwarden.rules.schedule import not_before
 from pollwarden.rules.stop import reaches_deadline
@@ -136,7 +136,7 @@ class Plan:
 
     record: OperationRecord
     writes: tuple[Write, ...] = ()
-    decision: GateDecision | None = None  # the check's verdict as carried out (PACED when a slot was booked)
+    decision: GateVerdict | None = None  # the check's verdict as carried out (PACED when a slot was booked)
     applied: bool = True  # False: the guard did not hold (a late answer: audited, not applied)
 
 
@@ -153,7 +153,7 @@ def updated(record: OperationRecord, changes: Mapping[str, Any], at: float) -> O
 # -- the check procedure ---------------------------------------------------------------------------
 
 
-def quiet_refusal(refusals: PendingRefusals, decision: GateDecision) -> bool:
+def quiet_refusal(refusals: PendingRefusals, decision: GateVerdict) -> bool:
     """Whether carrying out `decision` only counts a refused call, writing no audit row.
 
     Such a commit need not wait for the disk: nothing that decides a budget, a
@@ -166,28 +166,28 @@ def quiet_refusal(refusals: PendingRefusals, decision: GateDecision) -> bool:
 
 
 def needs_pace(
-    record: OperationRecord, decision: GateDecision, fleet: FleetSpec | None, *, now: float
+    record: OperationRecord, decision: GateVerdict, fleet: FleetSpec | None, *, now: float
 ) -> bool:
     """Whether carrying out the verdict reads the provider's pace row: a reservation whose guard holds,
     on a provider with a [fleet] pace."""
-    return decision.step == Step.RESERVE and fleet is not None and may_reserve(record, now)
+    return decision.kind == Verdict.RESERVE and fleet is not None and may_reserve(record, now)
 
 
 def pace_step(
     record: OperationRecord,
-    decision: GateDecision,
+    decision: GateVerdict,
     fleet: FleetSpec | None,
     bucket: PaceBucket,
     *,
     now: float,
     owed: int = 0,
 ) -> PaceVerdict | None:
-    """What the provider's pace says for the gate's reservation now (`fleet_pace.decide_pace`, with the
+    """What the provider's pace says for the gate's reservation now (`fleet_pace.pace_verdict`, with the
     operation's held slot); None when no pace is taken (`needs_pace`). `bucket`: the pace row as read;
     `owed`: `statements.PROVIDER_OWED_SLOTS` read with `owed_params`."""
     if fleet is None or not needs_pace(record, decision, fleet, now=now):
         return None
-    return decide_pace(
+    return pace_verdict(
         bucket,
         now=now,
         held_slot=record.fleet_slot_at,
@@ -239,7 +239,7 @@ def booked_slots(row: tuple[object, ...] | None) -> tuple[int, float | None, int
 
 def check_plan(
     record: OperationRecord,
-    decision: GateDecision,
+    decision: GateVerdict,
     *,
     now: float,
     owner: str,
@@ -271,7 +271,7 @@ def check_plan(
         # A check that never finished held the lease until it expired (the gate decides only then).
         recovered = (FLUSH, Append(lease_recovered(record, now)))
     first = recovered or (FLUSH,)
-    if decision.step == Step.STOP:
+    if decision.kind == Verdict.STOP:
         assert decision.stop_reason is not None
         changes = {
             "status": status_for(decision.stop_reason),
@@ -302,7 +302,7 @@ def check_plan(
     if until is not None:
         wait = {"fleet_slot_at": None, "next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
         waiting = updated(record, wait, now)
-        return Plan(waiting, (Update(wait, now),), GateDecision(Step.PACED, allowed_at=until))
+        return Plan(waiting, (Update(wait, now),), GateVerdict(Verdict.PACED, allowed_at=until))
     taken: tuple[Write, ...] = ()
     if step is not None and step.bucket != bucket:
         # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.
@@ -316,7 +316,7 @@ def check_plan(
         return Plan(
             updated(record, slot, now),
             (*taken, Update(slot, now)),
-            GateDecision(Step.PACED, allowed_at=step.at),
+            GateVerdict(Verdict.PACED, allowed_at=step.at),
         )
     reserve = {
         "status_requests_used": record.status_requests_used + 1,

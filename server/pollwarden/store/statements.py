@@ -101,7 +101,7 @@ PRINCIPAL_BOOKED_SLOTS = (
 )
 
 # The other operations' held fleet slots whose time has come (from `held_since` to before `before`) and
-# that are not used yet: the sends' clock keeps room for them (`fleet_pace.decide_pace`'s `owed`).
+# that are not used yet: the sends' clock keeps room for them (`fleet_pace.pace_verdict`'s `owed`).
 PROVIDER_OWED_SLOTS = (
     "SELECT count(*) FROM operations WHERE provider = :provider AND status = 'waiting' "
     "AND lease_owner IS NULL AND fleet_slot_at >= :held_since AND fleet_slot_at < :before "

@@ -59,7 +59,7 @@ from pollwarden.core.errors import (
 from pollwarden.core.records import Status
 from pollwarden.flows import approvals, checking, followups, resubmission, status_approval
 from pollwarden.flows.approval_flow import NOT_ASKED
-from pollwarden.flows.check_hooks import StepHook, ignore_step
+from pollwarden.flows.check_hooks import BoundaryHook, ignore_boundary
 from pollwarden.flows.controller import Controller
 from pollwarden.flows.followups import FollowUpResult
 from pollwarden.flows.starting import MAX_OPERATION_ID_LENGTH
@@ -150,11 +150,11 @@ def controller_factory(
     transport: httpx2.AsyncBaseTransport | None = None,
     environ: Mapping[str, str] | None = None,
     http_limits: HttpLimits | None = None,
-    on_step: StepHook = ignore_step,
+    on_boundary: BoundaryHook = ignore_boundary,
 ) -> ControllerFactory:
     """Build the controller's lifespan: store, tables, HTTP client, clock and random source.
 
-    `on_step` is called at each boundary of a status check (see flows/check_hooks.py).
+    `on_boundary` is called at each boundary of a status check (see flows/check_hooks.py).
     """
     loaded = dict(tables) if tables is not None else load_provider_tables(config)
     env: Mapping[str, str] = os.environ if environ is None else environ
@@ -163,7 +163,7 @@ def controller_factory(
     async def factory() -> AsyncGenerator[Controller]:
         real_clock = clock or SystemClock()
         http = ProviderHTTP(
-            environ=env, now=real_clock.now, limits=http_limits, transport=transport, on_step=on_step
+            environ=env, now=real_clock.now, limits=http_limits, transport=transport, on_boundary=on_boundary
         )
         try:
             async with open_store(
@@ -183,7 +183,7 @@ def controller_factory(
                         clock=real_clock,
                         rng=rng or system_random(),
                         config=policed,
-                        on_step=on_step,
+                        on_boundary=on_boundary,
                         background=background,
                     )
                     background.cancel_scope.cancel()

@@ -15,24 +15,14 @@ from pollwarden.audit.entry import NO_REFUSALS, OperationChain
 from pollwarden.core.errors import StoreError
 from pollwarden.core.vocabulary import Status
 from pollwarden.store.location import DatabaseLocation
-from pollwarden.store.planned import (
-    CarryOut,
-    Flow,
-    Locked,
-    LockHead,
-    LockPayload,
-    Query,
-    Queue,
-    Request,
-    Store,
-    T,
-)
+from pollwarden.store.planned import Store, T
 from pollwarden.store.plans import CountRefusal, Flush, Plan, Update
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
 from pollwarden.store.postgres.executor import Writer, operation
 from pollwarden.store.reads import Row
 from pollwarden.store.rows import StoredOperation
+from pollwarden.store.transactions import CarryOut, Flow, Locked, LockHead, LockPayload, Query, Queue, Request
 from pollwarden.surface.tool_errors import shown
 
 # Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).

@@ -1,6 +1,6 @@
 """The check procedure on PostgreSQL: the gate's verdict written, and the answer recorded.
 
-`begin_check` writes what `pollwarden.rules.gate.decide_check` decided, as one guarded
+`begin_check` writes what `pollwarden.rules.gate.gate_verdict` decided, as one guarded
 statement when nothing else goes with it (the reservation, or the count of a
 refused call), else on the locked row (and the locked pace row); `apply_answer`
 records what the one request's answer meant, in one guarded trip after this
@@ -11,7 +11,7 @@ stated on it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 
 from pollwarden.audit.entry import (
@@ -22,35 +22,21 @@ from pollwarden.core.records import (
     OperationRecord,
 )
 from pollwarden.rules.fleet_pace import bucket_from_row
-from pollwarden.rules.gate import GateDecision, Step
+from pollwarden.rules.gate import GateVerdict, Verdict
 from pollwarden.store import plans, statements
-from pollwarden.store.planned import check, gate
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, Held, PostgresBase
 from pollwarden.store.postgres.errors import GuardFailed
 from pollwarden.store.postgres.executor import answer_statement, operation
 from pollwarden.store.rows import StoredOperation, stored
+from pollwarden.store.transactions import CheckCall, check, gate
 from pollwarden_providers.table_limits import FleetSpec
 
 
 class CheckProcedure(PostgresBase):
     """The check's own transactions (that part of `pollwarden.store.Store`)."""
 
-    async def begin_check(
-        self,
-        operation_id: str,
-        *,
-        now: float,
-        wait_until: float,
-        owner: str,
-        lease_seconds: float,
-        fleets: Mapping[str, FleetSpec | None],
-        apply_approvals: bool = True,
-        clock: Callable[[], float] | None = None,
-        accounts: Mapping[str, str] | None = None,
-        needs_person: frozenset[str] = frozenset(),
-        fleet_slots: int | None = None,
-    ) -> CheckStart | None:
+    async def _begin_check(self, call: CheckCall) -> CheckStart | None:
         """Decide one round of check_status and write it (None: no such operation).
 
         Guarantee: a reservation is committed (synchronous_commit on) before
@@ -64,12 +50,13 @@ class CheckProcedure(PostgresBase):
         refusal counters' state) holds only on that very row, so the verdict is the one a read
         would have given. Any other verdict, or a guard that fails, reads the row.
         """
-        ask = (wait_until, fleets, apply_approvals, accounts, needs_person)
+        operation_id, now, ask, fleets = call.operation_id, call.now, call.asks, call.fleets
+        owner, lease_seconds, fleet_slots = call.owner, call.lease_seconds, call.fleet_slots
         known = self._known_row(operation_id)
         if known is not None:
             decision = await self._drive(gate(known.record, now, *ask))
-            if decision.step == Step.RESERVE or decision.refusal is not None:
-                at = clock() if clock is not None else now
+            if decision.kind == Verdict.RESERVE or decision.refusal is not None:
+                at = call.time(now)
                 quick = await self._one_statement(known, decision, at, owner, lease_seconds, fleets)
                 if quick is not None:
                     return quick
@@ -81,7 +68,7 @@ class CheckProcedure(PostgresBase):
         decision = await self._drive(gate(current.record, now, *ask))
         if not decision.writes:
             return CheckStart(current.record, decision)
-        at = clock() if clock is not None else now
+        at = call.time(now)
         quick = await self._one_statement(current, decision, at, owner, lease_seconds, fleets)
         if quick is not None:
             return quick
@@ -108,7 +95,7 @@ class CheckProcedure(PostgresBase):
             owed_row = None if owed_cursor is None else await tx.read(owed_cursor)
             owed = None if owed_row is None else int(str(owed_row[0]))
             bucket = bucket_from_row(pace_row)
-            now = clock() if clock is not None else now
+            now = call.time(now)
             held = Held(writer, tx, cursor, operation_id, [])
             decision = await self._drive(gate(current.record, now, *ask), held)
             if not decision.writes:
@@ -123,7 +110,7 @@ class CheckProcedure(PostgresBase):
     async def _one_statement(
         self,
         current: StoredOperation,
-        decision: GateDecision,
+        decision: GateVerdict,
         now: float,
         owner: str,
         lease_seconds: float,
@@ -147,7 +134,7 @@ class CheckProcedure(PostgresBase):
             refusals = PendingRefusals(int(count), outcome, first_at, last_at)
             self._remember(dataclasses.replace(current, refusals=refusals))
             return CheckStart(record, decision)  # the version guard held: only the counters moved
-        if decision.step != Step.RESERVE or fleets.get(record.provider) is not None:
+        if decision.kind != Verdict.RESERVE or fleets.get(record.provider) is not None:
             return None
         if record.lease_owner is not None:
             return None  # an expired lease is recovered on the locked path (it writes an audit row)

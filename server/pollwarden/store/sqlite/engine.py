@@ -9,7 +9,7 @@ last commit and never wait for a writer).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -21,11 +21,11 @@ from pollwarden.core.files import prepare_database_file
 from pollwarden.core.records import CheckStart
 from pollwarden.store.location import DatabaseLocation
 from pollwarden.store.migrations.sqlite import LATEST
-from pollwarden.store.planned import Flow, Store, T, closing
+from pollwarden.store.planned import Store, T, closing
 from pollwarden.store.reads import Row
 from pollwarden.store.sqlite import check_procedure, executor
 from pollwarden.store.sqlite.connection import Database, EngineStats, Session, connect
-from pollwarden_providers.table_limits import FleetSpec
+from pollwarden.store.transactions import CheckCall, Flow
 
 
 class SQLiteStore(Store):
@@ -69,39 +69,9 @@ class SQLiteStore(Store):
             return str(exc)
         return await super().not_ready()
 
-    async def begin_check(
-        self,
-        operation_id: str,
-        *,
-        now: float,
-        wait_until: float,
-        owner: str,
-        lease_seconds: float,
-        fleets: Mapping[str, FleetSpec | None],
-        apply_approvals: bool = True,
-        clock: Callable[[], float] | None = None,
-        accounts: Mapping[str, str] | None = None,
-        needs_person: frozenset[str] = frozenset(),
-        fleet_slots: int | None = None,
-    ) -> CheckStart | None:
+    async def _begin_check(self, call: CheckCall) -> CheckStart | None:
         """Decide one round of check_status and write it, in one hop (`check_procedure.begin_check`)."""
-        return await self._db.run(
-            partial(
-                check_procedure.begin_check,
-                needs_person=needs_person,
-                operation_id=operation_id,
-                now=now,
-                wait_until=wait_until,
-                owner=owner,
-                lease_seconds=lease_seconds,
-                fleets=fleets,
-                apply_approvals=apply_approvals,
-                key=self._key,
-                clock=clock,
-                accounts=accounts,
-                fleet_slots=fleet_slots,
-            )
-        )
+        return await self._db.run(partial(check_procedure.begin_check, call=call, key=self._key))
 
 
 @asynccontextmanager

@@ -24,10 +24,11 @@ from pollwarden.core.errors import StoreError
 from pollwarden.core.records import OperationRecord
 from pollwarden.core.vocabulary import Outcome
 from pollwarden.store import statements
-from pollwarden.store.planned import CarryOut, Flow, Locked, Query, Queue, Request, T, drive
+from pollwarden.store.planned import T
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import sql
+from pollwarden.store.transactions import CarryOut, Flow, Locked, Query, Queue, Request, drive
 
 
 def fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation | None:

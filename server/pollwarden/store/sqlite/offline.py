@@ -16,9 +16,9 @@ from pollwarden.audit.chain import AuditKeyError
 from pollwarden.core.errors import StoreError
 from pollwarden.store import statements
 from pollwarden.store.migrations.sqlite import up_to_date
-from pollwarden.store.planned import flush_all
 from pollwarden.store.sqlite import executor, sql
 from pollwarden.store.sqlite.connection import Database, Session
+from pollwarden.store.transactions import flush_all
 
 
 def flush_refusals_before_reading(path: Path, *, audit_key: bytes | None, busy_timeout: float) -> str | None:
