@@ -41,8 +41,7 @@ from urllib.parse import urlencode
 
 import anyio
 import anyio.to_thread
-from jinja2 import Environment, PackageLoader, StrictUndefined
-from markupsafe import Markup
+from jinja2 import Environment
 from mcp.server.auth.provider import TokenVerifier
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -56,14 +55,13 @@ from pollwarden.audit.chain import Anchor, AuditError, audit_operation_ids, expo
 from pollwarden.audit.story import render_story
 from pollwarden.audit.verify import VerifyResult, describe_mode, verify_chain
 from pollwarden.config import ServerConfig, load_provider_tables
-from pollwarden.console import bearer, charts, reading
+from pollwarden.console import bearer, charts, reading, rendering
 from pollwarden.console.anchors import read_named_anchor
 from pollwarden.core.clock import Clock, SystemClock
-from pollwarden.core.records import ApprovalRecord, OperationRecord
-from pollwarden.core.timefmt import iso, to_datetime
+from pollwarden.core.records import ApprovalRecord
 from pollwarden.core.untrusted import one_line, quoted
 from pollwarden.core.vocabulary import Status, StopReason
-from pollwarden.flows.approvals import describe_request, offered_view
+from pollwarden.flows.approvals import offered_view
 from pollwarden.flows.operator_decision import decide
 from pollwarden.ops.health import ops_routes
 from pollwarden.store import DatabaseLocation, OperationFilter, Store, open_store
@@ -96,7 +94,6 @@ _SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 # A request the page's script makes to refresh itself: it shows the page, and is no sign of a person.
 REFRESH_HEADER = "x-pollwarden-refresh"
 _MAX_SEARCH = 200
-_UNTRUSTED_TITLE = "untrusted: written by a provider or an agent; shown escaped, on one line"
 
 
 @dataclass
@@ -227,54 +224,6 @@ class _State:
         return self.store
 
 
-def _untrusted(value: object, limit: int = 120) -> Markup:
-    """One untrusted value: escaped, on one line, capped, quoted, and marked."""
-    if value is None:
-        return Markup('<span class="none">—</span>')
-    return Markup('<span class="untrusted" title="{}">{}</span>').format(
-        _UNTRUSTED_TITLE, quoted(value, limit=limit)
-    )
-
-
-def _line(value: object, limit: int = 300) -> str:
-    """Pollwarden's own line that may embed stored text: escaped onto one line and capped."""
-    return one_line(value, limit=limit)
-
-
-def _when(at: float | None) -> str:
-    return iso(at) or "—"
-
-
-def _clock(at: float | None) -> Markup:
-    """A moment: UTC on the page (the script shows it in local time), the full UTC time on hover."""
-    if at is None:
-        return Markup('<span class="none">—</span>')
-    moment = to_datetime(at)
-    return Markup('<time class="clock" datetime="{}" title="{} UTC">{} UTC</time>').format(
-        iso(at), moment.strftime("%Y-%m-%d %H:%M:%S"), moment.strftime("%H:%M:%S")
-    )
-
-
-def _words(value: object) -> str:
-    return "—" if value is None else str(value).replace("_", " ")
-
-
-def _templates() -> Environment:
-    env = Environment(
-        loader=PackageLoader("pollwarden.console", "templates"),
-        autoescape=True,
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["untrusted"] = _untrusted
-    env.filters["when"] = _when
-    env.filters["clock"] = _clock
-    env.filters["words"] = _words
-    env.filters["line"] = _line
-    return env
-
-
 def _session_of(state: _State, request: Request) -> _Session | None:
     """The request's live session; one idle past the timeout is ended here (and the request told so)."""
     cookie = request.cookies.get(state.settings.cookie_name)
@@ -303,7 +252,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 def create_app(settings: ConsoleSettings) -> ASGIApp:
     """The console app for `settings` (opens the store on start-up, closes it on shutdown)."""
     tables = settings.tables if settings.tables is not None else load_provider_tables(settings.config)
-    state = _State(settings, tables, _templates(), settings.login_token)
+    state = _State(settings, tables, rendering.templates(), settings.login_token)
     base = settings.prefix
     database = settings.config.database
 
@@ -322,9 +271,9 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             flashes=flashes,
             base=base,
             path=request.url.path.removeprefix(base) or "/",
-            now=_when(now),
+            now=rendering.when(now),
             at=now,
-            ago=partial(_ago, now=now),
+            ago=partial(rendering.ago, now=now),
             decided_by=decided_by,
             method=method,
             source_words=charts.DELAY_SOURCE_WORDS,
@@ -510,7 +459,7 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             story=render_story(rows),
             chart=charts.timeline(record, rows, now=now),
             approvals=approvals,
-            cards=[_card(a, record, now) for a in live],
+            cards=[rendering.approval_card(a, record, now) for a in live],
             needs=needs,
             summary=reading.summary(
                 record, needs, now, may_extend="request_extension" in view.allowed_actions
@@ -530,7 +479,7 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
             if approval.expires_at <= now:  # not decidable any more: no buttons, out of the pending list
                 expired.append(approval)
                 continue
-            items.append(_card(approval, await store.get(approval.operation_id), now))
+            items.append(rendering.approval_card(approval, await store.get(approval.operation_id), now))
         decided = [a for a in await store.list_approvals() if a.status != "pending"][:20]
         return page(
             request,
@@ -597,7 +546,9 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
                 chart = charts.pace_chart(
                     times[name], now=now, pace=table.fleet.max_requests_per_second, burst=table.fleet.burst
                 )
-            rows.append({"name": name, "table": table, "states": _states(table), "chart": chart})
+            rows.append(
+                {"name": name, "table": table, "states": rendering.provider_states(table), "chart": chart}
+            )
         return page(request, "providers.html", providers=rows)
 
     async def audit(request: Request) -> Response:
@@ -720,59 +671,3 @@ def _verify(
         return _Verified(verify_chain(database, key, anchor, rekeyed_at=rekeyed_at), anchor, None)
     except AuditError as exc:
         return _Verified(None, None, str(exc))
-
-
-def _ago(at: float | None, now: float) -> str:
-    return "—" if at is None else reading.relative(at, now)
-
-
-def _card(approval: ApprovalRecord, record: OperationRecord | None, now: float) -> dict[str, Any]:
-    """What an approval's card shows: the question, the reason, the impact, the expiry, the two buttons."""
-    return {
-        "approval": approval,
-        "record": record,
-        "question": _question(approval),
-        "reason": approval.request.get("reason"),
-        "impact": _impact(approval),
-        "stale": record is not None and record.version != approval.bound_version,
-        "expires": reading.expires_words(approval, now),
-        "approve": reading.approval_action(approval, approve=True),
-        "deny": reading.approval_action(approval, approve=False),
-    }
-
-
-def _question(approval: ApprovalRecord) -> list[str]:
-    # Stored text that embeds quoted values: escaped again line by line (a row may have been written by hand).
-    return [one_line(line) for line in str(approval.request.get("question", "")).splitlines()]
-
-
-def _impact(approval: ApprovalRecord) -> str:
-    request = approval.request
-    if approval.kind == "cancel":
-        return "one cancel call to the provider; the job's work is lost"
-    if approval.kind == "reopen":
-        return "it waits again inside the same budget and deadline once the server verified who decided"
-    if approval.kind in ("resubmission", "status_request"):
-        return describe_request(approval).removeprefix("asks to ")  # one submission, or one status request
-    seconds = float(request.get("extra_seconds", 0) or 0)
-    checks = int(request.get("extra_status_requests", 0) or 0)
-    return (
-        f"+{human_duration(seconds) if seconds else '0 seconds'} of waiting and +{checks} status requests; "
-        "counters are kept, the agent's next check_status applies it"
-    )
-
-
-def _states(table: ProviderTable) -> list[tuple[str, tuple[str, ...]]]:
-    states = table.states
-    return [
-        (name, values)
-        for name, values in (
-            ("pending", states.pending),
-            ("succeeded", states.succeeded),
-            ("failed", states.failed),
-            ("cancelled", states.cancelled),
-            ("expired", states.expired),
-            ("awaiting review", states.awaiting_review),
-        )
-        if values
-    ]
