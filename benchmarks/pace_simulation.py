@@ -50,6 +50,8 @@ if not __package__:  # run as `python benchmarks/pace_simulation.py`: make `benc
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
     PaceVerdict,
+    book_ahead,
+    moved_slot,
     owed_slots,
     pace_verdict,
     share_wait,
@@ -70,7 +72,14 @@ OLD_ON_TIME_SECONDS = 0.05
 
 
 def old_rule(
-    bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int, owed: int = 0
+    bucket: PaceBucket,
+    *,
+    now: float,
+    held_slot: float | None,
+    rate: float,
+    burst: int,
+    owed: int = 0,
+    moved_to: float | None = None,
 ) -> PaceVerdict:
     """The rule before issue 29: a slot is used only on time (within min(¼ interval, 50 ms)), else booked again."""
     if held_slot is not None and now <= held_slot + min(0.25 / rate, OLD_ON_TIME_SECONDS):
@@ -319,23 +328,38 @@ def simulate(scenario: Scenario, rule: str = "new") -> Result:
     return result
 
 
+def _moved(op: _Op) -> float | None:
+    """Where op's held slot was moved (`fleet_pace.moved_slot`, as the store reads it)."""
+    return moved_slot(op.fleet_slot_at, op.next_check_at, pacing=op.pacing)
+
+
 def _store_check(
     s: Scenario, decide: Rule, ops: list[_Op], i: int, now: float, bucket: list[PaceBucket], rule: str
 ) -> float | None:
-    """The locked transaction: None when the request goes out now, else the time it may."""
+    """The locked transaction (`store.plans.check_plan`): None when the request goes out now, else the
+    time it may."""
     op = ops[i]
+    new = rule == "new"
     owed = 0
-    if rule == "new":  # room is kept on the sends' clock for earlier held slots not used yet
+    if new:  # room is kept on the sends' clock for earlier held slots not used yet
         since, before = owed_slots(op.fleet_slot_at, now=now, rate=s.rate)
         owed = sum(
             1
             for k, o in enumerate(ops)
-            if k != i and o.fleet_slot_at is not None and since <= o.fleet_slot_at < before
+            if k != i
+            and o.fleet_slot_at is not None
+            and o.fleet_slot_at < before
+            and (o.fleet_slot_at >= since or (o.pacing and o.next_check_at >= since))
         )
-    verdict = decide(bucket[0], now=now, held_slot=op.fleet_slot_at, rate=s.rate, burst=s.burst, owed=owed)
-    if verdict.new_booking and s.fleet_slots is not None:
-        wait = _share_wait(s, ops, i, now, oldest_first=rule == "new")
-        if wait is not None:
+    moved = _moved(op) if new else None
+    verdict = decide(
+        bucket[0], now=now, held_slot=op.fleet_slot_at, rate=s.rate, burst=s.burst, owed=owed, moved_to=moved
+    )
+    ahead = new and verdict.books_ahead
+    wait = None
+    if (verdict.new_booking or ahead) and s.fleet_slots is not None:
+        wait = _share_wait(s, ops, i, now, oldest_first=new, sends=verdict.send)
+        if wait is not None and not verdict.send:
             op.fleet_slot_at = None
             op.next_check_at = wait
             op.pacing = True
@@ -343,31 +367,37 @@ def _store_check(
     bucket[0] = verdict.bucket
     if verdict.send:
         op.fleet_slot_at = None
+        if ahead and wait is None:  # its next slot, at the queue's tail now
+            op.fleet_slot_at, bucket[0] = book_ahead(verdict.bucket, now=now, rate=s.rate, burst=s.burst)
         op.pacing = False
         op.last_sent = now
         return None
-    op.fleet_slot_at = verdict.at
+    if verdict.new_booking or not new:
+        op.fleet_slot_at = verdict.at
     op.next_check_at = verdict.at
     op.pacing = True
     return verdict.at
 
 
-def _share_wait(s: Scenario, ops: list[_Op], i: int, now: float, *, oldest_first: bool) -> float | None:
-    """Fair shares on a new booking by operation i (`fleet_pace.share_wait`, fed as the store reads)."""
+def _share_wait(
+    s: Scenario, ops: list[_Op], i: int, now: float, *, oldest_first: bool, sends: bool = False
+) -> float | None:
+    """Fair shares on a new booking by operation i, now or ahead of a request it sends
+    (`fleet_pace.share_wait`, fed as the store reads: `statements.PRINCIPAL_BOOKED_SLOTS`)."""
     op = ops[i]
     held_since = now - slot_hold_seconds(s.rate)
     own = [o for k, o in enumerate(ops) if k != i and o.principal == op.principal]
     if oldest_first:  # the store counts every slot still held, also those whose time has come
         booked = [
-            o.fleet_slot_at for o in own if o.fleet_slot_at is not None and o.fleet_slot_at > held_since
+            o.fleet_slot_at
+            for o in own
+            if o.fleet_slot_at is not None and max(o.fleet_slot_at, _moved(o) or 0.0) > held_since
         ]
     else:  # the rule before: only slots still ahead
         booked = [o.fleet_slot_at for o in own if o.fleet_slot_at is not None and o.fleet_slot_at > now]
+    served_at = now if sends else op.last_sent
     older = oldest_first and any(
-        o.pacing
-        and (o.fleet_slot_at is None or o.fleet_slot_at <= held_since)
-        and o.next_check_at >= held_since
-        and o.last_sent < op.last_sent
+        o.pacing and o.fleet_slot_at is None and o.next_check_at >= held_since and o.last_sent < served_at
         for o in own
     )
     return share_wait(

@@ -325,8 +325,12 @@ async def test_a_fleet_of_due_operations_reaches_the_provider_at_the_configured_
     assert envelope_excess(trace.sent_at, rate=RATE, burst=BURST) <= 1e-9, busiest_window(
         trace.sent_at, rate=RATE, burst=BURST
     )
-    # The shared pace is the bottleneck: 48 requests, 3 at once, then one every 0.25 s.
-    assert max(trace.sent_at) == first_due + (2 * count - BURST) / RATE
+    # The shared pace is the bottleneck: 48 requests, 3 at once, then one every 0.25 s, but for the
+    # slots booked ahead by operations whose request then found the job finished (issue 29: a slot
+    # is booked when a request leaves while a queue waits; nobody else may use it): over 95 % used.
+    paced_span = max(trace.sent_at) - first_due
+    assert paced_span >= (2 * count - BURST) / RATE
+    assert (2 * count - BURST) / RATE / paced_span >= 0.95, paced_span
 
     # Waiting operations were told why and when: not_yet, fleet_pacing, the booked slot.
     assert trace.paced_views, "nothing was paced"
@@ -342,8 +346,8 @@ async def test_a_fleet_of_due_operations_reaches_the_provider_at_the_configured_
         assert ((slot - first_due) * RATE).is_integer(), (op, booked_at, slot)
     slots = [slot for _, _, slot in trace.bookings]
     assert len(set(slots)) == len(slots), "two operations were given the same slot"
-    # Served in booking order, each exactly at its booked slot.
-    assert slots == sorted(slots)
+    # Each served exactly at its booked slot. (A slot booked ahead when a request left is told to its
+    # agent when it next comes, so the order agents are told in is not the order slots were booked.)
     for op, _, slot in trace.bookings:
         assert (op, slot) in trace.polls, f"{op} was not polled at its booked slot {slot}"
     # A paced refusal counts nothing: every job used exactly its two status requests.

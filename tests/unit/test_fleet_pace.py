@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from pollwarden.rules.fleet_pace import PaceBucket, owed_slots, pace_verdict, share_wait, slot_hold_seconds
+from pollwarden.rules.fleet_pace import (
+    PaceBucket,
+    book_ahead,
+    moved_slot,
+    owed_slots,
+    pace_verdict,
+    share_wait,
+    slot_held,
+    slot_hold_seconds,
+)
 
 RATE = 5.0  # one slot every 0.2 s
 BURST = 1
@@ -121,3 +130,36 @@ def test_the_slots_owed_room_are_the_others_still_held_whose_time_came_first(
     held_slot: float | None, bounds: tuple[float, float]
 ) -> None:
     assert owed_slots(held_slot, now=10.0, rate=RATE) == bounds
+
+
+@pytest.mark.parametrize(
+    ("slot_at", "next_check_at", "pacing", "moved_to"),
+    [
+        (10.0, 10.6, True, 10.6),  # its agent came after the slot and was told to come back at 10.6
+        (10.0, 10.0, True, None),  # told its own slot: not moved
+        (10.0, 30.0, False, None),  # a next check from the schedule (a slot booked ahead): not moved
+        (None, 10.6, True, None),  # no slot
+    ],
+)
+def test_a_slot_is_moved_only_when_its_agent_waits_for_the_pace_after_its_time(
+    slot_at: float | None, next_check_at: float, pacing: bool, moved_to: float | None
+) -> None:
+    assert moved_slot(slot_at, next_check_at, pacing=pacing) == moved_to
+
+
+def test_a_moved_slot_is_held_from_where_it_was_moved_and_released_after_the_hold_from_there() -> None:
+    hold = slot_hold_seconds(RATE)
+    assert not slot_held(10.0, now=10.0 + hold + 0.5, rate=RATE)
+    assert slot_held(10.0, now=10.0 + hold + 0.5, rate=RATE, moved_to=11.0)
+    assert not slot_held(10.0, now=11.0 + hold + 0.01, rate=RATE, moved_to=11.0)
+
+
+def test_only_a_request_sent_while_slots_are_booked_beyond_the_burst_books_its_next_slot() -> None:
+    queued = pace_verdict(
+        PaceBucket(tat=12.0, sent_tat=9.0), now=10.4, held_slot=10.0, rate=RATE, burst=BURST
+    )
+    assert (queued.send, queued.books_ahead) == (True, True)
+    slot, bucket = book_ahead(queued.bucket, now=10.4, rate=RATE, burst=BURST)
+    assert (slot, bucket) == (12.0, PaceBucket(tat=12.2, sent_tat=10.6))  # the tail, booked
+    calm = pace_verdict(PaceBucket(tat=10.0, sent_tat=9.0), now=10.4, held_slot=None, rate=RATE, burst=BURST)
+    assert (calm.send, calm.books_ahead) == (True, False)

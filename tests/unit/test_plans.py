@@ -258,13 +258,75 @@ def test_the_booked_slots_read_counts_held_slots_and_ranks_by_the_last_request()
 
 def test_booked_slots_are_read_only_for_a_new_booking_under_fair_shares() -> None:
     sends = PaceVerdict(True, NOW, NO_ROW, new_booking=False)
+    ahead = PaceVerdict(True, NOW, NO_ROW, new_booking=False, books_ahead=True)
     kept = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=False)
     booking = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=True)
     assert not plans.needs_booked_slots(None, 2)
     assert not plans.needs_booked_slots(sends, 2)
+    assert plans.needs_booked_slots(ahead, 2)  # a slot booked ahead is a new booking too
     assert not plans.needs_booked_slots(kept, 2)
     assert plans.needs_booked_slots(booking, 2)
     assert not plans.needs_booked_slots(booking, None)
+
+
+def test_a_request_that_leaves_on_its_slot_while_a_queue_waits_books_its_next_slot_at_the_tail() -> None:
+    # Issue 29: booked when the request leaves, so the agent's time away does not cost it its place.
+    record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
+    bucket = PaceBucket(NOW + 5.0, NOW - 1.0)  # five more slots booked; room on the sends' clock
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert step is not None
+    assert (step.send, step.books_ahead) == (True, True)
+    plan = plans.check_plan(
+        record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket, fleet=FLEET
+    )
+    assert kinds(plan) == ["SetPace", "Update"]
+    assert plan.writes[0] == SetPace("acme", NOW + 6.0, NOW + 1.0)  # one more slot booked, one request sent
+    assert update_of(plan)["fleet_slot_at"] == NOW + 5.0 - (FLEET.burst - 1)  # the next free slot
+    assert plan.decision == RESERVE
+    # No queue (the pace has room now): nothing is booked ahead.
+    calm = plans.pace_step(record, RESERVE, FLEET, PaceBucket(NOW - 1.0, NOW - 1.0), now=NOW)
+    assert calm is not None
+    assert (calm.send, calm.books_ahead) == (True, False)
+
+
+def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principals_operations_waits() -> None:
+    record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
+    bucket = PaceBucket(NOW + 5.0, NOW - 1.0)
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert step is not None
+    assert plans.booked_slots_params(record, FLEET, now=NOW, step=step)["served_at"] == NOW
+    for booked, books in (((0, None, 0), True), ((0, None, 1), False), ((1, NOW + 2.0, 0), False)):
+        plan = plans.check_plan(
+            record,
+            RESERVE,
+            now=NOW,
+            owner="me",
+            lease_seconds=30,
+            step=step,
+            bucket=bucket,
+            booked=booked,
+            fleet_slots=1,
+            fleet=FLEET,
+        )
+        assert plan.decision == RESERVE  # the request goes out either way
+        assert (update_of(plan)["fleet_slot_at"] is not None) is books, booked
+
+
+def test_a_held_slot_moved_for_lack_of_room_keeps_its_own_time_and_so_its_place() -> None:
+    record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
+    bucket = PaceBucket(NOW + 5.0, NOW + 2.0)  # the sends' clock has room only at NOW + 1
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert step is not None
+    assert (step.send, step.new_booking) == (False, False)
+    plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
+    assert update_of(plan) == {"next_check_at": step.at, "delay_source": DelaySource.FLEET_PACING}
+    # Coming back at the moved time, it is still held there (the hold runs from the moved time).
+    moved = plan.record
+    assert moved.fleet_slot_at == NOW - 0.5
+    later = step.at + 1.9
+    again = plans.pace_step(moved, RESERVE, FLEET, PaceBucket(NOW + 5.0, later - 1.0), now=later)
+    assert again is not None
+    assert (again.send, again.new_booking) == (True, False)
 
 
 # -- the answer -------------------------------------------------------------------------------------

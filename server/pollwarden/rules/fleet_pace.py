@@ -15,9 +15,16 @@ after it: an agent that sleeps the `retry_after_seconds` it was told, plus its
 own jitter and a slow database round trip, still finds its slot and uses it,
 and a late agent never books a second slot, so it never moves the bookings'
 clock for the others. When the sends' clock has no room at that moment (other
-late agents just used it), the slot is kept and moved to the first moment it has
-(`PaceVerdict.at`), still held. A slot whose agent does not come within the hold
-is released: that agent books again, behind the others.
+late agents just used it), its agent is told the first moment it has
+(`PaceVerdict.at`) and the slot keeps its own time, so its place before later
+slots, held until the hold after that moment. A slot whose agent does not come
+within the hold is released: that agent books again, behind the others.
+
+While a queue waits (the bookings' clock is ahead of now), an operation whose
+request goes out books its next slot at that moment, at the queue's tail
+(`book_ahead`): its turn then comes once per turn of the queue however long its
+agent is away (its answer, its jitter, a slower path to the database), which is
+what keeps each instance within its fair share.
 
 The sends' clock keeps room for the held slots whose time came before the
 caller's and whose agents have not come yet (`owed`): otherwise agents that come
@@ -49,9 +56,12 @@ def slot_hold_seconds(rate: float) -> float:
     return max(1.0 / rate, FLEET_SLOT_HOLD_SECONDS)
 
 
-def slot_held(slot_at: float | None, *, now: float, rate: float) -> bool:
-    """Whether an operation's booked slot is still its own at `now` (not yet released)."""
-    return slot_at is not None and now <= slot_at + slot_hold_seconds(rate)
+def slot_held(slot_at: float | None, *, now: float, rate: float, moved_to: float | None = None) -> bool:
+    """Whether an operation's booked slot is still its own at `now` (not yet released); a slot moved
+    to `moved_to` (its agent came and the sends' clock had no room) is held from there."""
+    if slot_at is None:
+        return False
+    return now <= max(slot_at, moved_to or slot_at) + slot_hold_seconds(rate)
 
 
 @dataclass(frozen=True)
@@ -80,10 +90,18 @@ class PaceVerdict:
     at: float  # now when it sends; else when it may (its slot, held for it)
     bucket: PaceBucket  # the pace row to write
     new_booking: bool  # a slot was taken from the pace for a later time (fair shares count it)
+    books_ahead: bool = False  # it sends while a queue waits: its next slot is booked now (`book_ahead`)
 
 
 def pace_verdict(
-    bucket: PaceBucket, *, now: float, held_slot: float | None, rate: float, burst: int, owed: int = 0
+    bucket: PaceBucket,
+    *,
+    now: float,
+    held_slot: float | None,
+    rate: float,
+    burst: int,
+    owed: int = 0,
+    moved_to: float | None = None,
 ) -> PaceVerdict:
     """Send now, or the slot this operation holds (kept, or booked now); see the module's rule.
 
@@ -93,16 +111,21 @@ def pace_verdict(
     one's (before `now` without one) and that are not used yet (`owed_slots`): the
     sends' clock keeps room for them, so an agent that comes after its slot (its
     jitter, a slower path to the database) is not beaten to that room by agents
-    that come on time, or by one with no slot at all.
+    that come on time, or by one with no slot at all. `moved_to`: where its held
+    slot was moved (it keeps the slot's own time, so its place before later slots).
     """
     sent = pace(bucket.sent_tat, now=now, rate=rate, burst=burst)
     room = pace(_owing(bucket.sent_tat, owed, now=now, rate=rate), now=now, rate=rate, burst=burst)
-    if slot_held(held_slot, now=now, rate=rate):
+    # Slots are booked beyond the burst: demand exceeds the pace (a caller without a slot would queue).
+    queue = not pace(bucket.tat, now=now, rate=rate, burst=burst).admitted
+    if slot_held(held_slot, now=now, rate=rate, moved_to=moved_to):
         assert held_slot is not None
-        if now < held_slot:
-            return PaceVerdict(False, held_slot, bucket, new_booking=False)
+        due = max(held_slot, moved_to or held_slot)
+        if now < due:
+            return PaceVerdict(False, due, bucket, new_booking=False)
         if room.admitted:  # its slot is already counted on the bookings' clock
-            return PaceVerdict(True, now, PaceBucket(bucket.tat, sent.next_tat), new_booking=False)
+            sends = PaceBucket(bucket.tat, sent.next_tat)
+            return PaceVerdict(True, now, sends, new_booking=False, books_ahead=queue)
         return PaceVerdict(False, room.slot_at, bucket, new_booking=False)
     booked = pace(bucket.tat, now=now, rate=rate, burst=burst)
     if booked.admitted and room.admitted:
@@ -110,6 +133,27 @@ def pace_verdict(
     # A slot for later: the next free one, and never before the sends' clock has room.
     at = booked.slot_at if not booked.admitted else room.slot_at
     return PaceVerdict(False, at, PaceBucket(booked.next_tat, bucket.sent_tat), new_booking=True)
+
+
+def book_ahead(bucket: PaceBucket, *, now: float, rate: float, burst: int) -> tuple[float, PaceBucket]:
+    """The next slot of an operation that sends while a queue waits (`PaceVerdict.books_ahead`): the
+    next free one, booked now, and the pace row with it booked.
+
+    Booked when its request leaves, not when its agent comes back: so its place in
+    the queue does not depend on how long the agent is away (its answer, its own
+    interval, its jitter, a slower path to the database), and each operation gets
+    one slot a turn of the queue, its fair share, wherever it runs.
+    """
+    step = pace(bucket.tat, now=now, rate=rate, burst=burst)
+    return step.slot_at, PaceBucket(step.next_tat, bucket.sent_tat)
+
+
+def moved_slot(slot_at: float | None, next_check_at: float | None, *, pacing: bool) -> float | None:
+    """Where an operation's held slot was moved (its next check, when it waits for the pace after its
+    slot's time); None when it was not."""
+    if slot_at is None or next_check_at is None or not pacing or next_check_at <= slot_at:
+        return None
+    return next_check_at
 
 
 def _owing(sent_tat: float | None, owed: int, *, now: float, rate: float) -> float | None:

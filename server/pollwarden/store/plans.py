@@ -31,6 +31,8 @@ from pollwarden.core.vocabulary import (
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
     PaceVerdict,
+    book_ahead,
+    moved_slot,
     owed_slots,
     pace_verdict,
     share_wait,
@@ -194,6 +196,11 @@ def pace_step(
         rate=fleet.max_requests_per_second,
         burst=fleet.burst,
         owed=owed,
+        moved_to=moved_slot(
+            record.fleet_slot_at,
+            record.next_check_at,
+            pacing=record.delay_source == DelaySource.FLEET_PACING,
+        ),
     )
 
 
@@ -209,19 +216,24 @@ def owed_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dic
 
 
 def needs_booked_slots(step: PaceVerdict | None, fleet_slots: int | None) -> bool:
-    """Whether the principal's booked slots decide the check (a new slot would be booked, fair shares apply)."""
-    return step is not None and step.new_booking and fleet_slots is not None
+    """Whether the principal's booked slots decide the check (a new slot would be booked, now or ahead,
+    and fair shares apply)."""
+    return step is not None and (step.new_booking or step.books_ahead) and fleet_slots is not None
 
 
-def booked_slots_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:
+def booked_slots_params(
+    record: OperationRecord, fleet: FleetSpec, *, now: float, step: PaceVerdict | None = None
+) -> dict[str, object]:
     """The parameters of `statements.PRINCIPAL_BOOKED_SLOTS` for `record`'s check at `now`."""
+    served_at = record.created_at if record.request_sent_at is None else record.request_sent_at
     return {
         "provider": record.provider,
         "owner": record.owner,
         "operation_id": record.operation_id,
         "held_since": now - slot_hold_seconds(fleet.max_requests_per_second),
-        # Waiting since its last request (or since it was created): the oldest goes first.
-        "served_at": record.created_at if record.request_sent_at is None else record.request_sent_at,
+        # Waiting since its last request (or since it was created): the oldest goes first. One that
+        # sends now books ahead only if none of its principal's other operations waits at all.
+        "served_at": now if step is not None and step.send else served_at,
     }
 
 
@@ -299,20 +311,25 @@ def check_plan(
             now=now,
             rate=fleet.max_requests_per_second,
         )
-    if until is not None:
+    if until is not None and step is not None and not step.send:
         wait = {"fleet_slot_at": None, "next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
         waiting = updated(record, wait, now)
         return Plan(waiting, (Update(wait, now),), GateVerdict(Verdict.PACED, allowed_at=until))
-    taken: tuple[Write, ...] = ()
-    if step is not None and step.bucket != bucket:
-        # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.
-        taken = (
-            SetPace(
-                record.provider, now if step.bucket.tat is None else step.bucket.tat, step.bucket.sent_tat
-            ),
+    after = None if step is None else step.bucket
+    next_slot = None
+    if step is not None and step.books_ahead and until is None and fleet is not None:
+        next_slot, after = book_ahead(
+            step.bucket, now=now, rate=fleet.max_requests_per_second, burst=fleet.burst
         )
+    taken: tuple[Write, ...] = ()
+    if after is not None and after != bucket:
+        # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.
+        taken = (SetPace(record.provider, now if after.tat is None else after.tat, after.sent_tat),)
     if step is not None and not step.send:
-        slot = {"fleet_slot_at": step.at, "next_check_at": step.at, "delay_source": DelaySource.FLEET_PACING}
+        slot: dict[str, object] = {"next_check_at": step.at, "delay_source": DelaySource.FLEET_PACING}
+        if step.new_booking:
+            slot["fleet_slot_at"] = step.at
+        # else a held slot moved (or not due yet): it keeps its own time, so its place before later ones
         return Plan(
             updated(record, slot, now),
             (*taken, Update(slot, now)),
@@ -320,7 +337,7 @@ def check_plan(
         )
     reserve = {
         "status_requests_used": record.status_requests_used + 1,
-        "fleet_slot_at": None,
+        "fleet_slot_at": next_slot,
         "lease_owner": owner,
         "lease_expires_at": now + lease_seconds,
     }

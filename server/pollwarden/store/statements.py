@@ -86,15 +86,22 @@ RESERVE = (
 # A provider's shared [fleet] pace (`pollwarden.rules.fleet_pace`): its row's two clocks.
 SELECT_PACE = "SELECT tat, sent_tat FROM fleet_buckets WHERE provider = :provider"
 
+# A fleet slot still held at `:held_since` (`fleet_pace.slot_held`): its own time, or where it was moved
+# (its agent came after it and waits for the sends' clock: `fleet_pace.moved_slot`), is after it.
+SLOT_HELD_SQL = (
+    "(fleet_slot_at > :held_since OR (fleet_slot_at IS NOT NULL AND delay_source = 'fleet_pacing' "
+    "AND next_check_at > :held_since))"
+)
+
 # Fair shares (issue 19): the fleet slots one principal's other operations hold for a provider (still
 # held: after `held_since`), the earliest, and how many of them wait for the pace without a slot, their
 # agents still coming, since a request older than `served_at` (issue 29: oldest-waiting first). Read with
 # the provider's pace taken first (SQLite's write lock, PostgreSQL's locked pace row).
 PRINCIPAL_BOOKED_SLOTS = (
-    "SELECT coalesce(sum(CASE WHEN fleet_slot_at > :held_since THEN 1 ELSE 0 END), 0), "
-    "min(CASE WHEN fleet_slot_at > :held_since THEN fleet_slot_at END), "
+    f"SELECT coalesce(sum(CASE WHEN {SLOT_HELD_SQL} THEN 1 ELSE 0 END), 0), "
+    f"min(CASE WHEN {SLOT_HELD_SQL} THEN fleet_slot_at END), "
     "coalesce(sum(CASE WHEN delay_source = 'fleet_pacing' AND lease_owner IS NULL "
-    "AND (fleet_slot_at IS NULL OR fleet_slot_at <= :held_since) AND next_check_at >= :held_since "
+    "AND fleet_slot_at IS NULL AND next_check_at >= :held_since "
     "AND coalesce(request_sent_at, created_at) < :served_at THEN 1 ELSE 0 END), 0) "
     "FROM operations WHERE provider = :provider AND owner = :owner "
     "AND status = 'waiting' AND operation_id <> :operation_id"
@@ -104,7 +111,8 @@ PRINCIPAL_BOOKED_SLOTS = (
 # that are not used yet: the sends' clock keeps room for them (`fleet_pace.pace_verdict`'s `owed`).
 PROVIDER_OWED_SLOTS = (
     "SELECT count(*) FROM operations WHERE provider = :provider AND status = 'waiting' "
-    "AND lease_owner IS NULL AND fleet_slot_at >= :held_since AND fleet_slot_at < :before "
+    "AND lease_owner IS NULL AND fleet_slot_at < :before "
+    "AND (fleet_slot_at >= :held_since OR (delay_source = 'fleet_pacing' AND next_check_at >= :held_since)) "
     "AND operation_id <> :operation_id"
 )
 

@@ -163,7 +163,7 @@ def check(
             owed = 0 if row is None else int(str(row[0]))
         step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed)
         if plans.needs_booked_slots(step, fleet_slots):
-            params = plans.booked_slots_params(record, fleet, now=now)
+            params = plans.booked_slots_params(record, fleet, now=now, step=step)
             booked = plans.booked_slots((yield Query(statements.PRINCIPAL_BOOKED_SLOTS, params)))
     plan = plans.check_plan(
         record,
