@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from mcp.client import Client
 
-from harness import error_text, make_harness, merge, track, view, write_table
+from harness import error_text, full_delays, make_harness, merge, track, view, write_table
 from pg_support import Cluster, with_options
 from pollwarden.store import DatabaseLocation
 from pollwarden.surface.server import build_server, controller_factory
@@ -187,6 +187,48 @@ async def test_a_held_pace_row_costs_only_its_own_provider_and_the_error_names_t
     named = [t for t in errors.values() if f"session {pid} (application 'holder'" in t]
     assert named, next(iter(errors.values()))
     assert all(fake.status_requests(job) == [] for job in paced)
+
+
+async def test_a_check_before_its_own_booked_slot_is_told_the_slot_without_waiting_for_a_held_pace_row(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # Issue 29: each paced check holds the pace row a round trip; one that is only told its own slot
+    # takes neither the row's lock nor this process's turn at it.
+    for job in ("a", "b", "c"):
+        fake.script(job, [pending("running"), pending("running")])
+    table = {
+        "fleet": {"max_requests_per_second": 1, "burst": 1},
+        "schedule": {"base_delay_seconds": 0.5, "max_delay_seconds": 8},
+    }
+    h = make_harness(tmp_path, fake, table=table, rng=full_delays())
+    h.busy_timeout_seconds = 0.5
+    async with h.client() as client:
+        for job in ("a", "b", "c"):
+            await track(client, job)
+        h.clock.advance(0.5)  # every first check due at once: a sends, b and c book the next slots
+        assert view(await client.call_tool("check_status", {"operation_id": "op-a"}))["outcome"] == "polled"
+        for job in ("b", "c"):
+            assert view(await client.call_tool("check_status", {"operation_id": f"op-{job}"}))["outcome"] == (
+                "not_yet"
+            )
+        h.clock.advance(1.0)  # b's slot: it sends while c's slot is still booked, so it books the next
+        sent = view(await client.call_tool("check_status", {"operation_id": "op-b"}))
+        assert sent["outcome"] == "polled"
+        h.clock.advance(sent["retry_after_seconds"])  # its schedule's next check, before that slot
+        with psycopg.connect(h.database.dsn, application_name="holder") as holder:
+            holder.execute("SELECT 1 FROM fleet_buckets WHERE provider = 'acme' FOR UPDATE")
+            told = await client.call_tool("check_status", {"operation_id": "op-b"})
+            assert not told.is_error, error_text(told)
+            result = view(told)
+            # c, whose slot came, needs the pace row: it waits for it and is told so.
+            refused = await client.call_tool("check_status", {"operation_id": "op-c"})
+    assert result["outcome"] == "not_yet"
+    assert result["delay_source"] == "fleet_pacing"
+    assert result["retry_after_seconds"] > 0
+    assert refused.is_error
+    assert "pace row" in error_text(refused)
+    assert len(fake.status_requests("b")) == 1
+    assert fake.status_requests("c") == []
 
 
 async def test_a_statement_cancelled_by_statement_timeout_is_a_clear_error_and_changes_nothing(

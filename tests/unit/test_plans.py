@@ -640,3 +640,26 @@ def test_every_plan_flushes_before_it_writes_about_the_operation() -> None:
     ]
     for plan in made:
         assert isinstance(plan.writes[0], Flush)
+
+
+@pytest.mark.parametrize(
+    ("changes", "before"),
+    [
+        ({"fleet_slot_at": NOW + 2.0, "next_check_at": NOW - 1.0}, True),  # booked ahead, its time to come
+        ({"fleet_slot_at": NOW - 0.5, "next_check_at": NOW - 0.5}, False),  # its slot came: the pace decides
+        (
+            {
+                "fleet_slot_at": NOW - 0.5,
+                "next_check_at": NOW + 0.5,
+                "delay_source": DelaySource.FLEET_PACING,
+            },
+            True,  # moved to NOW + 0.5
+        ),
+        ({"fleet_slot_at": None}, False),
+        ({"fleet_slot_at": NOW - 5.0, "next_check_at": NOW - 5.0}, False),  # released long ago
+    ],
+)
+def test_a_check_before_its_own_held_slot_needs_nothing_of_the_pace(
+    changes: dict[str, Any], before: bool
+) -> None:
+    assert plans.before_own_slot(waiting(**changes), FLEET, now=NOW) is before

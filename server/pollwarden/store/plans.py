@@ -36,6 +36,7 @@ from pollwarden.rules.fleet_pace import (
     owed_slots,
     pace_verdict,
     share_wait,
+    slot_held,
     slot_hold_seconds,
 )
 from pollwarden.rules.gate import GateVerdict, Verdict, lease_busy, may_reserve
@@ -56,6 +57,7 @@ __all__ = [
     "Write",
     "answer_plan",
     "approval_outcome",
+    "before_own_slot",
     "booked_slots",
     "booked_slots_params",
     "check_plan",
@@ -202,6 +204,17 @@ def pace_step(
             pacing=record.delay_source == DelaySource.FLEET_PACING,
         ),
     )
+
+
+def before_own_slot(record: OperationRecord, fleet: FleetSpec, *, now: float) -> bool:
+    """Whether `record`'s check at `now` comes before its own held fleet slot (its time, or where it
+    was moved): it is told that slot, and reads nothing of the provider's pace."""
+    slot = record.fleet_slot_at
+    if slot is None:
+        return False
+    moved = moved_slot(slot, record.next_check_at, pacing=record.delay_source == DelaySource.FLEET_PACING)
+    rate = fleet.max_requests_per_second
+    return slot_held(slot, now=now, rate=rate, moved_to=moved) and now < max(slot, moved or slot)
 
 
 def owed_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:

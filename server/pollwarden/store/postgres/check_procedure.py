@@ -51,7 +51,7 @@ class CheckProcedure(PostgresBase):
         would have given. Any other verdict, or a guard that fails, reads the row.
         """
         operation_id, now, ask, fleets = call.operation_id, call.now, call.asks, call.fleets
-        owner, lease_seconds, fleet_slots = call.owner, call.lease_seconds, call.fleet_slots
+        owner, lease_seconds = call.owner, call.lease_seconds
         known = self._known_row(operation_id)
         if known is not None:
             decision = await self._drive(gate(known.record, now, *ask))
@@ -73,10 +73,28 @@ class CheckProcedure(PostgresBase):
         if quick is not None:
             return quick
         # Anything else (a pace, a stop, a recovered lease, a summary row due, or a peer moved first):
-        # decide again on the locked row, where nothing can change.
+        # decide again on the locked row, where nothing can change. A check before its own held fleet
+        # slot is only told that slot: it takes neither a turn at the pace row nor its lock, each held
+        # for a round trip (issue 29: a slower instance's checks held the pace for everyone).
         fleet = fleets.get(current.record.provider)
+        told_own_slot = fleet is not None and plans.before_own_slot(current.record, fleet, now=at)
+        started = await self._locked_check(call, current, paced=not told_own_slot)
+        if started is None:  # the locked row no longer waits for its own slot: decide with the pace
+            started = await self._locked_check(call, current, paced=True)
+        assert started is not None
+        return started
+
+    async def _locked_check(
+        self, call: CheckCall, current: StoredOperation, *, paced: bool
+    ) -> CheckStart | None:
+        """`_begin_check` on the locked row (and, when `paced`, the provider's locked pace row); None when
+        the pace was not taken and the locked row needs it."""
+        operation_id, now, ask = call.operation_id, call.now, call.asks
+        owner, lease_seconds, fleet_slots = call.owner, call.lease_seconds, call.fleet_slots
+        fleet = call.fleets.get(current.record.provider)
+        pace = fleet if paced else None
         async with (
-            self._pace_turn_if(fleet, current.record.provider),
+            self._pace_turn_if(pace, current.record.provider),
             self._locked(operation_id) as (
                 writer,
                 tx,
@@ -84,18 +102,24 @@ class CheckProcedure(PostgresBase):
             ),
         ):
             pace_cursor = owed_cursor = None
-            if fleet is not None:
+            if pace is not None:
                 await tx.queue(sql.ENSURE_FLEET_ROW, {"provider": current.record.provider})
                 pace_cursor = await tx.queue(sql.LOCK_FLEET_ROW, {"provider": current.record.provider})
                 # In the same trip, once the pace row is locked: bounded by the time before the trip.
-                params = plans.owed_params(current.record, fleet, now=at)
+                params = plans.owed_params(current.record, pace, now=call.time(now))
                 owed_cursor = await tx.queue(statements.PROVIDER_OWED_SLOTS, params)
             current = operation(await tx.read(cursor), operation_id)
             pace_row = None if pace_cursor is None else await tx.read(pace_cursor)
             owed_row = None if owed_cursor is None else await tx.read(owed_cursor)
-            owed = None if owed_row is None else int(str(owed_row[0]))
+            owed = 0 if owed_row is None else int(str(owed_row[0]))
             bucket = bucket_from_row(pace_row)
             now = call.time(now)
+            if (
+                fleet is not None
+                and pace is None
+                and not plans.before_own_slot(current.record, fleet, now=now)
+            ):
+                return None  # rolled back: nothing was written
             held = Held(writer, tx, cursor, operation_id, [])
             decision = await self._drive(gate(current.record, now, *ask), held)
             if not decision.writes:
