@@ -80,6 +80,7 @@ def old_rule(
     burst: int,
     owed: int = 0,
     moved_to: float | None = None,
+    came_at: float | None = None,
 ) -> PaceVerdict:
     """The rule before issue 29: a slot is used only on time (within min(¼ interval, 50 ms)), else booked again."""
     if held_slot is not None and now <= held_slot + min(0.25 / rate, OLD_ON_TIME_SECONDS):
@@ -302,7 +303,7 @@ def simulate(scenario: Scenario, rule: str = "new") -> Result:
         if started < op.next_check_at:  # the gate, on the time the call started with
             allowed = op.next_check_at
         else:
-            allowed = _store_check(s, decide, ops, i, now, bucket, rule)
+            allowed = _store_check(s, decide, ops, i, now, bucket, rule, came_at=started)
             if allowed is None:  # sent
                 result.decided.append(now)
                 result.arrived.append(now + rtt)
@@ -334,7 +335,14 @@ def _moved(op: _Op) -> float | None:
 
 
 def _store_check(
-    s: Scenario, decide: Rule, ops: list[_Op], i: int, now: float, bucket: list[PaceBucket], rule: str
+    s: Scenario,
+    decide: Rule,
+    ops: list[_Op],
+    i: int,
+    now: float,
+    bucket: list[PaceBucket],
+    rule: str,
+    came_at: float | None = None,
 ) -> float | None:
     """The locked transaction (`store.plans.check_plan`): None when the request goes out now, else the
     time it may."""
@@ -353,7 +361,14 @@ def _store_check(
         )
     moved = _moved(op) if new else None
     verdict = decide(
-        bucket[0], now=now, held_slot=op.fleet_slot_at, rate=s.rate, burst=s.burst, owed=owed, moved_to=moved
+        bucket[0],
+        now=now,
+        held_slot=op.fleet_slot_at,
+        rate=s.rate,
+        burst=s.burst,
+        owed=owed,
+        moved_to=moved,
+        came_at=came_at if new else None,
     )
     ahead = new and verdict.books_ahead
     wait = None

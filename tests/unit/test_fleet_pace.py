@@ -163,3 +163,16 @@ def test_only_a_request_sent_while_slots_are_booked_beyond_the_burst_books_its_n
     assert (slot, bucket) == (12.0, PaceBucket(tat=12.2, sent_tat=10.6))  # the tail, booked
     calm = pace_verdict(PaceBucket(tat=10.0, sent_tat=9.0), now=10.4, held_slot=None, rate=RATE, burst=BURST)
     assert (calm.send, calm.books_ahead) == (True, False)
+
+
+def test_an_agent_that_came_within_the_hold_keeps_its_slot_however_long_the_server_took_to_decide() -> None:
+    # Issue 29: a slower instance's checks wait their turn at the pace row; the agent was on time.
+    bucket = PaceBucket(tat=20.0, sent_tat=9.0)
+    hold = slot_hold_seconds(RATE)
+    decided = 10.0 + hold + 3.0
+    kept = pace_verdict(bucket, now=decided, held_slot=10.0, rate=RATE, burst=BURST, came_at=10.5)
+    assert (kept.send, kept.new_booking) == (True, False)
+    lost = pace_verdict(
+        bucket, now=decided, held_slot=10.0, rate=RATE, burst=BURST, came_at=10.0 + hold + 0.1
+    )
+    assert (lost.send, lost.new_booking) == (False, True)  # it came after the hold: it books again

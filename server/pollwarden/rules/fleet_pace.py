@@ -102,6 +102,7 @@ def pace_verdict(
     burst: int,
     owed: int = 0,
     moved_to: float | None = None,
+    came_at: float | None = None,
 ) -> PaceVerdict:
     """Send now, or the slot this operation holds (kept, or booked now); see the module's rule.
 
@@ -113,12 +114,15 @@ def pace_verdict(
     jitter, a slower path to the database) is not beaten to that room by agents
     that come on time, or by one with no slot at all. `moved_to`: where its held
     slot was moved (it keeps the slot's own time, so its place before later slots).
+    `came_at`: when its agent's call started (default `now`): an agent that came
+    within the hold keeps its slot however long the server took to decide (a
+    slower instance's checks wait for their turn at the pace row).
     """
     sent = pace(bucket.sent_tat, now=now, rate=rate, burst=burst)
     room = pace(_owing(bucket.sent_tat, owed, now=now, rate=rate), now=now, rate=rate, burst=burst)
     # Slots are booked beyond the burst: demand exceeds the pace (a caller without a slot would queue).
     queue = not pace(bucket.tat, now=now, rate=rate, burst=burst).admitted
-    if slot_held(held_slot, now=now, rate=rate, moved_to=moved_to):
+    if slot_held(held_slot, now=now if came_at is None else min(came_at, now), rate=rate, moved_to=moved_to):
         assert held_slot is not None
         due = max(held_slot, moved_to or held_slot)
         if now < due:

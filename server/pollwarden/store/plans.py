@@ -185,6 +185,7 @@ def pace_step(
     *,
     now: float,
     owed: int = 0,
+    came_at: float | None = None,
 ) -> PaceVerdict | None:
     """What the provider's pace says for the gate's reservation now (`fleet_pace.pace_verdict`, with the
     operation's held slot); None when no pace is taken (`needs_pace`). `bucket`: the pace row as read;
@@ -198,6 +199,7 @@ def pace_step(
         rate=fleet.max_requests_per_second,
         burst=fleet.burst,
         owed=owed,
+        came_at=came_at,
         moved_to=moved_slot(
             record.fleet_slot_at,
             record.next_check_at,

@@ -149,6 +149,7 @@ def check(
     fleet_slots: int | None,
     bucket: PaceBucket | None = None,
     owed: int | None = None,
+    came_at: float | None = None,
 ) -> Flow[CheckStart]:
     """Carry out the gate's verdict (`plans.check_plan`): read what it needs first — the provider's pace
     (unless the caller read it, locked), the other operations' held slots not used yet (`owed`, unless
@@ -161,7 +162,7 @@ def check(
         if owed is None:
             row = yield Query(statements.PROVIDER_OWED_SLOTS, plans.owed_params(record, fleet, now=now))
             owed = 0 if row is None else int(str(row[0]))
-        step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed)
+        step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed, came_at=came_at)
         if plans.needs_booked_slots(step, fleet_slots):
             params = plans.booked_slots_params(record, fleet, now=now, step=step)
             booked = plans.booked_slots((yield Query(statements.PRINCIPAL_BOOKED_SLOTS, params)))

@@ -124,7 +124,18 @@ class CheckProcedure(PostgresBase):
             decision = await self._drive(gate(current.record, now, *ask), held)
             if not decision.writes:
                 return CheckStart(current.record, decision)
-            flow = check(current, decision, now, owner, lease_seconds, fleet, fleet_slots, bucket, owed)
+            flow = check(
+                current,
+                decision,
+                now,
+                owner,
+                lease_seconds,
+                fleet,
+                fleet_slots,
+                bucket,
+                owed,
+                came_at=call.now,
+            )
             return await self._drive(flow, held)
 
     def _pace_turn_if(self, fleet: FleetSpec | None, provider: str) -> AbstractAsyncContextManager[None]:
