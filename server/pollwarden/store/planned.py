@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from abc import abstractmethod
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import ClassVar, TypeVar
@@ -88,12 +89,12 @@ class Store(StoreReads):
 
     location: DatabaseLocation  # where the database is
 
+    @abstractmethod
     async def _transact(
         self, flow: Flow[T], *, lock: str | None = None, audit: bool = True, durable: bool = True
     ) -> T:
         """Run `flow` as one transaction, `lock`'s operation row locked first (`audit`: it appends to the
         audit chain); its result. Each engine defines it (its transaction mechanism)."""
-        raise NotImplementedError  # the engine class defines it; Store alone is never used
 
     async def _carry_out_on(self, operation_id: str, plan_of: Callable[[OperationRecord], Plan]) -> Plan:
         return await self._transact(carry_out_on(plan_of), lock=operation_id)
@@ -169,9 +170,9 @@ class Store(StoreReads):
         )
         return await self._begin_check(call)
 
+    @abstractmethod
     async def _begin_check(self, call: CheckCall) -> CheckStart | None:
         """`begin_check` in this engine: its one-statement and locked paths (each engine defines it)."""
-        raise NotImplementedError  # the engine class defines it
 
     async def apply_answer(
         self,

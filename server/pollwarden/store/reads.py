@@ -9,6 +9,7 @@ PostgreSQL as one autocommit statement.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -23,7 +24,7 @@ from pollwarden.store.rows import stored
 Row = tuple[Any, ...]
 
 
-class StoreReads:
+class StoreReads(ABC):
     """The reads of `pollwarden.store.Store`, over an engine's `_read`."""
 
     # The engine keeps per-operation audit chains (PostgreSQL: `pollwarden.audit.verify`).
@@ -38,9 +39,9 @@ class StoreReads:
     # The engine's read of a summary audit row's payload count (a metrics scrape).
     payload_count: ClassVar[str] = "json_extract(a.payload, '$.count')"
 
+    @abstractmethod
     async def _read(self, statement: str, params: Mapping[str, object] | None = None) -> list[Row]:
-        """Run one read statement (named parameters); its rows. Each engine overrides it (its one read hop)."""
-        raise NotImplementedError  # the engine class defines it; StoreReads alone is never used
+        """Run one read statement (named parameters); its rows. Each engine defines it (its one read hop)."""
 
     async def _read_one(self, statement: str, params: Mapping[str, object] | None = None) -> Row | None:
         found = await self._read(statement, params)
