@@ -79,7 +79,6 @@ from benchmarks.measure import (
 )
 from pollwarden.flows.controller import Controller
 from pollwarden.store import DatabaseLocation
-from pollwarden.store.sqlite.engine import SQLiteStore
 from pollwarden.surface.server import build_server
 from pollwarden.surface.views import OperationView
 
@@ -124,10 +123,8 @@ class PostgresCommitFloor:
 
 
 def _counters(store: Any) -> tuple[int, int, int]:
-    """(trips or hops, durable commits, relaxed commits) the engine counted so far."""
-    if isinstance(store, SQLiteStore):
-        return store.stats.hops, store.stats.durable_commits, store.stats.normal_commits
-    return store.stats.trips, store.stats.commits, store.stats.relaxed_commits
+    """(round trips, durable commits, relaxed commits) the engine counted so far."""
+    return store.stats.trips, store.stats.durable_commits, store.stats.relaxed_commits
 
 
 class CommitFloor:

@@ -55,11 +55,6 @@ def _new_operation(operation_id: str) -> dict[str, object]:
     )  # fmt: skip
 
 
-def _postgres_only(engine: Engine) -> None:
-    if engine != Engine.POSTGRES:
-        pytest.skip("per-operation chains are PostgreSQL's (SQLite keeps every row in the one chain)")
-
-
 async def _three_operations(where: DatabaseLocation, *, rows_each: int = 3, key: bytes | None = None) -> None:
     """op-0, op-1, op-2, created in turn, then `rows_each` more rows each, interleaved."""
     async with open_store(where, audit_key=key) as store:
@@ -75,10 +70,10 @@ def _seq_of(where: DatabaseLocation, operation_id: str, position: int) -> int:
     return rows[position - 1].seq
 
 
+@pytest.mark.postgres_only
 async def test_an_operations_first_row_joins_the_one_chain_and_its_later_rows_follow_its_own(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where)
     rows = read_rows(where)
@@ -157,10 +152,10 @@ async def test_a_deleted_operation_leaves_a_gap_in_the_one_chain(
         assert "seq gap" in broken.problem
 
 
+@pytest.mark.postgres_only
 async def test_rows_deleted_from_an_operations_end_are_caught_by_its_record_and_once_sealed_by_the_seal(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where)
     # Naive: the last two rows of op-0 go, its own record still says four.
@@ -173,10 +168,10 @@ async def test_rows_deleted_from_an_operations_end_are_caught_by_its_record_and_
     assert "'op-0' records 4 audit rows, but its chain holds 2" in naive.problem
 
 
+@pytest.mark.postgres_only
 async def test_a_seal_names_every_moved_chain_so_a_tail_hidden_with_its_record_is_still_caught(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where)
     async with open_store(where) as store:
@@ -210,10 +205,10 @@ async def test_a_seal_names_every_moved_chain_so_a_tail_hidden_with_its_record_i
     )
 
 
+@pytest.mark.postgres_only
 async def test_a_seal_names_at_most_a_batch_per_row_and_skips_chains_of_one_row_the_one_chain_holds(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     async with open_store(where) as store:
         assert isinstance(store, PostgresStore)
@@ -236,10 +231,10 @@ async def test_a_seal_names_at_most_a_batch_per_row_and_skips_chains_of_one_row_
     assert "is missing" in (broken.problem or "")
 
 
+@pytest.mark.postgres_only
 async def test_audit_anchor_on_postgresql_seals_first_so_the_anchor_catches_a_hidden_operation_tail(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where)
     anchor_file = tmp_path / "anchor.json"
@@ -268,10 +263,10 @@ async def test_audit_anchor_on_postgresql_seals_first_so_the_anchor_catches_a_hi
     assert "names 4 rows of operation 'op-1': row 4 is missing (deleted)" in checked.stdout
 
 
+@pytest.mark.postgres_only
 async def test_answers_to_other_operations_never_wait_for_the_chain_head_but_a_new_operation_does(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where, rows_each=1)
     with psycopg.connect(where.dsn) as holder:  # another session holds the one chain's head
@@ -310,10 +305,10 @@ async def test_a_keyed_teams_operation_rows_are_keyed_and_verify_only_with_the_k
     assert "hash mismatch" in wrong.problem
 
 
+@pytest.mark.postgres_only
 async def test_a_rekey_seals_the_unkeyed_operations_so_rewriting_one_afterwards_is_caught(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where)
     rekey_seq = rekey_chain(where, KEY, by="ops", at=datetime(2026, 12, 1, tzinfo=UTC))
@@ -345,10 +340,10 @@ async def test_a_rekey_seals_the_unkeyed_operations_so_rewriting_one_afterwards_
     assert not broken.ok  # the keyed re-key row named op-0's unkeyed head: the rewrite cannot match it
 
 
+@pytest.mark.postgres_only
 async def test_a_database_of_the_previous_release_upgrades_and_its_operations_continue_in_chains_of_their_own(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     previous = [step for step in schema.MIGRATIONS if step.number < 13]
     with psycopg.connect(
@@ -467,10 +462,10 @@ anyio.run(main, *sys.argv[1:4])
 """
 
 
+@pytest.mark.postgres_only
 async def test_a_start_is_one_trip_and_writes_what_the_locked_start_writes(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     quick, locked = database_in(tmp_path / "quick"), database_in(tmp_path / "locked")
     async with open_store(quick) as store:
         assert isinstance(store, PostgresStore)
@@ -522,10 +517,10 @@ async def test_a_serving_process_seals_the_chains_that_moved_on_its_own(
     assert verify_chain(h.db_path, None).ok
 
 
+@pytest.mark.postgres_only
 async def test_a_row_forged_without_the_key_and_slipped_in_before_the_rekey_is_caught_by_its_seal(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where, rows_each=2)
     rekey_seq = rekey_chain(where, KEY, by="ops", at=datetime(2026, 12, 1, tzinfo=UTC))
@@ -578,10 +573,10 @@ async def test_the_chains_own_operation_id_cannot_be_started_so_no_operation_mix
         assert await store.count_operations() == 0
 
 
+@pytest.mark.postgres_only
 async def test_an_instance_of_the_release_before_still_running_after_the_upgrade_cannot_append_a_row(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where, rows_each=1)
     # What the release before step 13 runs for an unkeyed append: its seq from the head, no place.
@@ -633,10 +628,10 @@ def _store_call(where: DatabaseLocation, call: Callable[[Any], Awaitable[object]
     return lambda: anyio.run(go)
 
 
+@pytest.mark.postgres_only
 async def test_a_rekey_and_a_start_both_waiting_for_the_head_neither_deadlock_nor_fork_the_chain(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     await _three_operations(where, rows_each=1)
     results: dict[str, object] = {}
@@ -661,10 +656,10 @@ async def test_a_rekey_and_a_start_both_waiting_for_the_head_neither_deadlock_no
     assert verify_chain(where, KEY, rekeyed_at=rekey_seq).ok
 
 
+@pytest.mark.postgres_only
 async def test_a_seal_and_a_flush_of_refusals_over_the_same_operations_never_deadlock(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     async with open_store(where) as store:
         await store.create_operation(_new_operation("op-b"), kind="tracking", at=1.0)  # stored before op-a
@@ -694,10 +689,10 @@ async def test_a_seal_and_a_flush_of_refusals_over_the_same_operations_never_dea
     assert verify_chain(where, None).ok
 
 
+@pytest.mark.postgres_only
 async def test_an_operation_recorded_without_any_audit_row_gets_its_answer_recorded_as_its_first(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     async with open_store(where) as store:
         await store.create_operation(_new_operation("op-a"), kind="tracking", at=1.0)

@@ -51,11 +51,6 @@ def _new_operation(operation_id: str) -> dict[str, object]:
     )  # fmt: skip
 
 
-def _postgres_only(engine: Engine) -> None:
-    if engine != Engine.POSTGRES:
-        pytest.skip("about the PostgreSQL engine")
-
-
 @pytest.mark.parametrize(
     ("given", "engine"),
     [
@@ -90,10 +85,10 @@ def test_a_postgresql_url_without_a_database_is_refused_with_the_fix() -> None:
     assert SECRET not in str(refused.value)
 
 
+@pytest.mark.postgres_only
 async def test_a_wrong_password_is_a_clear_error_that_does_not_repeat_it(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     own = database_in(tmp_path)
     # Trust authentication lets any password in on this server: a role that may not log in fails instead.
     # Roles are the whole server's: one of this test's own, dropped after, so none is left behind.
@@ -113,10 +108,10 @@ async def test_a_wrong_password_is_a_clear_error_that_does_not_repeat_it(
     assert db_rows(own, "SELECT rolname FROM pg_roles WHERE rolname = ?", role) == []
 
 
+@pytest.mark.postgres_only
 async def test_instances_starting_at_the_same_moment_migrate_the_schema_once(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     counts: list[int] = []
 
@@ -132,10 +127,10 @@ async def test_instances_starting_at_the_same_moment_migrate_the_schema_once(
     assert db_rows(where, "SELECT seq, hash FROM audit_head")[0]["seq"] == 0
 
 
+@pytest.mark.postgres_only
 async def test_every_session_bounds_its_lock_waits_commits_durably_and_never_compiles_a_statement(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     assert isinstance(where, DatabaseLocation)
     pool = Pool(where, lock_timeout=2.5, max_size=2)
@@ -163,10 +158,10 @@ def _scans_of(plan: dict[str, Any], relation: str) -> list[str]:
     return found + [scan for child in plan.get("Plans", []) for scan in _scans_of(child, relation)]
 
 
+@pytest.mark.postgres_only
 async def test_a_head_left_with_thousands_of_dead_versions_is_found_through_its_key_not_page_by_page(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     async with open_store(where):
         pass  # migrated
@@ -201,10 +196,10 @@ async def test_a_head_left_with_thousands_of_dead_versions_is_found_through_its_
             assert "Seq Scan" not in scans, f"{name} reads the head with {scans}"
 
 
+@pytest.mark.postgres_only
 async def test_a_database_a_newer_release_migrated_is_refused_with_the_fix(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     async with open_store(where):
         pass
@@ -266,10 +261,10 @@ async def test_a_server_without_the_key_refuses_to_extend_a_keyed_chain_and_says
     assert verify_chain(where, key, rekeyed_at=2).ok
 
 
+@pytest.mark.postgres_only
 async def test_a_postgresql_database_at_schema_5_holding_one_job_twice_upgrades_and_the_earliest_keeps_it(
     tmp_path: Path, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     where = database_in(tmp_path)
     first_release = schema.MIGRATIONS[0]
     assert first_release.number == 5
@@ -319,10 +314,10 @@ async def test_a_postgresql_database_at_schema_5_holding_one_job_twice_upgrades_
         conn.execute("UPDATE operations SET duplicate_of = NULL WHERE operation_id = 'b-later'")
 
 
+@pytest.mark.postgres_only
 async def test_on_postgresql_a_refusal_is_one_trip_without_a_durable_commit_and_a_poll_two(
     tmp_path: Path, fake: FakeProvider, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     fake.script("trips", [pending("running")])
     h = make_harness(tmp_path, fake)
     h.server()  # writes the provider table the factory loads
@@ -332,7 +327,7 @@ async def test_on_postgresql_a_refusal_is_one_trip_without_a_durable_commit_and_
         await controller.start_operation(provider="acme", operation_id="op-trips", provider_job_id="trips")
 
         def counted() -> tuple[int, int, int]:
-            return store.stats.trips, store.stats.commits, store.stats.relaxed_commits
+            return store.stats.trips, store.stats.durable_commits, store.stats.relaxed_commits
 
         before = counted()
         assert (await controller.check_status("op-trips")).outcome == "not_yet"
@@ -399,10 +394,10 @@ async def test_an_answer_that_comes_after_its_lease_was_taken_over_is_recorded_a
     assert verify_chain(where, None).ok
 
 
+@pytest.mark.postgres_only
 async def test_a_refusal_that_completes_a_summary_counted_by_another_process_writes_the_summary(
     tmp_path: Path, fake: FakeProvider, database_engine: Engine
 ) -> None:
-    _postgres_only(database_engine)
     fake.script("runs", [pending("running")])
     h = make_harness(tmp_path, fake)
     h.server()

@@ -165,14 +165,14 @@ async def test_a_refusal_is_one_trip_without_fsync_and_a_poll_is_two_durable_tri
         assert isinstance(store, SQLiteStore)
         await controller.start_operation(provider="acme", operation_id="op-trips", provider_job_id="trips")
 
-        before = store.stats.hops, store.stats.durable_commits, store.stats.normal_commits
+        before = store.stats.trips, store.stats.durable_commits, store.stats.relaxed_commits
         assert (await controller.check_status("op-trips")).outcome == "not_yet"
-        after = store.stats.hops, store.stats.durable_commits, store.stats.normal_commits
+        after = store.stats.trips, store.stats.durable_commits, store.stats.relaxed_commits
         assert tuple(b - a for a, b in zip(before, after, strict=True)) == (1, 0, 1)
 
         h.clock.advance(10)
         assert (await controller.check_status("op-trips")).outcome == "polled"
-        polled = store.stats.hops, store.stats.durable_commits, store.stats.normal_commits
+        polled = store.stats.trips, store.stats.durable_commits, store.stats.relaxed_commits
         # The reservation and the answer, each with what it writes to the audit, committed durably.
         assert tuple(b - a for a, b in zip(after, polled, strict=True)) == (2, 2, 0)
     assert len(fake.status_requests("trips")) == 1

@@ -79,6 +79,17 @@ async def closing(store: S, close: Callable[[], Awaitable[None]]) -> AsyncGenera
                 await close()
 
 
+@dataclasses.dataclass
+class EngineStats:
+    """Counted, not guessed, since the store opened: round trips to the database (SQLite: hops to its
+    thread), commits by durability (relaxed: a refusal's counter), rollbacks."""
+
+    trips: int = 0
+    durable_commits: int = 0
+    relaxed_commits: int = 0
+    rollbacks: int = 0
+
+
 class Store(StoreReads):
     """One process's connection to the shared database, in domain terms: each method is one transaction.
 
@@ -88,6 +99,7 @@ class Store(StoreReads):
     """
 
     location: DatabaseLocation  # where the database is
+    stats: EngineStats  # the engine's counters
 
     @abstractmethod
     async def _transact(

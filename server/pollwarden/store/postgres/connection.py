@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any, LiteralString, cast
 
@@ -35,22 +34,13 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pollwarden.core.errors import StoreError
 from pollwarden.ops import observe
 from pollwarden.store.location import DatabaseLocation
+from pollwarden.store.planned import EngineStats
 from pollwarden.store.postgres.errors import describe, locked_table
 from pollwarden.store.postgres.sql import dialect
 
 Connection = AsyncConnection[TupleRow]
 Row = tuple[Any, ...]
 Params = Mapping[str, object] | Sequence[object]
-
-
-@dataclass
-class EngineStats:
-    """Counted, not guessed: round trips and commits since the store opened."""
-
-    trips: int = 0
-    commits: int = 0
-    relaxed_commits: int = 0
-    rollbacks: int = 0
 
 
 def _value(value: object) -> object:
@@ -248,7 +238,7 @@ class Pool:
                         await tx.queue("COMMIT")
                     self.stats.trips += 1
                     if durable:
-                        self.stats.commits += 1
+                        self.stats.durable_commits += 1
                     else:
                         self.stats.relaxed_commits += 1
                 except BaseException:
@@ -273,7 +263,7 @@ class Pool:
                 cur = await conn.execute(_query(sql), plain(params))
                 row = await cur.fetchone()
                 if durable:
-                    self.stats.commits += 1
+                    self.stats.durable_commits += 1
                 else:
                     self.stats.relaxed_commits += 1
                 return row

@@ -30,7 +30,6 @@ import os
 import sqlite3
 from collections.abc import Callable, Generator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -42,19 +41,10 @@ import anyio.to_thread
 from pollwarden.core.errors import StoreError
 from pollwarden.ops import observe
 from pollwarden.store.migrations.sqlite import migrate
+from pollwarden.store.planned import EngineStats
 from pollwarden.store.sqlite import sql
 
 T = TypeVar("T")
-
-
-@dataclass
-class EngineStats:
-    """Counted, not guessed: hops to the database thread and commits by durability."""
-
-    hops: int = 0
-    durable_commits: int = 0
-    normal_commits: int = 0
-    rollbacks: int = 0
 
 
 class CallerGone(BaseException):
@@ -108,7 +98,7 @@ class Database:
     async def run(self, work: Callable[[Session], T]) -> T:
         """Run `work` in the database thread: one hop, whatever it reads and writes."""
         session = Session(self, anyio.get_cancelled_exc_class())
-        self.stats.hops += 1
+        self.stats.trips += 1
         outcome = await anyio.to_thread.run_sync(self._in_thread, work, session, limiter=self._limiter)
         if isinstance(outcome, CallerGone):
             await anyio.lowlevel.checkpoint()  # re-raises the caller's cancellation
@@ -173,7 +163,7 @@ class Session:
         if durable:
             db.stats.durable_commits += 1
         else:
-            db.stats.normal_commits += 1
+            db.stats.relaxed_commits += 1
 
     def _leave_if_cancelled(self) -> None:
         # BEGIN may have waited seconds for another process's lock; a caller that
