@@ -34,14 +34,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import anyio
-import httpx2
-import jwt
-from mcp.server.auth.provider import AccessToken, TokenVerifier
-from mcp.server.auth.settings import AuthSettings
 
 from pollwarden.access.principals import (
     KNOWN_SCOPES,
@@ -53,6 +49,12 @@ from pollwarden.access.principals import (
 from pollwarden.cli.options import with_examples
 from pollwarden.core.errors import ConfigError
 from pollwarden.core.files import trust_file_problem, write_private_file
+
+if TYPE_CHECKING:  # imported where a token is verified: `pollwarden tokens` and the CLI need none of it
+    import httpx2
+    import jwt
+    from mcp.server.auth.provider import AccessToken, TokenVerifier
+    from mcp.server.auth.settings import AuthSettings
 
 __all__ = [
     "TOKENS_ENV",
@@ -156,7 +158,7 @@ def read_token_file(path: Path) -> list[TokenEntry]:
     return parse_token_file(path, text)
 
 
-class TokenFileVerifier(TokenVerifier):
+class TokenFileVerifier:
     """Tokens whose SHA-256 is listed in a file; the file is re-read when it changes."""
 
     def __init__(self, path: Path) -> None:
@@ -200,6 +202,8 @@ class TokenFileVerifier(TokenVerifier):
         if entry is None:
             log.debug("bearer token refused: not in the token file")
             return None
+        from mcp.server.auth.provider import AccessToken
+
         return AccessToken(token=token, client_id=entry.name, scopes=_with_implied(entry.scopes))
 
 
@@ -207,7 +211,7 @@ class TokenFileVerifier(TokenVerifier):
 
 
 @dataclass
-class JwtVerifier(TokenVerifier):
+class JwtVerifier:
     """JWT access tokens signed by a key in the issuer's JWKS (see the module docstring)."""
 
     issuer: str
@@ -225,6 +229,9 @@ class JwtVerifier(TokenVerifier):
     fetches: int = field(default=0, init=False)
 
     async def _fetch(self) -> None:
+        import httpx2
+        import jwt
+
         self.fetches += 1
         self._fetched_at = self.now()
         try:
@@ -273,6 +280,8 @@ class JwtVerifier(TokenVerifier):
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The token's principal and scopes, or None (logged at debug level, without the token)."""
+        import jwt
+
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -323,6 +332,8 @@ class JwtVerifier(TokenVerifier):
             else []
         )
         subject = claims.get("sub")
+        from mcp.server.auth.provider import AccessToken
+
         return AccessToken(
             token=token,
             client_id=name,
@@ -334,7 +345,7 @@ class JwtVerifier(TokenVerifier):
         )
 
 
-class EitherVerifier(TokenVerifier):
+class EitherVerifier:
     """The token file first (a hash look-up), then the JWT issuer."""
 
     def __init__(self, verifiers: Sequence[TokenVerifier]) -> None:
@@ -375,7 +386,7 @@ def _url_problem(url: str, *, what: str, loopback_http: bool = True) -> str | No
     host = parts.hostname or ""
     if parts.scheme == "https" and host:
         return None
-    from pollwarden.surface.http_serve import is_loopback
+    from pollwarden.surface.listening import is_loopback
 
     if parts.scheme == "http" and host and loopback_http and is_loopback(host):
         return None
@@ -431,6 +442,8 @@ def auth_settings(options: AuthOptions, *, resource_url: str) -> AuthSettings:
         raise ConfigError(problem)
     # Without an identity provider (the token file) this server is its own "issuer": nobody runs a flow.
     issuer = options.jwt_issuer or resource_url
+    from mcp.server.auth.settings import AuthSettings
+
     return AuthSettings(
         issuer_url=issuer,  # pyright: ignore[reportArgumentType]  (pydantic validates the string)
         resource_server_url=resource_url,  # pyright: ignore[reportArgumentType]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pollwarden.core.errors import ConfigError
-from pollwarden.surface.http_serve import HttpOptions
+from pollwarden.surface.listening import HttpOptions
 
 
 def http_options(args: argparse.Namespace, *, verifier_configured: bool = False) -> HttpOptions:

@@ -51,7 +51,6 @@ from pollwarden.core.untrusted import OneLineFormatter
 from pollwarden.ops import decision_log
 from pollwarden.ops.decision_log import JsonLinesFormatter
 from pollwarden.ops.metrics import add_metrics_arguments, metrics_options_from
-from pollwarden.surface.http_serve import is_loopback, run_http, transport_security
 
 log = logging.getLogger("pollwarden")
 
@@ -92,6 +91,7 @@ def in_data_directory(config: ServerConfig) -> bool:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the MCP server over stdio (default) or streamable HTTP on 127.0.0.1."""
+    from pollwarden.surface.http_serve import is_loopback, run_http, transport_security
     from pollwarden.surface.server import build_server, controller_factory
 
     auth = _auth_options(args)

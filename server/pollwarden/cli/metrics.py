@@ -13,16 +13,12 @@ import logging
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 
-from starlette.applications import Starlette
-
 from pollwarden.cli.http_options import add_http_arguments, http_options
 from pollwarden.cli.options import add_database_options, require_existing_database, with_examples
 from pollwarden.cli.webhooks import store_opener
 from pollwarden.config import load_config, load_provider_tables
-from pollwarden.ops.health import ops_routes
 from pollwarden.ops.metrics import add_metrics_arguments, metrics_options_from, require_metrics
 from pollwarden.store import Store
-from pollwarden.surface.http_serve import serve_app, transport_security
 
 __all__ = ["DEFAULT_METRICS_PORT", "add_metrics_command"]
 
@@ -33,6 +29,11 @@ DEFAULT_METRICS_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     """Serve /metrics, /healthz and /readyz on the shared database until interrupted."""
+    # The HTTP stack is imported by the commands that serve, not by every CLI call.
+    from starlette.applications import Starlette
+
+    from pollwarden.ops.health import ops_routes
+    from pollwarden.surface.http_serve import serve_app, transport_security
 
     require_metrics()
     options = http_options(args, verifier_configured=True)  # no tools here: nothing to spend

@@ -8,27 +8,28 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-
-from mcp.server.transport_security import TransportSecuritySettings
-from starlette.applications import Starlette
-from starlette.types import ASGIApp
+from typing import TYPE_CHECKING
 
 from pollwarden.audit.chain import audit_key_from_env
 from pollwarden.cli.http_options import add_http_arguments, http_options
 from pollwarden.cli.options import add_database_options, require_existing_database, with_examples
 from pollwarden.config import ServerConfig, load_config, load_provider_tables
 from pollwarden.core.clock import SystemClock
-from pollwarden.ops.health import ops_routes
 from pollwarden.ops.metrics import (
     DEFAULT_METRICS,
     MetricsOptions,
     add_metrics_arguments,
     metrics_options_from,
 )
-from pollwarden.provider_io.webhooks import StoreOpener, WebhookReceiver, combined_app, receiver_app
 from pollwarden.store import Store, open_store
-from pollwarden.surface.http_serve import serve_app, transport_security
 from pollwarden_providers.table import ProviderTable
+
+if TYPE_CHECKING:  # the HTTP stack is imported by the commands that serve, not by every CLI call
+    from mcp.server.transport_security import TransportSecuritySettings
+    from starlette.applications import Starlette
+    from starlette.types import ASGIApp
+
+    from pollwarden.provider_io.webhooks import StoreOpener
 
 __all__ = ["add_webhook_commands", "serve_wrapper", "store_opener"]
 
@@ -78,6 +79,9 @@ def serve_wrapper(
     """For `serve --transport http`: put `POST /webhooks/{provider}`, /healthz, /readyz and /metrics beside `/mcp`."""
 
     def wrap(mcp_app: Starlette, security: TransportSecuritySettings) -> ASGIApp:
+        from pollwarden.ops.health import ops_routes
+        from pollwarden.provider_io.webhooks import WebhookReceiver, combined_app
+
         receiver = WebhookReceiver(tables=tables, clock=SystemClock())
         log.info("webhooks: POST /webhooks/{provider} for %s", ", ".join(_with_webhooks(tables)) or "(none)")
         warn_without_standard_webhooks(tables)
@@ -89,6 +93,9 @@ def serve_wrapper(
 
 def cmd_webhooks(args: argparse.Namespace) -> int:
     """Run the webhook receiver alone on the shared database."""
+    from pollwarden.ops.health import ops_routes
+    from pollwarden.provider_io.webhooks import WebhookReceiver, receiver_app
+    from pollwarden.surface.http_serve import serve_app, transport_security
 
     # The receiver serves no tools: each webhook is verified by its provider's signature.
     options = http_options(args, verifier_configured=True)

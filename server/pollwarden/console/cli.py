@@ -24,9 +24,9 @@ import sys
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
-import uvicorn
 
 from pollwarden.access.operator_keys import PUBKEYS_ENV
 from pollwarden.access.person_gate import Deciding, operator_key_for, require_person
@@ -37,7 +37,10 @@ from pollwarden.cli.policy import deciding_config
 from pollwarden.config import default_db_path, load_config, load_provider_tables
 from pollwarden.core.errors import ConfigError
 from pollwarden.core.files import write_private_file
-from pollwarden.surface.http_serve import GuardedH11Protocol, HttpOptions, transport_security
+from pollwarden.surface.listening import HttpOptions
+
+if TYPE_CHECKING:  # the HTTP stack is imported where the console serves, not by every CLI call
+    import uvicorn
 
 __all__ = ["DEFAULT_PORT", "add_console_command", "bind", "running_console", "uvicorn_config"]
 
@@ -73,6 +76,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 def uvicorn_config(app: object, options: HttpOptions) -> uvicorn.Config:
     """uvicorn set up as ``serve --transport http`` is: bounded connections, slow requests cut off."""
+    import uvicorn
+
+    from pollwarden.surface.http_serve import GuardedH11Protocol
+
     protocol = type(
         "GuardedH11Protocol",
         (GuardedH11Protocol,),
@@ -98,6 +105,8 @@ async def running_console(app: object, options: HttpOptions | None = None) -> As
     The socket listens before this yields, so a request made at once waits in
     the backlog until uvicorn has finished starting; no polling for readiness.
     """
+    import uvicorn
+
     options = options or HttpOptions(port=0)
     sock = bind(options.host, options.port)
     server = uvicorn.Server(uvicorn_config(app, options))
@@ -128,6 +137,10 @@ def cmd_console(args: argparse.Namespace) -> int:
         # As for `serve`: beyond loopback only with a verifier (operators' bearer tokens; see SECURITY.md).
         verifier_configured=bool(args.auth_tokens),
     )
+    import uvicorn
+
+    from pollwarden.surface.http_serve import transport_security
+
     security = transport_security(options)  # the same host rule as `serve`
     config = load_config(
         db=args.db,

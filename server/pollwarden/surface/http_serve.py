@@ -25,10 +25,8 @@ its own, and an ASGI middleware only runs once the headers are complete.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,6 +38,7 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pollwarden.core.errors import ConfigError
+from pollwarden.surface.listening import HttpOptions, is_loopback
 
 __all__ = [
     "GuardedH11Protocol",
@@ -53,32 +52,6 @@ __all__ = [
 log = logging.getLogger("pollwarden")
 
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost``, any address in 127.0.0.0/8 and ``::1`` (brackets allowed)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass(frozen=True)
-class HttpOptions:
-    """How ``pollwarden serve --transport http`` listens and whom it answers."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    allow_non_loopback: bool = False
-    allowed_hosts: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    max_connections: int = 64
-    request_timeout_seconds: float = 10.0
-    keep_alive_seconds: int = 5
-    max_header_bytes: int = 16 * 1024
-    verifier_configured: bool = False  # a bearer-token verifier guards /mcp (needed beyond loopback)
 
 
 def _host_header(host: str) -> str:
