@@ -2,6 +2,7 @@
 
     python -m benchmarks.team_pace                   # ~70 s: two runs of 30 s
     python -m benchmarks.team_pace --seconds 10      # shorter
+    python -m benchmarks.team_pace --engine sqlite   # both instances on one SQLite file
 
 Two `pollwarden serve` processes (stdio) share one PostgreSQL database (a scratch
 schema on `POLLWARDEN_TEST_PG`'s server); instance B reaches it through a TCP
@@ -18,7 +19,9 @@ its instance for `--seconds`:
 Prints, per run, the provider's requests per second (by the fake's own clock,
 from the first to the last request), the share of the pace used, each
 instance's requests, operations with no request, and the busiest window against
-`burst + rate·w` (the fake's timestamps). Writes results/team_pace.json.
+`burst + rate·w` (the fake's timestamps). Writes results/team_pace.json
+(team_pace_sqlite.json with `--engine sqlite`: two processes on one file, no
+added round trip).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import platform
 import random
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -97,8 +101,10 @@ def _via(url: str, port: int) -> str:
 
 
 async def run(kind: str, url: str, seconds: float, delay: float, seed: int) -> dict[str, Any]:
-    """One run of 20 agents on two instances; its numbers."""
+    """One run of 20 agents on two instances; its numbers. `url`: a PostgreSQL URL, or a SQLite file's
+    path (both instances open that file; no proxy, so `delay` does not apply)."""
     rng = random.Random(seed)
+    sqlite = not url.startswith("postgres")
     parts = urlsplit(url)
     with fake_provider_workdir() as (workdir, base_url):
         tables = workdir / "tables"
@@ -109,14 +115,19 @@ async def run(kind: str, url: str, seconds: float, delay: float, seed: int) -> d
         table["fleet"] = {"max_requests_per_second": RATE, "burst": BURST}
         write_table(tables, table)
         ops = [f"{kind}-{i:02d}" for i in range(OPERATIONS)]
+        instance_of = {op: "A" if n % 2 == 0 else "B" for n, op in enumerate(ops)}
         await script_running(base_url, *ops)
         async with anyio.create_task_group() as tg:
-            port = await tg.start(delaying_proxy, parts.hostname or "127.0.0.1", parts.port or 5432, delay)
-            a_db = DatabaseLocation.postgres(url)
-            b_db = DatabaseLocation.postgres(_via(url, port))
+            if sqlite:
+                a_db = b_db = DatabaseLocation.sqlite(url)
+            else:
+                port = await tg.start(
+                    delaying_proxy, parts.hostname or "127.0.0.1", parts.port or 5432, delay
+                )
+                a_db = DatabaseLocation.postgres(url)
+                b_db = DatabaseLocation.postgres(_via(url, port))
             async with Client(serve_params(a_db, tables)) as a, Client(serve_params(b_db, tables)) as b:
                 clients = {"A": a, "B": b}
-                instance_of = {op: "A" if n % 2 == 0 else "B" for n, op in enumerate(ops)}
                 for op in ops:
                     await call(
                         clients[instance_of[op]],
@@ -158,7 +169,8 @@ async def run(kind: str, url: str, seconds: float, delay: float, seed: int) -> d
     return {
         "run": kind,
         "seconds": seconds,
-        "b_extra_round_trip_ms": round(2 * delay * 1000),
+        "engine": "sqlite" if sqlite else "postgres",
+        "b_extra_round_trip_ms": 0 if sqlite else round(2 * delay * 1000),
         "requests": len(stamps),
         "requests_per_second": round(len(stamps) / span, 2) if span else 0.0,
         "pace_used": round(len(stamps) / (BURST - 1 + RATE * span), 3) if span else 0.0,
@@ -183,13 +195,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--delay-ms", type=float, default=25.0, help="added to each direction for instance B")
     parser.add_argument("--pg", default=DEFAULT_PG_URL)
+    parser.add_argument(
+        "--engine",
+        choices=("postgres", "sqlite"),
+        default="postgres",
+        help="sqlite: both instances on one SQLite file in a temporary directory (no added round trip)",
+    )
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for kind in ("jitter", "wait"):
-        with scratch_schema(args.pg, f"team_pace_{kind}") as url:
-            row = anyio.run(run, kind, url, args.seconds, args.delay_ms / 1000, args.seed)
+        if args.engine == "sqlite":
+            with tempfile.TemporaryDirectory(prefix="pollwarden-team-pace-") as tmp:
+                row = anyio.run(run, kind, str(Path(tmp) / "team.db"), args.seconds, 0.0, args.seed)
+        else:
+            with scratch_schema(args.pg, f"team_pace_{kind}") as url:
+                row = anyio.run(run, kind, url, args.seconds, args.delay_ms / 1000, args.seed)
         rows.append(row)
         print(
             f"{kind:<7} {row['requests']:>4} requests  {row['requests_per_second']:5.2f}/s of {RATE:g}/s  "
@@ -197,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"ops  per op {row['requests_per_operation_min_max']}  window excess {row['busiest_window_excess']}"
         )
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "team_pace.json"
+    path = args.out / ("team_pace.json" if args.engine == "postgres" else "team_pace_sqlite.json")
     dump_json(
         path,
         {
