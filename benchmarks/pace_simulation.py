@@ -50,6 +50,7 @@ if not __package__:  # run as `python benchmarks/pace_simulation.py`: make `benc
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
     PaceVerdict,
+    ahead_usable,
     book_ahead,
     moved_slot,
     owed_slots,
@@ -113,6 +114,7 @@ class Scenario:
     fleet_slots: int | None = None
     deadline_seconds: float = 40.0
     seed: int = 29
+    own_interval: float = OWN_INTERVAL_SECONDS  # each operation's own schedule between its requests
 
     def behaviour_of(self, i: int) -> str:
         """Operation i's agent behaviour."""
@@ -314,7 +316,7 @@ def simulate(scenario: Scenario, rule: str = "new") -> Result:
                 # The answer comes 50 ms after the request left; the next check is planned from it,
                 # and the agent is told once it is recorded (two more trips).
                 received = now + rtt + PROVIDER_SECONDS
-                op.next_check_at = received + OWN_INTERVAL_SECONDS
+                op.next_check_at = received + s.own_interval
                 answered = received + 2 * rtt
                 again(i, answered, max(0.0, op.next_check_at - answered))
                 continue
@@ -382,8 +384,10 @@ def _store_check(
     bucket[0] = verdict.bucket
     if verdict.send:
         op.fleet_slot_at = None
-        if ahead and wait is None:  # its next slot, at the queue's tail now
-            op.fleet_slot_at, bucket[0] = book_ahead(verdict.bucket, now=now, rate=s.rate, burst=s.burst)
+        if ahead and wait is None:  # its next slot, at the queue's tail now, if its agent can use it
+            slot, booked = book_ahead(verdict.bucket, now=now, rate=s.rate, burst=s.burst)
+            if ahead_usable(slot, now=now, rate=s.rate, next_poll_within=s.own_interval):
+                op.fleet_slot_at, bucket[0] = slot, booked
         op.pacing = False
         op.last_sent = now
         return None

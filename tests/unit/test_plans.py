@@ -276,13 +276,27 @@ def test_a_request_that_leaves_on_its_slot_while_a_queue_waits_books_its_next_sl
     step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
     assert (step.send, step.books_ahead) == (True, True)
-    plan = plans.check_plan(
-        record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket, fleet=FLEET
-    )
+    args: dict[str, Any] = {
+        "owner": "me",
+        "lease_seconds": 30,
+        "step": step,
+        "bucket": bucket,
+        "fleet": FLEET,
+    }
+    # Its own schedule brings it back within 3 s: before the slot at NOW + 5 is released.
+    plan = plans.check_plan(record, RESERVE, now=NOW, next_poll_within=3.0, **args)
     assert kinds(plan) == ["SetPace", "Update"]
     assert plan.writes[0] == SetPace("acme", NOW + 6.0, NOW + 1.0)  # one more slot booked, one request sent
     assert update_of(plan)["fleet_slot_at"] == NOW + 5.0 - (FLEET.burst - 1)  # the next free slot
     assert plan.decision == RESERVE
+    # Its schedule keeps it away 30 s, past the slot's hold: a slot booked now would go unused, and
+    # hold back the others. Nothing is booked ahead; it books when it comes, as without a queue.
+    away = plans.check_plan(record, RESERVE, now=NOW, next_poll_within=30.0, **args)
+    assert away.writes[0] == SetPace("acme", NOW + 5.0, NOW + 1.0)  # the bookings' clock did not move
+    assert update_of(away)["fleet_slot_at"] is None
+    assert away.decision == RESERVE
+    unknown = plans.check_plan(record, RESERVE, now=NOW, **args)
+    assert update_of(unknown)["fleet_slot_at"] is None
     # No queue (the pace has room now): nothing is booked ahead.
     calm = plans.pace_step(record, RESERVE, FLEET, PaceBucket(NOW - 1.0, NOW - 1.0), now=NOW)
     assert calm is not None
@@ -307,6 +321,7 @@ def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principal
             booked=booked,
             fleet_slots=1,
             fleet=FLEET,
+            next_poll_within=1.0,
         )
         assert plan.decision == RESERVE  # the request goes out either way
         assert (update_of(plan)["fleet_slot_at"] is not None) is books, booked

@@ -118,6 +118,14 @@ class Controller:
         )
 
     @cached_property
+    def _poll_schedules(self) -> dict[str, tuple[float, float]]:
+        """Each provider's own schedule (base and longest delay): how soon an operation checks again."""
+        return {
+            name: (table.schedule.base_delay_seconds, table.schedule.max_delay_seconds)
+            for name, table in self.tables.items()
+        }
+
+    @cached_property
     def _fleets(self) -> dict[str, FleetSpec | None]:
         """Every provider a check may send to, and its shared pace (None without [fleet]).
 
@@ -278,6 +286,7 @@ class Controller:
                 accounts=self._accounts,
                 needs_person=frozenset() if person_approved else self.per_request_providers,
                 fleet_slots=self.config.limits.fleet_slots,
+                poll_schedules=self._poll_schedules,
             )
             if start is None:
                 raise self._not_found(operation_id)

@@ -152,6 +152,14 @@ def book_ahead(bucket: PaceBucket, *, now: float, rate: float, burst: int) -> tu
     return step.slot_at, PaceBucket(step.next_tat, bucket.sent_tat)
 
 
+def ahead_usable(slot_at: float, *, now: float, rate: float, next_poll_within: float | None) -> bool:
+    """Whether a slot booked ahead at `slot_at` is one its agent can use: its next check, at most
+    `next_poll_within` after `now` by its own schedule, comes before the slot's hold ends. Otherwise
+    (demand below the pace: the queue is shorter than the agent's own interval) nothing is booked
+    ahead; the agent books when it comes, as it would without a queue. None: unknown, never."""
+    return next_poll_within is not None and slot_at + slot_hold_seconds(rate) >= now + next_poll_within
+
+
 def moved_slot(slot_at: float | None, next_check_at: float | None, *, pacing: bool) -> float | None:
     """Where an operation's held slot was moved (its next check, when it waits for the pace after its
     slot's time); None when it was not."""

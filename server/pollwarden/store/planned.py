@@ -151,6 +151,7 @@ class Store(StoreReads):
         accounts: Mapping[str, str] | None = None,
         needs_person: frozenset[str] = frozenset(),
         fleet_slots: int | None = None,
+        poll_schedules: Mapping[str, tuple[float, float]] | None = None,
     ) -> CheckStart | None:
         """One round of check_status before any request, in one transaction (None: no such operation).
 
@@ -165,7 +166,9 @@ class Store(StoreReads):
         none approved this call: the gate answers NEEDS_PERSON and nothing is written.
         `fleet_slots`: while a pace is used up, at most this many booked slots per
         principal (issue 19's fair shares). With `clock`, the time every write is
-        guarded and paced by is read again once the locks are held.
+        guarded and paced by is read again once the locks are held. `poll_schedules`: each
+        provider's (base, longest) delay, so a request sent while a queue waits books its next slot
+        only where its agent can use it (`fleet_pace.ahead_usable`).
         """
         call = CheckCall(
             operation_id,
@@ -179,6 +182,7 @@ class Store(StoreReads):
             accounts,
             needs_person,
             fleet_slots,
+            poll_schedules,
         )
         return await self._begin_check(call)
 

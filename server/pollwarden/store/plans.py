@@ -31,6 +31,7 @@ from pollwarden.core.vocabulary import (
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
     PaceVerdict,
+    ahead_usable,
     book_ahead,
     moved_slot,
     owed_slots,
@@ -276,6 +277,7 @@ def check_plan(
     booked: tuple[int, float | None, int] | None = None,
     fleet_slots: int | None = None,
     fleet: FleetSpec | None = None,
+    next_poll_within: float | None = None,
 ) -> Plan:
     """What the gate's verdict writes (the verdict must write: `decision.writes`).
 
@@ -333,9 +335,10 @@ def check_plan(
     after = None if step is None else step.bucket
     next_slot = None
     if step is not None and step.books_ahead and until is None and fleet is not None:
-        next_slot, after = book_ahead(
-            step.bucket, now=now, rate=fleet.max_requests_per_second, burst=fleet.burst
-        )
+        rate = fleet.max_requests_per_second
+        ahead_at, ahead_bucket = book_ahead(step.bucket, now=now, rate=rate, burst=fleet.burst)
+        if ahead_usable(ahead_at, now=now, rate=rate, next_poll_within=next_poll_within):
+            next_slot, after = ahead_at, ahead_bucket
     taken: tuple[Write, ...] = ()
     if after is not None and after != bucket:
         # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.

@@ -20,6 +20,7 @@ from pollwarden.core.vocabulary import (
 )
 from pollwarden.rules.fleet_pace import PaceBucket, bucket_from_row
 from pollwarden.rules.gate import GateVerdict, gate_verdict
+from pollwarden.rules.schedule import raw_delay
 from pollwarden.store import plans, statements
 from pollwarden.store.plans import FLUSH, Plan
 from pollwarden.store.reads import Row
@@ -150,6 +151,7 @@ def check(
     bucket: PaceBucket | None = None,
     owed: int | None = None,
     came_at: float | None = None,
+    next_poll_within: float | None = None,
 ) -> Flow[CheckStart]:
     """Carry out the gate's verdict (`plans.check_plan`): read what it needs first — the provider's pace
     (unless the caller read it, locked), the other operations' held slots not used yet (`owed`, unless
@@ -177,6 +179,7 @@ def check(
         booked=booked,
         fleet_slots=fleet_slots,
         fleet=fleet,
+        next_poll_within=next_poll_within,
     )
     return CheckStart((yield CarryOut(current, plan)), plan.decision or decision)
 
@@ -203,6 +206,8 @@ class CheckCall:
     accounts: Mapping[str, str] | None = None
     needs_person: frozenset[str] = frozenset()
     fleet_slots: int | None = None
+    # Each provider's own schedule (base and longest delay, s): how soon an operation may check again.
+    poll_schedules: Mapping[str, tuple[float, float]] | None = None
 
     @property
     def asks(
@@ -210,6 +215,13 @@ class CheckCall:
     ) -> tuple[float, Mapping[str, FleetSpec | None], bool, Mapping[str, str] | None, frozenset[str]]:
         """What the gate is asked besides the record and the time (`gate`'s arguments after them)."""
         return (self.wait_until, self.fleets, self.apply_approvals, self.accounts, self.needs_person)
+
+    def next_poll_within(self, record: OperationRecord) -> float | None:
+        """The longest its own schedule makes `record` wait after its next answer (None: unknown)."""
+        schedule = None if self.poll_schedules is None else self.poll_schedules.get(record.provider)
+        if schedule is None:
+            return None
+        return raw_delay(record.polls_completed + 1, schedule[0], schedule[1])
 
     def time(self, now: float) -> float:
         """The time to guard and pace by once the locks are held: the clock read again, or `now`."""

@@ -119,7 +119,7 @@ class CheckProcedure(PostgresBase):
                 and pace is None
                 and not plans.before_own_slot(current.record, fleet, now=now)
             ):
-                return None  # rolled back: nothing was written
+                return None  # nothing was queued: the COMMIT writes nothing and frees the row
             held = Held(writer, tx, cursor, operation_id, [])
             decision = await self._drive(gate(current.record, now, *ask), held)
             if not decision.writes:
@@ -135,6 +135,7 @@ class CheckProcedure(PostgresBase):
                 bucket,
                 owed,
                 came_at=call.now,
+                next_poll_within=call.next_poll_within(current.record),
             )
             return await self._drive(flow, held)
 

@@ -36,7 +36,17 @@ def begin_check(session: Session, *, call: CheckCall, key: bytes | None) -> Chec
     try:
         with session.transaction(durable=not plans.quiet_refusal(current.refusals, decision)):
             now = call.time(now)
-            flow = check(current, decision, now, owner, lease_seconds, fleet, fleet_slots, came_at=call.now)
+            flow = check(
+                current,
+                decision,
+                now,
+                owner,
+                lease_seconds,
+                fleet,
+                fleet_slots,
+                came_at=call.now,
+                next_poll_within=call.next_poll_within(current.record),
+            )
             return executor.run_flow(conn, flow, None, key, durable=session.durable, fresh=False)
     except StaleRow:
         pass
@@ -47,5 +57,15 @@ def begin_check(session: Session, *, call: CheckCall, key: bytes | None) -> Chec
         decision = executor.run_flow(conn, gate(current.record, now, *ask), None, key)
         if not decision.writes:
             return CheckStart(current.record, decision)
-        flow = check(current, decision, now, owner, lease_seconds, fleet, fleet_slots, came_at=call.now)
+        flow = check(
+            current,
+            decision,
+            now,
+            owner,
+            lease_seconds,
+            fleet,
+            fleet_slots,
+            came_at=call.now,
+            next_poll_within=call.next_poll_within(current.record),
+        )
         return executor.run_flow(conn, flow, None, key)
