@@ -120,14 +120,14 @@ def pace_verdict(
     """
     sent = pace(bucket.sent_tat, now=now, rate=rate, burst=burst)
     room = pace(_owing(bucket.sent_tat, owed, now=now, rate=rate), now=now, rate=rate, burst=burst)
-    # Slots are booked beyond the burst: demand exceeds the pace (a caller without a slot would queue).
-    queue = not pace(bucket.tat, now=now, rate=rate, burst=burst).admitted
     if slot_held(held_slot, now=now if came_at is None else min(came_at, now), rate=rate, moved_to=moved_to):
         assert held_slot is not None
-        due = max(held_slot, moved_to or held_slot)
+        due = moved_to or held_slot  # `moved_slot` is always after the slot's own time
         if now < due:
             return PaceVerdict(False, due, bucket, new_booking=False)
         if room.admitted:  # its slot is already counted on the bookings' clock
+            # Slots booked beyond the burst: demand exceeds the pace (a caller without one would queue).
+            queue = not pace(bucket.tat, now=now, rate=rate, burst=burst).admitted
             sends = PaceBucket(bucket.tat, sent.next_tat)
             return PaceVerdict(True, now, sends, new_booking=False, books_ahead=queue)
         return PaceVerdict(False, room.slot_at, bucket, new_booking=False)

@@ -201,23 +201,22 @@ def pace_step(
         burst=fleet.burst,
         owed=owed,
         came_at=came_at,
-        moved_to=moved_slot(
-            record.fleet_slot_at,
-            record.next_check_at,
-            pacing=record.delay_source == DelaySource.FLEET_PACING,
-        ),
+        moved_to=_moved_to(record),
     )
+
+
+def _moved_to(record: OperationRecord) -> float | None:
+    """Where `record`'s held fleet slot was moved (`fleet_pace.moved_slot`), None when it was not."""
+    pacing = record.delay_source == DelaySource.FLEET_PACING
+    return moved_slot(record.fleet_slot_at, record.next_check_at, pacing=pacing)
 
 
 def before_own_slot(record: OperationRecord, fleet: FleetSpec, *, now: float) -> bool:
     """Whether `record`'s check at `now` comes before its own held fleet slot (its time, or where it
     was moved): it is told that slot, and reads nothing of the provider's pace."""
-    slot = record.fleet_slot_at
-    if slot is None:
-        return False
-    moved = moved_slot(slot, record.next_check_at, pacing=record.delay_source == DelaySource.FLEET_PACING)
-    rate = fleet.max_requests_per_second
-    return slot_held(slot, now=now, rate=rate, moved_to=moved) and now < max(slot, moved or slot)
+    slot, moved = record.fleet_slot_at, _moved_to(record)
+    held = slot_held(slot, now=now, rate=fleet.max_requests_per_second, moved_to=moved)
+    return held and slot is not None and now < (moved or slot)
 
 
 def owed_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:

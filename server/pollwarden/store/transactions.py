@@ -223,6 +223,30 @@ class CheckCall:
             return None
         return raw_delay(record.polls_completed + 1, schedule[0], schedule[1])
 
+    def check_flow(
+        self,
+        current: StoredOperation,
+        decision: GateVerdict,
+        now: float,
+        bucket: PaceBucket | None = None,
+        owed: int | None = None,
+    ) -> Flow[CheckStart]:
+        """`check` for this call: its owner, lease, fleet and fair shares, the time its call started, how
+        soon `current`'s own schedule brings it back; `now` is the time read under the locks."""
+        return check(
+            current,
+            decision,
+            now,
+            self.owner,
+            self.lease_seconds,
+            self.fleets.get(current.record.provider),
+            self.fleet_slots,
+            bucket,
+            owed,
+            came_at=self.now,
+            next_poll_within=self.next_poll_within(current.record),
+        )
+
     def time(self, now: float) -> float:
         """The time to guard and pace by once the locks are held: the clock read again, or `now`."""
         return self.clock() if self.clock is not None else now

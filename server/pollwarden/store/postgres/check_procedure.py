@@ -29,7 +29,7 @@ from pollwarden.store.postgres.base import RESERVED_KEPT, Held, PostgresBase
 from pollwarden.store.postgres.errors import GuardFailed
 from pollwarden.store.postgres.executor import answer_statement, operation
 from pollwarden.store.rows import StoredOperation, stored
-from pollwarden.store.transactions import CheckCall, check, gate
+from pollwarden.store.transactions import CheckCall, gate
 from pollwarden_providers.table_limits import FleetSpec
 
 
@@ -90,7 +90,6 @@ class CheckProcedure(PostgresBase):
         """`_begin_check` on the locked row (and, when `paced`, the provider's locked pace row); None when
         the pace was not taken and the locked row needs it."""
         operation_id, now, ask = call.operation_id, call.now, call.asks
-        owner, lease_seconds, fleet_slots = call.owner, call.lease_seconds, call.fleet_slots
         fleet = call.fleets.get(current.record.provider)
         pace = fleet if paced else None
         async with (
@@ -124,19 +123,7 @@ class CheckProcedure(PostgresBase):
             decision = await self._drive(gate(current.record, now, *ask), held)
             if not decision.writes:
                 return CheckStart(current.record, decision)
-            flow = check(
-                current,
-                decision,
-                now,
-                owner,
-                lease_seconds,
-                fleet,
-                fleet_slots,
-                bucket,
-                owed,
-                came_at=call.now,
-                next_poll_within=call.next_poll_within(current.record),
-            )
+            flow = call.check_flow(current, decision, now, bucket, owed)
             return await self._drive(flow, held)
 
     def _pace_turn_if(self, fleet: FleetSpec | None, provider: str) -> AbstractAsyncContextManager[None]:

@@ -13,7 +13,7 @@ from pollwarden.store import plans
 from pollwarden.store.sqlite import executor
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.store.sqlite.executor import StaleRow
-from pollwarden.store.transactions import CheckCall, check, gate
+from pollwarden.store.transactions import CheckCall, gate
 
 
 def begin_check(session: Session, *, call: CheckCall, key: bytes | None) -> CheckStart | None:
@@ -25,28 +25,16 @@ def begin_check(session: Session, *, call: CheckCall, key: bytes | None) -> Chec
     """
     conn = session.conn
     operation_id, now, ask = call.operation_id, call.now, call.asks
-    owner, lease_seconds, fleet_slots = call.owner, call.lease_seconds, call.fleet_slots
     current = executor.fetch(conn, operation_id)  # a snapshot read, outside any transaction
     if current is None:
         return None
-    fleet = call.fleets.get(current.record.provider)
     decision = executor.run_flow(conn, gate(current.record, now, *ask), None, key)
     if not decision.writes:
         return CheckStart(current.record, decision)
     try:
         with session.transaction(durable=not plans.quiet_refusal(current.refusals, decision)):
             now = call.time(now)
-            flow = check(
-                current,
-                decision,
-                now,
-                owner,
-                lease_seconds,
-                fleet,
-                fleet_slots,
-                came_at=call.now,
-                next_poll_within=call.next_poll_within(current.record),
-            )
+            flow = call.check_flow(current, decision, now)
             return executor.run_flow(conn, flow, None, key, durable=session.durable, fresh=False)
     except StaleRow:
         pass
@@ -57,15 +45,5 @@ def begin_check(session: Session, *, call: CheckCall, key: bytes | None) -> Chec
         decision = executor.run_flow(conn, gate(current.record, now, *ask), None, key)
         if not decision.writes:
             return CheckStart(current.record, decision)
-        flow = check(
-            current,
-            decision,
-            now,
-            owner,
-            lease_seconds,
-            fleet,
-            fleet_slots,
-            came_at=call.now,
-            next_poll_within=call.next_poll_within(current.record),
-        )
+        flow = call.check_flow(current, decision, now)
         return executor.run_flow(conn, flow, None, key)
