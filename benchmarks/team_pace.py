@@ -6,7 +6,7 @@
 
 Two `pollwarden serve` processes (stdio) share one PostgreSQL database (a scratch
 schema on `POLLWARDEN_TEST_PG`'s server); instance B reaches it through a TCP
-proxy in this process that holds every chunk `--delay-ms` (default 25 ms each
+proxy in this process that delays every chunk by `--delay-ms` (default 25 ms each
 way, so +50 ms a round trip: the issue's slow path). The fake provider's table
 has a [fleet] pace of 5/s, burst 3. 20 operations, 10 started on each instance,
 whose jobs stay "running"; each operation's agent calls `check_status` through
@@ -66,13 +66,27 @@ OPERATIONS = 20
 
 
 async def _pump(source: SocketStream, sink: SocketStream, delay: float) -> None:
-    with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        while True:
-            chunk = await source.receive()
-            await anyio.sleep(delay)
-            await sink.send(chunk)
-    with contextlib.suppress(Exception):
-        await sink.send_eof()
+    """A delay line: each chunk leaves `delay` s after it arrived, in order, and chunks in flight overlap
+    (as on a link with that latency); sleeping per chunk before reading the next would cap the
+    connection at one chunk per `delay` and turn a pipelined trip into several."""
+    send, receive = anyio.create_memory_object_stream[tuple[float, bytes]](max_buffer_size=1024)
+
+    async def deliver() -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            async with receive:
+                async for due, chunk in receive:
+                    await anyio.sleep(max(0.0, due - time.monotonic()))
+                    await sink.send(chunk)
+        with contextlib.suppress(Exception):
+            await sink.send_eof()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(deliver)
+        async with send:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                while True:
+                    chunk = await source.receive()
+                    await send.send((time.monotonic() + delay, chunk))
 
 
 async def delaying_proxy(target_host: str, target_port: int, delay: float, task_status: Any) -> None:
