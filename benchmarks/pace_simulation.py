@@ -52,9 +52,11 @@ from pollwarden.rules.fleet_pace import (
     PaceVerdict,
     ahead_usable,
     book_ahead,
+    hands_slot,
     moved_slot,
     owed_slots,
     pace_verdict,
+    share_send,
     share_wait,
     slot_hold_seconds,
 )
@@ -381,10 +383,36 @@ def _store_check(
             op.next_check_at = wait
             op.pacing = True
             return wait
+    handed: tuple[int, int] | None = None  # (the sibling handed the principal's next slot, slots held)
+    if new and verdict.send and s.fleet_slots is not None:  # `plans.check_plan`'s fair shares on a send
+        held_since = now - slot_hold_seconds(s.rate)
+        sibling = _oldest_waiting_sibling(ops, i, held_since)
+        count = _principal_slots(ops, i, held_since)
+        older = sibling is not None and ops[sibling].last_sent < op.last_sent
+        other_first = _other_principal_first(ops, i, held_since)
+        wait_send = share_send(
+            held_slot=verdict.by_held_slot,
+            older_waiting=older,
+            other_principal_first=other_first,
+            fleet_slots=s.fleet_slots,
+            now=now,
+            rate=s.rate,
+        )
+        if wait_send is not None:
+            if older and not other_first and sibling is not None:
+                _hand_slot(s, ops, sibling, bucket, count, now)
+            op.fleet_slot_at = None
+            op.next_check_at = wait_send
+            op.pacing = True
+            return wait_send
+        if sibling is not None:
+            handed = (sibling, count)
     bucket[0] = verdict.bucket
     if verdict.send:
         op.fleet_slot_at = None
-        if ahead and wait is None:  # its next slot, at the queue's tail now, if its agent can use it
+        if handed is not None:
+            _hand_slot(s, ops, handed[0], bucket, handed[1], now)
+        elif ahead and wait is None:  # its next slot, at the queue's tail now, if its agent can use it
             slot, booked = book_ahead(verdict.bucket, now=now, rate=s.rate, burst=s.burst)
             if ahead_usable(slot, now=now, rate=s.rate, next_poll_within=s.own_interval):
                 op.fleet_slot_at, bucket[0] = slot, booked
@@ -396,6 +424,48 @@ def _store_check(
     op.next_check_at = verdict.at
     op.pacing = True
     return verdict.at
+
+
+def _waiting(o: _Op, held_since: float) -> bool:
+    """Waits for the pace without a slot, its agent still coming (`statements.WAITING_FOR_PACE_SQL`)."""
+    return o.pacing and o.fleet_slot_at is None and o.next_check_at >= held_since
+
+
+def _oldest_waiting_sibling(ops: list[_Op], i: int, held_since: float) -> int | None:
+    """`statements.OLDEST_WAITING_SIBLING`: operation i's principal's other operation waiting longest."""
+    own = [(o.last_sent, k) for k, o in enumerate(ops) if k != i and o.principal == ops[i].principal]
+    return min(((sent, k) for sent, k in own if _waiting(ops[k], held_since)), default=(0.0, None))[1]
+
+
+def _principal_slots(ops: list[_Op], i: int, held_since: float) -> int:
+    """The slots operation i's principal's other operations hold (`PRINCIPAL_BOOKED_SLOTS`'s count)."""
+    return sum(
+        1
+        for k, o in enumerate(ops)
+        if k != i
+        and o.principal == ops[i].principal
+        and o.fleet_slot_at is not None
+        and max(o.fleet_slot_at, _moved(o) or 0.0) > held_since
+    )
+
+
+def _other_principal_first(ops: list[_Op], i: int, held_since: float) -> bool:
+    """`statements.OTHER_PRINCIPAL_FIRST`: another principal waits, served less recently than i's."""
+    last: dict[int, float] = {}
+    for o in ops:
+        last[o.principal] = max(last.get(o.principal, 0.0), o.last_sent)
+    mine = ops[i].principal
+    return any(
+        o.principal != mine and _waiting(o, held_since) and last[o.principal] < last[mine] for o in ops
+    )
+
+
+def _hand_slot(
+    s: Scenario, ops: list[_Op], k: int, bucket: list[PaceBucket], booked: int, now: float
+) -> None:
+    """`plans.HandSlot`: the principal's next free slot to operation k (`fleet_pace.hands_slot`)."""
+    if hands_slot(sibling_waiting=True, booked=booked, fleet_slots=s.fleet_slots):
+        ops[k].fleet_slot_at, bucket[0] = book_ahead(bucket[0], now=now, rate=s.rate, burst=s.burst)
 
 
 def _share_wait(

@@ -30,7 +30,7 @@ from pollwarden.core.errors import StoreError
 from pollwarden.core.records import ApprovalRecord, CheckStart, OperationRecord, WakeOutcome
 from pollwarden.core.vocabulary import ApprovalStatus, DelaySource, FollowupKind, FollowupStatus, Status
 from pollwarden.rules.gate import Verdict
-from pollwarden.store import Store, open_store
+from pollwarden.store import DatabaseLocation, Store, open_store
 from pollwarden_providers.table_limits import FleetSpec
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]
@@ -434,3 +434,70 @@ async def test_refusals_counted_by_two_stores_at_once_are_all_counted(tmp_path: 
         rows = await first.audit_rows("op")
     assert rows[0].kind == "started"
     assert sum(int(str(row.payload_obj["count"])) for row in rows[1:]) == 10  # no count lost to the race
+
+
+# -- fair shares: a principal's next slot handed to its operation waiting longest (issue 29) ----------
+
+PACED_FLEET: dict[str, FleetSpec | None] = {"acme": FleetSpec(max_requests_per_second=2.0, burst=1)}
+
+
+async def _sibling_and_slot_holder(store: Store, where: DatabaseLocation) -> None:
+    """alice's `holder`, whose slot came, and `waiting`, waiting for the pace longer, its agent coming."""
+    for operation_id, next_check_at in (("holder", NOW - 0.1), ("waiting", NOW + 0.3)):
+        changes = {"owner": "alice", "next_check_at": next_check_at, "delay_source": DelaySource.FLEET_PACING}
+        await store.create_operation(values(operation_id, **changes), kind="started", at=NOW - 100)
+    harness.db_write(
+        where,
+        f"UPDATE operations SET fleet_slot_at = {NOW - 0.1}, request_sent_at = {NOW - 10} "
+        "WHERE operation_id = 'holder'",
+    )
+    harness.db_write(
+        where, f"UPDATE operations SET request_sent_at = {NOW - 50} WHERE operation_id = 'waiting'"
+    )
+
+
+async def test_a_request_that_leaves_hands_its_principals_next_slot_to_its_operation_waiting_longest(
+    tmp_path: Path,
+) -> None:
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        await _sibling_and_slot_holder(store, where)
+        before = await store.get("waiting")
+        sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
+        after = await store.get("waiting")
+        # The next free slot is the sibling's: one paced check later it is told that slot, not a new one.
+        paced = await check(store, "waiting", NOW + 0.3, fleets=PACED_FLEET, fleet_slots=1)
+    assert sent.decision.kind == Verdict.RESERVE
+    assert before is not None
+    assert after is not None
+    assert before.fleet_slot_at is None
+    assert after.fleet_slot_at == NOW  # the next free slot on the bookings' clock
+    assert after.version == before.version + 1  # a cached copy of its row is no longer current
+    assert paced.decision.kind == Verdict.PACED
+    assert paced.decision.allowed_at == NOW + 0.5  # its slot came; the sends' clock has room then
+    assert paced.record.fleet_slot_at == NOW  # it keeps the slot's own time (its place)
+
+
+@pytest.mark.postgres_only
+async def test_a_sibling_row_another_transaction_holds_is_skipped_and_the_pace_is_not_moved(
+    tmp_path: Path,
+) -> None:
+    import psycopg
+
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        await _sibling_and_slot_holder(store, where)
+        with psycopg.connect(where.dsn) as holder:  # the sibling's own check, holding its row
+            holder.execute("SELECT 1 FROM operations WHERE operation_id = 'waiting' FOR UPDATE")
+            with anyio.fail_after(10):  # skipped, never waited for (a wait here would deadlock)
+                sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
+        after = await store.get("waiting")
+        with psycopg.connect(where.dsn) as reader:
+            tat = reader.execute("SELECT tat FROM fleet_buckets WHERE provider = 'acme'").fetchone()
+    assert sent.decision.kind == Verdict.RESERVE
+    assert after is not None
+    assert after.fleet_slot_at is None
+    assert tat is not None
+    # The bookings' clock as the request left it (a clock never used starts at now), not moved on
+    # for a slot nobody holds (NOW + 0.5 when the slot is handed).
+    assert tat[0] == NOW

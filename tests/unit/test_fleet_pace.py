@@ -7,9 +7,11 @@ import pytest
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
     book_ahead,
+    hands_slot,
     moved_slot,
     owed_slots,
     pace_verdict,
+    share_send,
     share_wait,
     slot_held,
     slot_hold_seconds,
@@ -176,3 +178,39 @@ def test_an_agent_that_came_within_the_hold_keeps_its_slot_however_long_the_serv
         bucket, now=decided, held_slot=10.0, rate=RATE, burst=BURST, came_at=10.0 + hold + 0.1
     )
     assert (lost.send, lost.new_booking) == (False, True)  # it came after the hold: it books again
+
+
+@pytest.mark.parametrize(
+    ("held_slot", "older_waiting", "other_principal_first", "fleet_slots", "expected"),
+    [
+        (False, False, False, 1, None),  # nobody waits longer: it sends
+        (False, True, False, 1, 10.2),  # its principal's operation waiting longer gets the room
+        (False, False, True, 1, 10.2),  # a principal served less recently gets the room
+        (True, True, True, 1, None),  # a held slot is its own
+        (False, True, True, None, None),  # no fair shares: first come, first served
+    ],
+)
+def test_fair_shares_leave_room_the_pace_has_now_to_whoever_waited_longer(
+    held_slot: bool,
+    older_waiting: bool,
+    other_principal_first: bool,
+    fleet_slots: int | None,
+    expected: float | None,
+) -> None:
+    wait = share_send(
+        held_slot=held_slot,
+        older_waiting=older_waiting,
+        other_principal_first=other_principal_first,
+        fleet_slots=fleet_slots,
+        now=10.0,
+        rate=RATE,
+    )
+    assert wait == (None if expected is None else pytest.approx(expected))
+
+
+def test_a_principals_next_slot_is_handed_on_only_within_its_share() -> None:
+    assert hands_slot(sibling_waiting=True, booked=0, fleet_slots=1)
+    assert not hands_slot(sibling_waiting=True, booked=1, fleet_slots=1)  # it holds its one slot
+    assert hands_slot(sibling_waiting=True, booked=1, fleet_slots=2)
+    assert not hands_slot(sibling_waiting=False, booked=0, fleet_slots=1)
+    assert not hands_slot(sibling_waiting=True, booked=0, fleet_slots=None)

@@ -99,6 +99,18 @@ def test_with_one_slot_per_principal_no_principal_holds_more_and_no_agent_starve
     assert result.used >= 0.9
     for operation in range(scenario.operations):
         assert result.by_operation[operation] >= 2, result.summary()
+    # Principals take turns, and a principal's slot goes to its operation waiting longest when one of
+    # its requests leaves (issue 29): within 10 % of their shares in 20 of these 24 runs, 11.8 % at
+    # worst (principals 32 %, instances 23 % before).
+    assert max(result.share_errors().values()) <= 0.12, result.summary()
+
+
+@pytest.mark.parametrize("behaviour", ["jitter", "mix"])
+def test_with_one_slot_per_principal_principals_of_15_and_5_operations_each_get_half(behaviour: str) -> None:
+    scenario = Scenario(behaviour, behaviour, round_trips=(0.0, 0.03, 0.2), principals=(15, 5), fleet_slots=1)
+    result = simulate(scenario)
+    assert result.failures() == [], result.summary()  # every goal, each share within 10 %
+    assert result.share_errors()["principal 1"] <= 0.10
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from pollwarden.core.vocabulary import (
 from pollwarden.rules.fleet_pace import PaceBucket, PaceVerdict
 from pollwarden.rules.gate import GateVerdict, Verdict
 from pollwarden.store import plans
-from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, SetPace, Update
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, HandSlot, Plan, SetPace, Update
 from pollwarden_providers.table_limits import FleetSpec
 
 NOW = 2000.0
@@ -256,17 +256,18 @@ def test_the_booked_slots_read_counts_held_slots_and_ranks_by_the_last_request()
     assert plans.booked_slots(None) == (0, None, 0)
 
 
-def test_booked_slots_are_read_only_for_a_new_booking_under_fair_shares() -> None:
+def test_booked_slots_are_read_only_for_a_send_or_a_new_booking_under_fair_shares() -> None:
     sends = PaceVerdict(True, NOW, NO_ROW, new_booking=False)
     ahead = PaceVerdict(True, NOW, NO_ROW, new_booking=False, books_ahead=True)
     kept = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=False)
     booking = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=True)
     assert not plans.needs_booked_slots(None, 2)
-    assert not plans.needs_booked_slots(sends, 2)
-    assert plans.needs_booked_slots(ahead, 2)  # a slot booked ahead is a new booking too
+    assert plans.needs_booked_slots(sends, 2)  # a send may leave its room to others, or hand a slot on
+    assert plans.needs_booked_slots(ahead, 2)
     assert not plans.needs_booked_slots(kept, 2)
     assert plans.needs_booked_slots(booking, 2)
     assert not plans.needs_booked_slots(booking, None)
+    assert not plans.needs_booked_slots(sends, None)
 
 
 def test_a_request_that_leaves_on_its_slot_while_a_queue_waits_books_its_next_slot_at_the_tail() -> None:
@@ -678,3 +679,93 @@ def test_a_check_before_its_own_held_slot_needs_nothing_of_the_pace(
     changes: dict[str, Any], before: bool
 ) -> None:
     assert plans.before_own_slot(waiting(**changes), FLEET, now=NOW) is before
+
+
+# -- fair shares on a send (issue 29): principals take turns, a principal's slot goes to its oldest ---------
+
+
+def fair_send(
+    record: OperationRecord,
+    bucket: PaceBucket,
+    *,
+    sibling: tuple[str, float] | None = None,
+    other_principal_first: bool = False,
+    booked: tuple[int, float | None, int] = (0, None, 0),
+) -> Plan:
+    """check_plan for `record` under one slot per principal, its pace step taken on `bucket`."""
+    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert step is not None
+    assert step.send
+    return plans.check_plan(
+        record,
+        RESERVE,
+        now=NOW,
+        owner="me",
+        lease_seconds=30,
+        step=step,
+        bucket=bucket,
+        booked=booked,
+        fleet_slots=1,
+        fleet=FLEET,
+        next_poll_within=1.0,
+        sibling=sibling,
+        other_principal_first=other_principal_first,
+    )
+
+
+ROOM = PaceBucket(NOW - 1.0, NOW - 1.0)  # the pace has room now
+
+
+def test_a_request_that_leaves_hands_its_principals_next_slot_to_the_operation_waiting_longest() -> None:
+    # With no slot of its own, it came first and its principal's oldest waiting operation came after it.
+    record = waiting(request_sent_at=NOW - 9.0)
+    plan = fair_send(record, ROOM, sibling=("op-old", NOW - 5.0), booked=(0, None, 1))
+    assert plan.decision == RESERVE
+    assert kinds(plan) == ["SetPace", "HandSlot", "Update"]
+    (handed,) = [w for w in plan.writes if isinstance(w, HandSlot)]
+    # The next free slot after this request, on the bookings' clock this request just moved.
+    assert (handed.sibling, handed.slot_at, handed.tat) == ("op-old", NOW + 1.0, NOW + 2.0)
+    assert (handed.provider, handed.owner) == ("acme", record.owner)
+    assert handed.held_since == NOW - 2.0  # only a sibling whose agent is still coming is handed it
+    assert update_of(plan)["fleet_slot_at"] is None  # it books nothing for itself
+    # Its principal already holds its one slot: nothing is handed, the request still goes out.
+    full = fair_send(record, ROOM, sibling=("op-old", NOW - 5.0), booked=(1, NOW + 1.0, 1))
+    assert kinds(full) == ["SetPace", "Update"]
+    assert full.decision == RESERVE
+
+
+def test_room_the_pace_has_now_goes_to_the_principals_operation_that_waited_longer() -> None:
+    record = waiting(request_sent_at=NOW - 5.0)
+    # Its sibling, served longer ago, is still coming: this call did not come first.
+    younger = fair_send(record, ROOM, sibling=("op-young", NOW - 1.0))
+    assert younger.decision == RESERVE
+    plan = fair_send(waiting(request_sent_at=NOW - 1.0), ROOM, sibling=("op-old", NOW - 9.0))
+    assert plan.decision == GateVerdict(Verdict.PACED, allowed_at=NOW + 1.0)  # one interval on
+    assert kinds(plan) == ["HandSlot", "Update"]  # nothing taken from the pace but the handed slot
+    (handed,) = [w for w in plan.writes if isinstance(w, HandSlot)]
+    assert (handed.sibling, handed.slot_at, handed.tat) == ("op-old", NOW, NOW + 1.0)
+    assert update_of(plan) == {
+        "fleet_slot_at": None,
+        "next_check_at": NOW + 1.0,
+        "delay_source": DelaySource.FLEET_PACING,
+    }
+
+
+def test_a_principal_served_more_recently_leaves_the_room_to_another_that_waits() -> None:
+    plan = fair_send(waiting(request_sent_at=NOW - 1.0), ROOM, other_principal_first=True)
+    assert plan.decision == GateVerdict(Verdict.PACED, allowed_at=NOW + 1.0)
+    assert kinds(plan) == ["Update"]  # nothing from the pace, nothing handed: the room is the other's
+    # Even with an older sibling waiting, the other principal comes first: nothing is handed.
+    both = fair_send(
+        waiting(request_sent_at=NOW - 1.0), ROOM, sibling=("op-old", NOW - 9.0), other_principal_first=True
+    )
+    assert kinds(both) == ["Update"]
+
+
+def test_a_slot_held_for_an_operation_is_its_own_whoever_else_waits() -> None:
+    record = waiting(request_sent_at=NOW - 1.0, fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
+    plan = fair_send(
+        record, ROOM, sibling=("op-old", NOW - 9.0), other_principal_first=True, booked=(0, None, 1)
+    )
+    assert plan.decision == RESERVE
+    assert "HandSlot" in kinds(plan)  # and it hands its principal's next slot on

@@ -32,7 +32,11 @@ on time, or with no slot at all, take the room of one that comes a little after
 its slot (its own jitter, a slower path to the database), and it is moved again
 and again. Under fair shares (`share_wait`) a principal's slots go to its
 operations oldest-waiting first, and a slot whose time has come counts as held
-until it is used, so a principal never holds more than its share.
+until it is used, so a principal never holds more than its share. Room the pace
+has now goes the same way (`share_send`): principals take turns (the one served
+least recently first), and a principal's request that leaves hands its next slot
+to its operation waiting longest (`hands_slot`), so a principal with fewer
+agents does not lose its turn while none of them happens to be calling.
 
 Pure: the engines read the pace row and the operation's `fleet_slot_at`, call
 `pace_verdict` with the time read inside their transaction, and write what it says.
@@ -91,6 +95,7 @@ class PaceVerdict:
     bucket: PaceBucket  # the pace row to write
     new_booking: bool  # a slot was taken from the pace for a later time (fair shares count it)
     books_ahead: bool = False  # it sends while a queue waits: its next slot is booked now (`book_ahead`)
+    by_held_slot: bool = False  # it sends in the slot held for it (fair shares never keep it)
 
 
 def pace_verdict(
@@ -129,7 +134,7 @@ def pace_verdict(
             # Slots booked beyond the burst: demand exceeds the pace (a caller without one would queue).
             queue = not pace(bucket.tat, now=now, rate=rate, burst=burst).admitted
             sends = PaceBucket(bucket.tat, sent.next_tat)
-            return PaceVerdict(True, now, sends, new_booking=False, books_ahead=queue)
+            return PaceVerdict(True, now, sends, new_booking=False, books_ahead=queue, by_held_slot=True)
         return PaceVerdict(False, room.slot_at, bucket, new_booking=False)
     booked = pace(bucket.tat, now=now, rate=rate, burst=burst)
     if booked.admitted and room.admitted:
@@ -205,3 +210,35 @@ def share_wait(
     if fleet_slots is None or (booked < fleet_slots and not older_waiting):
         return None
     return earliest if earliest is not None and earliest > now else now + 1.0 / rate
+
+
+def share_send(
+    *,
+    held_slot: bool,
+    older_waiting: bool,
+    other_principal_first: bool,
+    fleet_slots: int | None,
+    now: float,
+    rate: float,
+) -> float | None:
+    """When fair shares keep an operation from taking room the pace has now: the time to look again
+    (None: it may send).
+
+    Only an operation without a held slot is kept (a held slot is its own). It
+    waits while another principal, with an operation waiting for the pace whose
+    agent is still coming, was served less recently than its own principal
+    (`other_principal_first`: principals take turns, so one with more agents
+    does not take more of the pace by coming more often), or while an operation
+    of its own principal has waited longer (`older_waiting`: that one gets the
+    room, `hands_slot`).
+    """
+    if fleet_slots is None or held_slot or not (older_waiting or other_principal_first):
+        return None
+    return now + 1.0 / rate
+
+
+def hands_slot(*, sibling_waiting: bool, booked: int, fleet_slots: int | None) -> bool:
+    """Whether the principal's next slot goes to its oldest waiting operation now: when one of its
+    operations sends, or gives up room to it (`share_send`), and the principal holds fewer than
+    `fleet_slots` slots. Its turn then does not wait for its agent to come and book."""
+    return fleet_slots is not None and sibling_waiting and booked < fleet_slots

@@ -33,9 +33,11 @@ from pollwarden.rules.fleet_pace import (
     PaceVerdict,
     ahead_usable,
     book_ahead,
+    hands_slot,
     moved_slot,
     owed_slots,
     pace_verdict,
+    share_send,
     share_wait,
     slot_held,
     slot_hold_seconds,
@@ -52,6 +54,7 @@ __all__ = [
     "CountRefusal",
     "Execute",
     "Flush",
+    "HandSlot",
     "Plan",
     "SetPace",
     "Update",
@@ -77,6 +80,8 @@ __all__ = [
     "question_plan",
     "quiet_refusal",
     "reopen_plan",
+    "served_since",
+    "waiting_sibling",
     "wake_plan",
 ]
 
@@ -122,6 +127,25 @@ class SetPace:
 
 
 @dataclass(frozen=True)
+class HandSlot:
+    """Give the principal's next slot (`slot_at`, the bookings' clock then at `tat`) to its oldest waiting
+    operation `sibling`, if it still waits without a slot (`fleet_pace.hands_slot`); the pace row moves
+    only then. A sibling row another transaction holds is skipped (PostgreSQL: `SKIP LOCKED`)."""
+
+    provider: str
+    owner: str
+    sibling: str
+    slot_at: float
+    tat: float
+    at: float
+    held_since: float  # its agent is still coming (`statements.WAITING_FOR_PACE_SQL`)
+
+    def params(self) -> dict[str, object]:
+        """The hand-off statement's parameters."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Execute:
     """Run one statement of `pollwarden.store.statements` beside the operation's writes (an approval
     settled, a follow-up recorded)."""
@@ -130,7 +154,7 @@ class Execute:
     params: Mapping[str, object]
 
 
-Write = Flush | Update | Append | CountRefusal | SetPace | Execute
+Write = Flush | Update | Append | CountRefusal | SetPace | HandSlot | Execute
 
 FLUSH = Flush()
 
@@ -231,16 +255,21 @@ def owed_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dic
 
 
 def needs_booked_slots(step: PaceVerdict | None, fleet_slots: int | None) -> bool:
-    """Whether the principal's booked slots decide the check (a new slot would be booked, now or ahead,
-    and fair shares apply)."""
-    return step is not None and (step.new_booking or step.books_ahead) and fleet_slots is not None
+    """Whether the principal's booked slots decide the check (fair shares apply, and a request would go
+    out or a new slot be booked)."""
+    return step is not None and (step.new_booking or step.send) and fleet_slots is not None
+
+
+def waiting_sibling(row: tuple[object, ...] | None) -> tuple[str, float] | None:
+    """`statements.OLDEST_WAITING_SIBLING` as read: its id, and when its last request left."""
+    return None if row is None else (str(row[0]), float(str(row[1])))
 
 
 def booked_slots_params(
     record: OperationRecord, fleet: FleetSpec, *, now: float, step: PaceVerdict | None = None
 ) -> dict[str, object]:
     """The parameters of `statements.PRINCIPAL_BOOKED_SLOTS` for `record`'s check at `now`."""
-    served_at = record.created_at if record.request_sent_at is None else record.request_sent_at
+    served_at = served_since(record)
     return {
         "provider": record.provider,
         "owner": record.owner,
@@ -277,6 +306,8 @@ def check_plan(
     fleet_slots: int | None = None,
     fleet: FleetSpec | None = None,
     next_poll_within: float | None = None,
+    sibling: tuple[str, float] | None = None,
+    other_principal_first: bool = False,
 ) -> Plan:
     """What the gate's verdict writes (the verdict must write: `decision.writes`).
 
@@ -287,7 +318,12 @@ def check_plan(
     free slot instead (PACED), unless fair shares apply (`fleet_pace.share_wait`:
     its principal already holds `fleet_slots` slots, or another of its operations
     has waited longer; `booked` as `booked_slots` reads it) — then it waits and
-    takes nothing from the pace.
+    takes nothing from the pace. Under fair shares an operation without a held
+    slot leaves room the pace has now to another principal served less recently
+    (`other_principal_first`) or to its principal's operation that has waited
+    longer (`sibling`: id, when its last request left), which is handed the slot
+    (`HandSlot`); one that sends hands its principal's next slot to that operation
+    (`fleet_pace.share_send`, `hands_slot`).
     Otherwise the request is counted and the lease taken (an expired lease
     recovered and told first).
     """
@@ -327,13 +363,33 @@ def check_plan(
             now=now,
             rate=fleet.max_requests_per_second,
         )
-    if until is not None and step is not None and not step.send:
+    handed: tuple[Write, ...] = ()
+    if step is not None and step.send and fleet is not None and fleet_slots is not None:
+        rate, count = fleet.max_requests_per_second, 0 if booked is None else booked[0]
+        older = sibling is not None and sibling[1] < served_since(record)
+        wait_send = share_send(
+            held_slot=step.by_held_slot,
+            older_waiting=older,
+            other_principal_first=other_principal_first,
+            fleet_slots=fleet_slots,
+            now=now,
+            rate=rate,
+        )
+        if wait_send is not None:
+            # The room goes to the operation that has waited longer (handed its slot now), or is left
+            # for the other principal's agent; this one takes nothing from the pace.
+            if older and not other_principal_first:
+                handed = _hand_slot(record, fleet, bucket, sibling, count, fleet_slots, now=now)
+            until, step = wait_send, None
+        elif sibling is not None:
+            handed = _hand_slot(record, fleet, step.bucket, sibling, count, fleet_slots, now=now)
+    if until is not None and (step is None or not step.send):
         wait = {"fleet_slot_at": None, "next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
         waiting = updated(record, wait, now)
-        return Plan(waiting, (Update(wait, now),), GateVerdict(Verdict.PACED, allowed_at=until))
+        return Plan(waiting, (*handed, Update(wait, now)), GateVerdict(Verdict.PACED, allowed_at=until))
     after = None if step is None else step.bucket
     next_slot = None
-    if step is not None and step.books_ahead and until is None and fleet is not None:
+    if step is not None and step.books_ahead and until is None and not handed and fleet is not None:
         rate = fleet.max_requests_per_second
         ahead_at, ahead_bucket = book_ahead(step.bucket, now=now, rate=rate, burst=fleet.burst)
         if ahead_usable(ahead_at, now=now, rate=rate, next_poll_within=next_poll_within):
@@ -358,7 +414,34 @@ def check_plan(
         "lease_owner": owner,
         "lease_expires_at": now + lease_seconds,
     }
-    return Plan(updated(record, reserve, now), (*taken, *recovered, Update(reserve, now)), decision)
+    writes = (*taken, *handed, *recovered, Update(reserve, now))
+    return Plan(updated(record, reserve, now), writes, decision)
+
+
+def served_since(record: OperationRecord) -> float:
+    """When the operation was last served: its last request, or its creation (the oldest waits first)."""
+    return record.created_at if record.request_sent_at is None else record.request_sent_at
+
+
+def _hand_slot(
+    record: OperationRecord,
+    fleet: FleetSpec,
+    bucket: PaceBucket | None,
+    sibling: tuple[str, float] | None,
+    booked: int,
+    fleet_slots: int,
+    *,
+    now: float,
+) -> tuple[Write, ...]:
+    """The principal's next free slot on `bucket`'s bookings' clock, handed to `sibling` (nothing when
+    fair shares do not hand it: `fleet_pace.hands_slot`)."""
+    if sibling is None or not hands_slot(sibling_waiting=True, booked=booked, fleet_slots=fleet_slots):
+        return ()
+    rate, burst = fleet.max_requests_per_second, fleet.burst
+    slot_at, after = book_ahead(bucket or PaceBucket(None, None), now=now, rate=rate, burst=burst)
+    assert after.tat is not None
+    held_since = now - slot_hold_seconds(rate)
+    return (HandSlot(record.provider, record.owner, sibling[0], slot_at, after.tat, now, held_since),)
 
 
 def answer_plan(

@@ -107,6 +107,37 @@ PRINCIPAL_BOOKED_SLOTS = (
     "AND status = 'waiting' AND operation_id <> :operation_id"
 )
 
+# An operation waiting for the pace without a slot, its agent still coming (`share_wait`'s waiting).
+WAITING_FOR_PACE_SQL = (
+    "status = 'waiting' AND delay_source = 'fleet_pacing' AND lease_owner IS NULL "
+    "AND fleet_slot_at IS NULL AND next_check_at >= :held_since"
+)
+
+# Fair shares (issue 29): the principal's other operation that has waited longest for the pace (id, and
+# when its last request left), to be handed the principal's next slot (`fleet_pace.hands_slot`).
+OLDEST_WAITING_SIBLING = (
+    "SELECT operation_id, coalesce(request_sent_at, created_at) FROM operations "
+    f"WHERE provider = :provider AND owner = :owner AND operation_id <> :operation_id AND {WAITING_FOR_PACE_SQL} "
+    "ORDER BY 2, operation_id LIMIT 1"
+)
+
+# Fair shares (issue 29): whether another principal waits for the pace (an operation of it, its agent
+# still coming) whose waiting operations' last request is older than this principal's (`share_send`).
+_LAST_SERVED = (
+    "coalesce((SELECT max(x.request_sent_at) FROM operations x WHERE x.provider = :provider "
+    "AND x.owner = {owner} AND x.status = 'waiting'), -1)"
+)
+OTHER_PRINCIPAL_FIRST = (
+    f"SELECT 1 FROM operations w WHERE w.provider = :provider AND w.owner <> :owner AND {WAITING_FOR_PACE_SQL} "
+    f"AND {_LAST_SERVED.format(owner='w.owner')} < {_LAST_SERVED.format(owner=':owner')} LIMIT 1"
+)
+
+# The principal's next slot handed to its oldest waiting operation (`plans.HandSlot`), if it still waits.
+HAND_SLOT_GUARD = (
+    f"provider = :provider AND owner = :owner AND operation_id = :sibling AND {WAITING_FOR_PACE_SQL}"
+)
+HAND_SLOT_SET = "fleet_slot_at = :slot_at, version = version + 1, updated_at = :at"
+
 # The other operations' held fleet slots whose time has come (from `held_since` to before `before`) and
 # that are not used yet: the sends' clock keeps room for them (`fleet_pace.pace_verdict`'s `owed`).
 PROVIDER_OWED_SLOTS = (

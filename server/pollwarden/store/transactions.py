@@ -157,7 +157,8 @@ def check(
     (unless the caller read it, locked), the other operations' held slots not used yet (`owed`, unless
     the caller read them in the same trip) and the principal's booked slots (fair shares)."""
     record = current.record
-    step = booked = None
+    step = booked = sibling = None
+    other_first = False
     if fleet is not None and plans.needs_pace(record, decision, fleet, now=now):
         if bucket is None:
             bucket = bucket_from_row((yield Query(statements.SELECT_PACE, {"provider": record.provider})))
@@ -167,7 +168,16 @@ def check(
         step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed, came_at=came_at)
         if plans.needs_booked_slots(step, fleet_slots):
             params = plans.booked_slots_params(record, fleet, now=now, step=step)
-            booked = plans.booked_slots((yield Query(statements.PRINCIPAL_BOOKED_SLOTS, params)))
+            slots, oldest, first = yield (
+                Query(statements.PRINCIPAL_BOOKED_SLOTS, params),
+                Query(statements.OLDEST_WAITING_SIBLING, params),
+                Query(statements.OTHER_PRINCIPAL_FIRST, params),
+            )
+            booked, sibling, other_first = (
+                plans.booked_slots(slots),
+                plans.waiting_sibling(oldest),
+                first is not None,
+            )
     plan = plans.check_plan(
         record,
         decision,
@@ -180,6 +190,8 @@ def check(
         fleet_slots=fleet_slots,
         fleet=fleet,
         next_poll_within=next_poll_within,
+        sibling=sibling,
+        other_principal_first=other_first,
     )
     return CheckStart((yield CarryOut(current, plan)), plan.decision or decision)
 

@@ -44,7 +44,7 @@ from pollwarden.core.errors import StoreError
 from pollwarden.core.records import OperationRecord
 from pollwarden.core.vocabulary import Outcome
 from pollwarden.store import statements
-from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, HandSlot, Plan, Update
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import Row, Tx
 from pollwarden.store.rows import StoredOperation, stored
@@ -218,6 +218,8 @@ class Writer:
                 await self._count_refusal(current, write.outcome, write.at)
             elif isinstance(write, Execute):
                 await self.tx.queue(write.statement, write.params)
+            elif isinstance(write, HandSlot):
+                await self.tx.queue(sql.HAND_SLOT, write.params())
             else:  # SetPace
                 await self.tx.queue(
                     sql.SET_FLEET_TAT,

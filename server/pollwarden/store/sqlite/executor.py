@@ -25,7 +25,7 @@ from pollwarden.core.records import OperationRecord
 from pollwarden.core.vocabulary import Outcome
 from pollwarden.store import statements
 from pollwarden.store.planned import T
-from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, Plan, Update
+from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, HandSlot, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import sql
 from pollwarden.store.transactions import CarryOut, Flow, Locked, Query, Queue, Request, drive
@@ -84,6 +84,9 @@ def carry_out(
                 raise StaleRow(f"operation {op_id!r} changed since it was read")
         elif isinstance(write, Execute):
             conn.execute(write.statement, dict(write.params))
+        elif isinstance(write, HandSlot):
+            if conn.execute(sql.HAND_SLOT, write.params()).fetchone() is not None:
+                conn.execute(sql.SET_FLEET_BOOKINGS, write.params())
         else:  # SetPace
             conn.execute(
                 sql.UPSERT_FLEET_TAT,

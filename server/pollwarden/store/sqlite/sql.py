@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from pollwarden.store import statements
 from pollwarden.store.rows import REFUSAL_COLUMNS
 from pollwarden.store.statements import OPERATION_ROW
 
@@ -57,6 +58,13 @@ def update_operation(columns: tuple[str, ...]) -> str:
 
 
 # -- fleet pacing ----------------------------------------------------------------------------------
+
+# The hand-off (`plans.HandSlot`); under the write lock, the pace row moves only when a row came back.
+HAND_SLOT = f"UPDATE operations SET {statements.HAND_SLOT_SET} WHERE {statements.HAND_SLOT_GUARD} RETURNING 1"
+SET_FLEET_BOOKINGS = (
+    "INSERT INTO fleet_buckets (provider, tat) VALUES (:provider, :tat) "
+    "ON CONFLICT(provider) DO UPDATE SET tat = excluded.tat"
+)
 
 UPSERT_FLEET_TAT = (
     "INSERT INTO fleet_buckets (provider, tat, sent_tat) VALUES (:provider, :tat, :sent_tat) "
