@@ -478,8 +478,31 @@ async def test_a_request_that_leaves_hands_its_principals_next_slot_to_its_opera
     assert paced.record.fleet_slot_at == NOW  # it keeps the slot's own time (its place)
 
 
+async def test_an_operation_whose_lease_expired_is_handed_its_principals_slot_and_sends(
+    tmp_path: Path,
+) -> None:
+    # Its process died mid-request: the expired lease is no lease for fair shares (it was never handed
+    # a slot and never sent again, review of issue 29); it is recovered when it reserves.
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        await _sibling_and_slot_holder(store, where)
+        harness.db_write(
+            where,
+            f"UPDATE operations SET lease_owner = 'dead-call', lease_expires_at = {NOW - 1} "
+            "WHERE operation_id = 'waiting'",
+        )
+        await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
+        handed = await store.get("waiting")
+        sent = await check(store, "waiting", NOW + 0.5, fleets=PACED_FLEET, fleet_slots=1)
+        story = await kinds(store, "waiting")
+    assert handed is not None
+    assert handed.fleet_slot_at == NOW
+    assert sent.decision.kind == Verdict.RESERVE
+    assert "lease_recovered" in story
+
+
 @pytest.mark.postgres_only
-async def test_a_sibling_row_another_transaction_holds_is_skipped_and_the_pace_is_not_moved(
+async def test_a_sibling_row_another_transaction_holds_is_skipped_and_handed_a_slot_once_it_is_free(
     tmp_path: Path,
 ) -> None:
     import psycopg
@@ -487,17 +510,49 @@ async def test_a_sibling_row_another_transaction_holds_is_skipped_and_the_pace_i
     where = harness.database_in(tmp_path)
     async with open_store(where) as store:
         await _sibling_and_slot_holder(store, where)
+        slot = {"owner": "alice", "next_check_at": NOW - 0.1, "delay_source": DelaySource.FLEET_PACING}
+        await store.create_operation(values("holder-2", **slot), kind="started", at=NOW - 100)
+        harness.db_write(
+            where,
+            f"UPDATE operations SET fleet_slot_at = {NOW - 0.1}, request_sent_at = {NOW - 10} "
+            "WHERE operation_id = 'holder-2'",
+        )
         with psycopg.connect(where.dsn) as holder:  # the sibling's own check, holding its row
             holder.execute("SELECT 1 FROM operations WHERE operation_id = 'waiting' FOR UPDATE")
             with anyio.fail_after(10):  # skipped, never waited for (a wait here would deadlock)
-                sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
-        after = await store.get("waiting")
-        with psycopg.connect(where.dsn) as reader:
-            tat = reader.execute("SELECT tat FROM fleet_buckets WHERE provider = 'acme'").fetchone()
+                sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=2)
+            skipped = await store.get("waiting")
+            tat = holder.execute("SELECT tat FROM fleet_buckets WHERE provider = 'acme'").fetchone()
+        # Once the row is free, the next request that leaves hands it the slot.
+        again = await check(store, "holder-2", NOW + 0.5, fleets=PACED_FLEET, fleet_slots=2)
+        handed = await store.get("waiting")
     assert sent.decision.kind == Verdict.RESERVE
-    assert after is not None
-    assert after.fleet_slot_at is None
+    assert skipped is not None
+    assert skipped.fleet_slot_at is None
     assert tat is not None
     # The bookings' clock as the request left it (a clock never used starts at now), not moved on
     # for a slot nobody holds (NOW + 0.5 when the slot is handed).
     assert tat[0] == NOW
+    assert again.decision.kind == Verdict.RESERVE
+    assert handed is not None
+    assert handed.fleet_slot_at is not None
+
+
+@pytest.mark.postgres_only
+async def test_under_fair_shares_a_paced_send_takes_no_more_trips_than_without(tmp_path: Path) -> None:
+    # The fair-share reads go in the trip that locks the pace row: none of their own while it is held.
+    where = harness.database_in(tmp_path)
+    trips: dict[int | None, int] = {}
+    async with open_store(where) as store:
+        for fleet_slots, at in ((None, NOW), (1, NOW + 10)):  # 10 s apart: the pace has room for each
+            name = f"op-{fleet_slots}"
+            slot = {"owner": "alice", "next_check_at": at - 0.1, "delay_source": DelaySource.FLEET_PACING}
+            await store.create_operation(values(name, **slot), kind="started", at=NOW - 100)
+            harness.db_write(
+                where, f"UPDATE operations SET fleet_slot_at = {at - 0.1} WHERE operation_id = '{name}'"
+            )
+            before = store.stats.trips
+            sent = await check(store, name, at, fleets=PACED_FLEET, fleet_slots=fleet_slots)
+            assert sent.decision.kind == Verdict.RESERVE
+            trips[fleet_slots] = store.stats.trips - before
+    assert trips[1] == trips[None], trips

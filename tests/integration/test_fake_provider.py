@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -196,9 +197,13 @@ def test_sequential_requests_for_one_job_are_never_in_flight_together(
 def test_two_concurrent_slow_requests_for_one_job_are_both_in_flight(fake: FakeProvider) -> None:
     fake.script("race", [pending().replace(delay_seconds=0.3)])
 
+    both_ready = threading.Barrier(2, timeout=10)
+
     def poll(_: int) -> int:
-        # A client each, so the two requests really use two connections at once.
+        # A client each, so the two requests really use two connections at once; both built before
+        # either asks (building one can take longer than the 0.3 s answer on a loaded machine).
         with httpx2.Client(base_url=fake.base_url, timeout=5.0) as own:
+            both_ready.wait()
             return own.get("/v1/jobs/race").status_code
 
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -309,8 +309,13 @@ def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principal
     bucket = PaceBucket(NOW + 5.0, NOW - 1.0)
     step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
-    assert plans.booked_slots_params(record, FLEET, now=NOW, step=step)["served_at"] == NOW
-    for booked, books in (((0, None, 0), True), ((0, None, 1), False), ((1, NOW + 2.0, 0), False)):
+    cases: list[tuple[tuple[int, float | None, int], tuple[str, float] | None, bool]] = [
+        ((0, None, 0), None, True),
+        ((0, None, 0), ("op-sibling", NOW - 0.1), False),  # waiting, if not longer: it is handed the slot
+        ((0, None, 1), None, False),
+        ((1, NOW + 2.0, 0), None, False),
+    ]
+    for booked, sibling, books in cases:
         plan = plans.check_plan(
             record,
             RESERVE,
@@ -323,6 +328,7 @@ def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principal
             fleet_slots=1,
             fleet=FLEET,
             next_poll_within=1.0,
+            sibling=sibling,
         )
         assert plan.decision == RESERVE  # the request goes out either way
         assert (update_of(plan)["fleet_slot_at"] is not None) is books, booked

@@ -142,7 +142,7 @@ class HandSlot:
 
     def params(self) -> dict[str, object]:
         """The hand-off statement's parameters."""
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "now": self.at}
 
 
 @dataclass(frozen=True)
@@ -265,19 +265,19 @@ def waiting_sibling(row: tuple[object, ...] | None) -> tuple[str, float] | None:
     return None if row is None else (str(row[0]), float(str(row[1])))
 
 
-def booked_slots_params(
-    record: OperationRecord, fleet: FleetSpec, *, now: float, step: PaceVerdict | None = None
-) -> dict[str, object]:
-    """The parameters of `statements.PRINCIPAL_BOOKED_SLOTS` for `record`'s check at `now`."""
-    served_at = served_since(record)
+def booked_slots_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:
+    """The parameters of the fair-share reads (`statements.PRINCIPAL_BOOKED_SLOTS`,
+    `OLDEST_WAITING_SIBLING`, `OTHER_PRINCIPAL_FIRST`) for `record`'s check at `now`."""
     return {
         "provider": record.provider,
         "owner": record.owner,
         "operation_id": record.operation_id,
         "held_since": now - slot_hold_seconds(fleet.max_requests_per_second),
+        "now": now,
         # Waiting since its last request (or since it was created): the oldest goes first. One that
-        # sends now books ahead only if none of its principal's other operations waits at all.
-        "served_at": now if step is not None and step.send else served_at,
+        # sends now books ahead only if none of its principal's other operations waits at all
+        # (`check_plan`: the oldest waiting sibling read beside it).
+        "served_at": served_since(record),
     }
 
 
@@ -358,7 +358,7 @@ def check_plan(
         until = share_wait(
             booked=count,
             earliest=earliest,
-            older_waiting=older > 0,
+            older_waiting=older > 0 or (step is not None and step.send and sibling is not None),
             fleet_slots=fleet_slots,
             now=now,
             rate=fleet.max_requests_per_second,

@@ -93,6 +93,13 @@ SLOT_HELD_SQL = (
     "AND next_check_at > :held_since))"
 )
 
+# An operation waiting for the pace without a slot, its agent still coming (`share_wait`'s waiting); a
+# lease that expired (its process died mid-request) is no lease: it is recovered when it next reserves.
+WAITING_FOR_PACE_SQL = (
+    "status = 'waiting' AND delay_source = 'fleet_pacing' AND (lease_owner IS NULL OR lease_expires_at <= :now) "
+    "AND fleet_slot_at IS NULL AND next_check_at >= :held_since"
+)
+
 # Fair shares (issue 19): the fleet slots one principal's other operations hold for a provider (still
 # held: after `held_since`), the earliest, and how many of them wait for the pace without a slot, their
 # agents still coming, since a request older than `served_at` (issue 29: oldest-waiting first). Read with
@@ -100,17 +107,10 @@ SLOT_HELD_SQL = (
 PRINCIPAL_BOOKED_SLOTS = (
     f"SELECT coalesce(sum(CASE WHEN {SLOT_HELD_SQL} THEN 1 ELSE 0 END), 0), "
     f"min(CASE WHEN {SLOT_HELD_SQL} THEN fleet_slot_at END), "
-    "coalesce(sum(CASE WHEN delay_source = 'fleet_pacing' AND lease_owner IS NULL "
-    "AND fleet_slot_at IS NULL AND next_check_at >= :held_since "
+    f"coalesce(sum(CASE WHEN {WAITING_FOR_PACE_SQL} "
     "AND coalesce(request_sent_at, created_at) < :served_at THEN 1 ELSE 0 END), 0) "
     "FROM operations WHERE provider = :provider AND owner = :owner "
     "AND status = 'waiting' AND operation_id <> :operation_id"
-)
-
-# An operation waiting for the pace without a slot, its agent still coming (`share_wait`'s waiting).
-WAITING_FOR_PACE_SQL = (
-    "status = 'waiting' AND delay_source = 'fleet_pacing' AND lease_owner IS NULL "
-    "AND fleet_slot_at IS NULL AND next_check_at >= :held_since"
 )
 
 # Fair shares (issue 29): the principal's other operation that has waited longest for the pace (id, and
@@ -122,9 +122,11 @@ OLDEST_WAITING_SIBLING = (
 )
 
 # Fair shares (issue 29): whether another principal waits for the pace (an operation of it, its agent
-# still coming) whose waiting operations' last request is older than this principal's (`share_send`).
+# still coming) whose waiting operations' last request is older than this principal's (`share_send`);
+# a request in flight (its lease held) counts as served now.
 _LAST_SERVED = (
-    "coalesce((SELECT max(x.request_sent_at) FROM operations x WHERE x.provider = :provider "
+    "coalesce((SELECT max(CASE WHEN x.lease_owner IS NOT NULL AND x.lease_expires_at > :now THEN :now "
+    "ELSE x.request_sent_at END) FROM operations x WHERE x.provider = :provider "
     "AND x.owner = {owner} AND x.status = 'waiting'), -1)"
 )
 OTHER_PRINCIPAL_FIRST = (

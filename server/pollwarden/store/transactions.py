@@ -152,10 +152,12 @@ def check(
     owed: int | None = None,
     came_at: float | None = None,
     next_poll_within: float | None = None,
+    shares: tuple[Row | None, Row | None, Row | None] | None = None,
 ) -> Flow[CheckStart]:
     """Carry out the gate's verdict (`plans.check_plan`): read what it needs first — the provider's pace
     (unless the caller read it, locked), the other operations' held slots not used yet (`owed`, unless
-    the caller read them in the same trip) and the principal's booked slots (fair shares)."""
+    the caller read them in the same trip) and, under fair shares, `fair_share_reads` (`shares`, unless
+    the caller read them in that trip)."""
     record = current.record
     step = booked = sibling = None
     other_first = False
@@ -167,12 +169,12 @@ def check(
             owed = 0 if row is None else int(str(row[0]))
         step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed, came_at=came_at)
         if plans.needs_booked_slots(step, fleet_slots):
-            params = plans.booked_slots_params(record, fleet, now=now, step=step)
-            slots, oldest, first = yield (
-                Query(statements.PRINCIPAL_BOOKED_SLOTS, params),
-                Query(statements.OLDEST_WAITING_SIBLING, params),
-                Query(statements.OTHER_PRINCIPAL_FIRST, params),
-            )
+            if shares is None:
+                read: tuple[Row | None, Row | None, Row | None] = yield fair_share_reads(
+                    plans.booked_slots_params(record, fleet, now=now)
+                )
+                shares = read
+            slots, oldest, first = shares
             booked, sibling, other_first = (
                 plans.booked_slots(slots),
                 plans.waiting_sibling(oldest),
@@ -194,6 +196,16 @@ def check(
         other_principal_first=other_first,
     )
     return CheckStart((yield CarryOut(current, plan)), plan.decision or decision)
+
+
+def fair_share_reads(params: Mapping[str, object]) -> tuple[Query, Query, Query]:
+    """What fair shares read (`plans.booked_slots_params`): the principal's held slots, its operation
+    waiting longest, and whether another principal comes first."""
+    return (
+        Query(statements.PRINCIPAL_BOOKED_SLOTS, params),
+        Query(statements.OLDEST_WAITING_SIBLING, params),
+        Query(statements.OTHER_PRINCIPAL_FIRST, params),
+    )
 
 
 def must(row: Row | None, operation_id: object) -> StoredOperation:
@@ -242,6 +254,7 @@ class CheckCall:
         now: float,
         bucket: PaceBucket | None = None,
         owed: int | None = None,
+        shares: tuple[Row | None, Row | None, Row | None] | None = None,
     ) -> Flow[CheckStart]:
         """`check` for this call: its owner, lease, fleet and fair shares, the time its call started, how
         soon `current`'s own schedule brings it back; `now` is the time read under the locks."""
@@ -257,6 +270,7 @@ class CheckCall:
             owed,
             came_at=self.now,
             next_poll_within=self.next_poll_within(current.record),
+            shares=shares,
         )
 
     def time(self, now: float) -> float:

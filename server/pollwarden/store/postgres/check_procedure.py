@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import Any
 
 from pollwarden.audit.entry import (
     PendingRefusals,
@@ -29,7 +30,7 @@ from pollwarden.store.postgres.base import RESERVED_KEPT, Held, PostgresBase
 from pollwarden.store.postgres.errors import GuardFailed
 from pollwarden.store.postgres.executor import answer_statement, operation
 from pollwarden.store.rows import StoredOperation, stored
-from pollwarden.store.transactions import CheckCall, gate
+from pollwarden.store.transactions import CheckCall, fair_share_reads, gate
 from pollwarden_providers.table_limits import FleetSpec
 
 
@@ -101,15 +102,24 @@ class CheckProcedure(PostgresBase):
             ),
         ):
             pace_cursor = owed_cursor = None
+            share_cursors: list[Any] = []
             if pace is not None:
                 await tx.queue(sql.ENSURE_FLEET_ROW, {"provider": current.record.provider})
                 pace_cursor = await tx.queue(sql.LOCK_FLEET_ROW, {"provider": current.record.provider})
                 # In the same trip, once the pace row is locked: bounded by the time before the trip.
-                params = plans.owed_params(current.record, pace, now=call.time(now))
+                before = call.time(now)
+                params = plans.owed_params(current.record, pace, now=before)
                 owed_cursor = await tx.queue(statements.PROVIDER_OWED_SLOTS, params)
+                if call.fleet_slots is not None:  # fair shares' reads too: no trip of their own
+                    shared = plans.booked_slots_params(current.record, pace, now=before)
+                    share_cursors = [await tx.queue(q.statement, q.params) for q in fair_share_reads(shared)]
             current = operation(await tx.read(cursor), operation_id)
             pace_row = None if pace_cursor is None else await tx.read(pace_cursor)
             owed_row = None if owed_cursor is None else await tx.read(owed_cursor)
+            shares = None
+            if share_cursors:
+                held, oldest, other = [await tx.read(c) for c in share_cursors]
+                shares = (held, oldest, other)
             owed = 0 if owed_row is None else int(str(owed_row[0]))
             bucket = bucket_from_row(pace_row)
             now = call.time(now)
@@ -123,7 +133,7 @@ class CheckProcedure(PostgresBase):
             decision = await self._drive(gate(current.record, now, *ask), held)
             if not decision.writes:
                 return CheckStart(current.record, decision)
-            flow = call.check_flow(current, decision, now, bucket, owed)
+            flow = call.check_flow(current, decision, now, bucket, owed, shares)
             return await self._drive(flow, held)
 
     def _pace_turn_if(self, fleet: FleetSpec | None, provider: str) -> AbstractAsyncContextManager[None]:

@@ -9,8 +9,10 @@ reservation, when nothing else goes with it, is one guarded `UPDATE …
 RETURNING` that commits itself (autocommit, one trip), the count of a refused
 call one guarded statement, and the answer to this process's own reservation
 one guarded trip; the read before them is saved when this process knows the
-row (`_known_row`: the guard holds only on that very row). Nothing uses SKIP
-LOCKED: a peer that skipped a locked row could spend the same budget or pace.
+row (`_known_row`: the guard holds only on that very row). Only the fair-share
+hand-off (`sql.HAND_SLOT`) uses SKIP LOCKED, where skipping a locked row loses
+one hand-off and spends nothing; a budget or the pace is never decided on a
+skipped row.
 
 The audit (`pollwarden.audit.verify`): an operation's first row joins the one
 chain, whose head row its transaction locks; every later row follows that
