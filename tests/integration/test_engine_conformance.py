@@ -556,3 +556,22 @@ async def test_under_fair_shares_a_paced_send_takes_no_more_trips_than_without(t
             assert sent.decision.kind == Verdict.RESERVE
             trips[fleet_slots] = store.stats.trips - before
     assert trips[1] == trips[None], trips
+
+
+async def test_room_is_kept_for_a_held_slot_whose_operations_lease_expired(tmp_path: Path) -> None:
+    # Its process died mid-request, and its slot came: the sends' clock keeps room for it, as for any
+    # held slot whose agent is on its way (an expired lease is no lease).
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        slot = {"next_check_at": NOW - 0.1, "delay_source": DelaySource.FLEET_PACING}
+        await store.create_operation(values("late", **slot), kind="started", at=NOW - 100)
+        await store.create_operation(values("other"), kind="started", at=NOW - 100)
+        harness.db_write(
+            where,
+            f"UPDATE operations SET fleet_slot_at = {NOW - 0.1}, lease_owner = 'dead-call', "
+            f"lease_expires_at = {NOW - 1} WHERE operation_id = 'late'",
+        )
+        other = await check(store, "other", NOW, fleets=PACED_FLEET)
+        late = await check(store, "late", NOW + 0.05, fleets=PACED_FLEET)
+    assert other.decision.kind == Verdict.PACED  # the room is the late slot's
+    assert late.decision.kind == Verdict.RESERVE

@@ -251,6 +251,7 @@ def owed_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dic
         "operation_id": record.operation_id,
         "held_since": held_since,
         "before": before,
+        "now": now,
     }
 
 
@@ -358,6 +359,8 @@ def check_plan(
         until = share_wait(
             booked=count,
             earliest=earliest,
+            # A send books ahead for itself only when none of its principal's operations waits at all
+            # (one that waits is handed the slot instead, below).
             older_waiting=older > 0 or (step is not None and step.send and sibling is not None),
             fleet_slots=fleet_slots,
             now=now,

@@ -93,10 +93,13 @@ SLOT_HELD_SQL = (
     "AND next_check_at > :held_since))"
 )
 
-# An operation waiting for the pace without a slot, its agent still coming (`share_wait`'s waiting); a
-# lease that expired (its process died mid-request) is no lease: it is recovered when it next reserves.
+# No lease held at :now: none, or one that expired (its process died mid-request; the gate reads a
+# missing expiry as expired too). It is recovered when the operation next reserves.
+LEASE_FREE_SQL = "(lease_owner IS NULL OR coalesce(lease_expires_at, 0) <= :now)"
+
+# An operation waiting for the pace without a slot, its agent still coming (`share_wait`'s waiting).
 WAITING_FOR_PACE_SQL = (
-    "status = 'waiting' AND delay_source = 'fleet_pacing' AND (lease_owner IS NULL OR lease_expires_at <= :now) "
+    f"status = 'waiting' AND delay_source = 'fleet_pacing' AND {LEASE_FREE_SQL} "
     "AND fleet_slot_at IS NULL AND next_check_at >= :held_since"
 )
 
@@ -144,7 +147,7 @@ HAND_SLOT_SET = "fleet_slot_at = :slot_at, version = version + 1, updated_at = :
 # that are not used yet: the sends' clock keeps room for them (`fleet_pace.pace_verdict`'s `owed`).
 PROVIDER_OWED_SLOTS = (
     "SELECT count(*) FROM operations WHERE provider = :provider AND status = 'waiting' "
-    "AND lease_owner IS NULL AND fleet_slot_at < :before "
+    f"AND {LEASE_FREE_SQL} AND fleet_slot_at < :before "
     "AND (fleet_slot_at >= :held_since OR (delay_source = 'fleet_pacing' AND next_check_at >= :held_since)) "
     "AND operation_id <> :operation_id"
 )

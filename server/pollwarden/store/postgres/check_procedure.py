@@ -103,6 +103,7 @@ class CheckProcedure(PostgresBase):
         ):
             pace_cursor = owed_cursor = None
             share_cursors: list[Any] = []
+            shared: dict[str, object] = {}
             if pace is not None:
                 await tx.queue(sql.ENSURE_FLEET_ROW, {"provider": current.record.provider})
                 pace_cursor = await tx.queue(sql.LOCK_FLEET_ROW, {"provider": current.record.provider})
@@ -119,7 +120,9 @@ class CheckProcedure(PostgresBase):
             shares = None
             if share_cursors:
                 held, oldest, other = [await tx.read(c) for c in share_cursors]
-                shares = (held, oldest, other)
+                # Read with the row as it was before the lock: kept only if its last request is the same.
+                if plans.served_since(current.record) == shared["served_at"]:
+                    shares = (held, oldest, other)
             owed = 0 if owed_row is None else int(str(owed_row[0]))
             bucket = bucket_from_row(pace_row)
             now = call.time(now)
