@@ -52,11 +52,10 @@ from pollwarden.rules.fleet_pace import (
     PaceVerdict,
     ahead_usable,
     book_ahead,
-    hands_slot,
     moved_slot,
     owed_slots,
     pace_verdict,
-    share_send,
+    share_on_send,
     share_wait,
     slot_hold_seconds,
 )
@@ -383,35 +382,34 @@ def _store_check(
             op.next_check_at = wait
             op.pacing = True
             return wait
-    handed: tuple[int, int] | None = None  # (the sibling handed the principal's next slot, slots held)
+    handed: int | None = None  # the sibling handed the principal's next slot
     if new and verdict.send and s.fleet_slots is not None:  # `plans.check_plan`'s fair shares on a send
         held_since = now - slot_hold_seconds(s.rate)
         sibling = _oldest_waiting_sibling(ops, i, held_since)
-        count = _principal_slots(ops, i, held_since)
-        older = sibling is not None and ops[sibling].last_sent < op.last_sent
-        other_first = _other_principal_first(ops, i, held_since)
-        wait_send = share_send(
+        share = share_on_send(
             held_slot=verdict.by_held_slot,
-            older_waiting=older,
-            other_principal_first=other_first,
+            served=op.last_sent,
+            sibling_served=None if sibling is None else ops[sibling].last_sent,
+            other_principal_first=_other_principal_first(ops, i, held_since),
+            booked=_principal_slots(ops, i, held_since),
             fleet_slots=s.fleet_slots,
             now=now,
             rate=s.rate,
         )
-        if wait_send is not None:
-            if older and not other_first and sibling is not None:
-                _hand_slot(s, ops, sibling, bucket, count, now)
+        if share.hands:
+            handed = sibling
+        if share.wait is not None:
+            if handed is not None:
+                _hand_slot(s, ops, handed, bucket, now)
             op.fleet_slot_at = None
-            op.next_check_at = wait_send
+            op.next_check_at = share.wait
             op.pacing = True
-            return wait_send
-        if sibling is not None:
-            handed = (sibling, count)
+            return share.wait
     bucket[0] = verdict.bucket
     if verdict.send:
         op.fleet_slot_at = None
         if handed is not None:
-            _hand_slot(s, ops, handed[0], bucket, handed[1], now)
+            _hand_slot(s, ops, handed, bucket, now)
         elif ahead and wait is None:  # its next slot, at the queue's tail now, if its agent can use it
             slot, booked = book_ahead(verdict.bucket, now=now, rate=s.rate, burst=s.burst)
             if ahead_usable(slot, now=now, rate=s.rate, next_poll_within=s.own_interval):
@@ -460,12 +458,9 @@ def _other_principal_first(ops: list[_Op], i: int, held_since: float) -> bool:
     )
 
 
-def _hand_slot(
-    s: Scenario, ops: list[_Op], k: int, bucket: list[PaceBucket], booked: int, now: float
-) -> None:
-    """`plans.HandSlot`: the principal's next free slot to operation k (`fleet_pace.hands_slot`)."""
-    if hands_slot(sibling_waiting=True, booked=booked, fleet_slots=s.fleet_slots):
-        ops[k].fleet_slot_at, bucket[0] = book_ahead(bucket[0], now=now, rate=s.rate, burst=s.burst)
+def _hand_slot(s: Scenario, ops: list[_Op], k: int, bucket: list[PaceBucket], now: float) -> None:
+    """`plans.HandSlot`: the principal's next free slot to operation k."""
+    ops[k].fleet_slot_at, bucket[0] = book_ahead(bucket[0], now=now, rate=s.rate, burst=s.burst)
 
 
 def _share_wait(

@@ -242,3 +242,46 @@ def hands_slot(*, sibling_waiting: bool, booked: int, fleet_slots: int | None) -
     operations sends, or gives up room to it (`share_send`), and the principal holds fewer than
     `fleet_slots` slots. Its turn then does not wait for its agent to come and book."""
     return fleet_slots is not None and sibling_waiting and booked < fleet_slots
+
+
+@dataclass(frozen=True)
+class SendShare:
+    """What fair shares say of an operation the pace would let send now (`share_on_send`)."""
+
+    wait: float | None  # it does not send, and looks again then (None: it sends)
+    hands: bool  # its principal's next slot goes to the principal's operation waiting longest
+
+
+def share_on_send(
+    *,
+    held_slot: bool,
+    served: float,
+    sibling_served: float | None,
+    other_principal_first: bool,
+    booked: int,
+    fleet_slots: int | None,
+    now: float,
+    rate: float,
+) -> SendShare:
+    """Fair shares on a send the pace allows (`share_send`, `hands_slot`), as the store and the
+    simulation carry them out. `served`: when the operation's last request left; `sibling_served`:
+    the same of its principal's operation waiting longest (None: none waits); `booked`: the slots its
+    principal's other operations hold.
+
+    It gives up the room when `share_send` says so; the room is then handed to that operation if it
+    waited longer (not when it is left for another principal). One that sends hands its principal's
+    next slot to that operation.
+    """
+    older = sibling_served is not None and sibling_served < served
+    wait = share_send(
+        held_slot=held_slot,
+        older_waiting=older,
+        other_principal_first=other_principal_first,
+        fleet_slots=fleet_slots,
+        now=now,
+        rate=rate,
+    )
+    handing = older and not other_principal_first if wait is not None else sibling_served is not None
+    return SendShare(
+        wait, handing and hands_slot(sibling_waiting=True, booked=booked, fleet_slots=fleet_slots)
+    )

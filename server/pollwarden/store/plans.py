@@ -33,11 +33,10 @@ from pollwarden.rules.fleet_pace import (
     PaceVerdict,
     ahead_usable,
     book_ahead,
-    hands_slot,
     moved_slot,
     owed_slots,
     pace_verdict,
-    share_send,
+    share_on_send,
     share_wait,
     slot_held,
     slot_hold_seconds,
@@ -324,7 +323,7 @@ def check_plan(
     (`other_principal_first`) or to its principal's operation that has waited
     longer (`sibling`: id, when its last request left), which is handed the slot
     (`HandSlot`); one that sends hands its principal's next slot to that operation
-    (`fleet_pace.share_send`, `hands_slot`).
+    (`fleet_pace.share_on_send`).
     Otherwise the request is counted and the lease taken (an expired lease
     recovered and told first).
     """
@@ -368,24 +367,22 @@ def check_plan(
         )
     handed: tuple[Write, ...] = ()
     if step is not None and step.send and fleet is not None and fleet_slots is not None:
-        rate, count = fleet.max_requests_per_second, 0 if booked is None else booked[0]
-        older = sibling is not None and sibling[1] < served_since(record)
-        wait_send = share_send(
+        share = share_on_send(
             held_slot=step.by_held_slot,
-            older_waiting=older,
+            served=served_since(record),
+            sibling_served=None if sibling is None else sibling[1],
             other_principal_first=other_principal_first,
+            booked=0 if booked is None else booked[0],
             fleet_slots=fleet_slots,
             now=now,
-            rate=rate,
+            rate=fleet.max_requests_per_second,
         )
-        if wait_send is not None:
-            # The room goes to the operation that has waited longer (handed its slot now), or is left
-            # for the other principal's agent; this one takes nothing from the pace.
-            if older and not other_principal_first:
-                handed = _hand_slot(record, fleet, bucket, sibling, count, fleet_slots, now=now)
-            until, step = wait_send, None
-        elif sibling is not None:
-            handed = _hand_slot(record, fleet, step.bucket, sibling, count, fleet_slots, now=now)
+        if share.hands and sibling is not None:
+            # Handed room it gives up (the pace as read), or the slot after its own request.
+            on = bucket if share.wait is not None else step.bucket
+            handed = (_hand_slot(record, fleet, on, sibling[0], now=now),)
+        if share.wait is not None:
+            until, step = share.wait, None
     if until is not None and (step is None or not step.send):
         wait = {"fleet_slot_at": None, "next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
         waiting = updated(record, wait, now)
@@ -427,24 +424,14 @@ def served_since(record: OperationRecord) -> float:
 
 
 def _hand_slot(
-    record: OperationRecord,
-    fleet: FleetSpec,
-    bucket: PaceBucket | None,
-    sibling: tuple[str, float] | None,
-    booked: int,
-    fleet_slots: int,
-    *,
-    now: float,
-) -> tuple[Write, ...]:
-    """The principal's next free slot on `bucket`'s bookings' clock, handed to `sibling` (nothing when
-    fair shares do not hand it: `fleet_pace.hands_slot`)."""
-    if sibling is None or not hands_slot(sibling_waiting=True, booked=booked, fleet_slots=fleet_slots):
-        return ()
+    record: OperationRecord, fleet: FleetSpec, bucket: PaceBucket | None, sibling: str, *, now: float
+) -> HandSlot:
+    """The principal's next free slot on `bucket`'s bookings' clock, handed to `sibling`."""
     rate, burst = fleet.max_requests_per_second, fleet.burst
     slot_at, after = book_ahead(bucket or PaceBucket(None, None), now=now, rate=rate, burst=burst)
     assert after.tat is not None
     held_since = now - slot_hold_seconds(rate)
-    return (HandSlot(record.provider, record.owner, sibling[0], slot_at, after.tat, now, held_since),)
+    return HandSlot(record.provider, record.owner, sibling, slot_at, after.tat, now, held_since)
 
 
 def answer_plan(
