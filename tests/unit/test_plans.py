@@ -26,7 +26,7 @@ from pollwarden.core.vocabulary import (
 )
 from pollwarden.rules.fleet_pace import PaceBucket, PaceVerdict
 from pollwarden.rules.gate import GateVerdict, Verdict
-from pollwarden.store import plans
+from pollwarden.store import pace_reads, plans
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, HandSlot, Plan, SetPace, Update
 from pollwarden_providers.table_limits import FleetSpec
 
@@ -156,13 +156,13 @@ NO_ROW = PaceBucket(None, None)
 def test_the_pace_is_read_only_by_a_reservation_whose_guard_holds_on_a_paced_provider(
     record: OperationRecord, decision: GateVerdict, fleet: FleetSpec | None, taken: bool
 ) -> None:
-    assert plans.needs_pace(record, decision, fleet, now=NOW) is taken
-    assert (plans.pace_step(record, decision, fleet, NO_ROW, now=NOW) is not None) is taken
+    assert pace_reads.needs_pace(record, decision, fleet, now=NOW) is taken
+    assert (pace_reads.pace_step(record, decision, fleet, NO_ROW, now=NOW) is not None) is taken
 
 
 def test_an_admitted_request_moves_both_clocks_and_is_reserved() -> None:
     record = waiting()
-    step = plans.pace_step(record, RESERVE, FLEET, NO_ROW, now=NOW)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, NO_ROW, now=NOW)
     assert step is not None
     assert step.send
     plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=NO_ROW)
@@ -174,7 +174,7 @@ def test_an_admitted_request_moves_both_clocks_and_is_reserved() -> None:
 def test_a_used_up_pace_books_the_next_free_slot_and_counts_nothing() -> None:
     record = waiting()
     bucket = PaceBucket(NOW + 3.0, NOW + 3.0)
-    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
     assert (step.send, step.new_booking) == (False, True)
     plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
@@ -191,7 +191,7 @@ def test_a_used_up_pace_books_the_next_free_slot_and_counts_nothing() -> None:
 def test_a_slot_held_for_its_agent_is_kept_without_moving_the_pace() -> None:
     record = waiting(fleet_slot_at=NOW + 2.0, next_check_at=NOW - 1)
     bucket = PaceBucket(NOW + 3.0, NOW)
-    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
     assert (step.send, step.new_booking, step.at) == (False, False, NOW + 2.0)
     plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
@@ -217,8 +217,8 @@ def test_fair_shares_a_principal_holding_its_share_or_owing_an_older_waiter_wait
 ) -> None:
     record = waiting()
     bucket = PaceBucket(NOW + 3.0, NOW + 3.0)
-    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
-    assert plans.needs_booked_slots(step, fleet_slots) is (fleet_slots is not None)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    assert pace_reads.needs_booked_slots(step, fleet_slots) is (fleet_slots is not None)
     plan = plans.check_plan(
         record,
         RESERVE,
@@ -246,14 +246,14 @@ def test_fair_shares_a_principal_holding_its_share_or_owing_an_older_waiter_wait
 
 def test_the_booked_slots_read_counts_held_slots_and_ranks_by_the_last_request() -> None:
     record = dataclasses.replace(waiting(), request_sent_at=NOW - 7.0)
-    params = plans.booked_slots_params(record, FLEET, now=NOW)
+    params = pace_reads.booked_slots_params(record, FLEET, now=NOW)
     assert params["held_since"] == NOW - 2.0  # a slot is held 2 s past its time (at 1/s)
     assert params["served_at"] == NOW - 7.0
-    never = plans.booked_slots_params(dataclasses.replace(record, request_sent_at=None), FLEET, now=NOW)
+    never = pace_reads.booked_slots_params(dataclasses.replace(record, request_sent_at=None), FLEET, now=NOW)
     assert never["served_at"] == record.created_at  # never sent: waiting since it was created
-    assert plans.booked_slots((2, NOW + 1.0, 1)) == (2, NOW + 1.0, 1)
-    assert plans.booked_slots((0, None, None)) == (0, None, 0)
-    assert plans.booked_slots(None) == (0, None, 0)
+    assert pace_reads.booked_slots((2, NOW + 1.0, 1)) == (2, NOW + 1.0, 1)
+    assert pace_reads.booked_slots((0, None, None)) == (0, None, 0)
+    assert pace_reads.booked_slots(None) == (0, None, 0)
 
 
 def test_booked_slots_are_read_only_for_a_send_or_a_new_booking_under_fair_shares() -> None:
@@ -261,20 +261,20 @@ def test_booked_slots_are_read_only_for_a_send_or_a_new_booking_under_fair_share
     ahead = PaceVerdict(True, NOW, NO_ROW, new_booking=False, books_ahead=True)
     kept = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=False)
     booking = PaceVerdict(False, NOW + 1, NO_ROW, new_booking=True)
-    assert not plans.needs_booked_slots(None, 2)
-    assert plans.needs_booked_slots(sends, 2)  # a send may leave its room to others, or hand a slot on
-    assert plans.needs_booked_slots(ahead, 2)
-    assert not plans.needs_booked_slots(kept, 2)
-    assert plans.needs_booked_slots(booking, 2)
-    assert not plans.needs_booked_slots(booking, None)
-    assert not plans.needs_booked_slots(sends, None)
+    assert not pace_reads.needs_booked_slots(None, 2)
+    assert pace_reads.needs_booked_slots(sends, 2)  # a send may leave its room to others, or hand a slot on
+    assert pace_reads.needs_booked_slots(ahead, 2)
+    assert not pace_reads.needs_booked_slots(kept, 2)
+    assert pace_reads.needs_booked_slots(booking, 2)
+    assert not pace_reads.needs_booked_slots(booking, None)
+    assert not pace_reads.needs_booked_slots(sends, None)
 
 
 def test_a_request_that_leaves_on_its_slot_while_a_queue_waits_books_its_next_slot_at_the_tail() -> None:
     # Issue 29: booked when the request leaves, so the agent's time away does not cost it its place.
     record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
     bucket = PaceBucket(NOW + 5.0, NOW - 1.0)  # five more slots booked; room on the sends' clock
-    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
     assert (step.send, step.books_ahead) == (True, True)
     args: dict[str, Any] = {
@@ -299,7 +299,7 @@ def test_a_request_that_leaves_on_its_slot_while_a_queue_waits_books_its_next_sl
     unknown = plans.check_plan(record, RESERVE, now=NOW, **args)
     assert update_of(unknown)["fleet_slot_at"] is None
     # No queue (the pace has room now): nothing is booked ahead.
-    calm = plans.pace_step(record, RESERVE, FLEET, PaceBucket(NOW - 1.0, NOW - 1.0), now=NOW)
+    calm = pace_reads.pace_step(record, RESERVE, FLEET, PaceBucket(NOW - 1.0, NOW - 1.0), now=NOW)
     assert calm is not None
     assert (calm.send, calm.books_ahead) == (True, False)
 
@@ -307,7 +307,7 @@ def test_a_request_that_leaves_on_its_slot_while_a_queue_waits_books_its_next_sl
 def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principals_operations_waits() -> None:
     record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
     bucket = PaceBucket(NOW + 5.0, NOW - 1.0)
-    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
     cases: list[tuple[tuple[int, float | None, int], tuple[str, float] | None, bool]] = [
         ((0, None, 0), None, True),
@@ -337,7 +337,7 @@ def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principal
 def test_a_held_slot_moved_for_lack_of_room_keeps_its_own_time_and_so_its_place() -> None:
     record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
     bucket = PaceBucket(NOW + 5.0, NOW + 2.0)  # the sends' clock has room only at NOW + 1
-    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
     assert (step.send, step.new_booking) == (False, False)
     plan = plans.check_plan(record, RESERVE, now=NOW, owner="me", lease_seconds=30, step=step, bucket=bucket)
@@ -346,7 +346,7 @@ def test_a_held_slot_moved_for_lack_of_room_keeps_its_own_time_and_so_its_place(
     moved = plan.record
     assert moved.fleet_slot_at == NOW - 0.5
     later = step.at + 1.9
-    again = plans.pace_step(moved, RESERVE, FLEET, PaceBucket(NOW + 5.0, later - 1.0), now=later)
+    again = pace_reads.pace_step(moved, RESERVE, FLEET, PaceBucket(NOW + 5.0, later - 1.0), now=later)
     assert again is not None
     assert (again.send, again.new_booking) == (True, False)
 
@@ -684,7 +684,7 @@ def test_every_plan_flushes_before_it_writes_about_the_operation() -> None:
 def test_a_check_before_its_own_held_slot_needs_nothing_of_the_pace(
     changes: dict[str, Any], before: bool
 ) -> None:
-    assert plans.before_own_slot(waiting(**changes), FLEET, now=NOW) is before
+    assert pace_reads.before_own_slot(waiting(**changes), FLEET, now=NOW) is before
 
 
 # -- fair shares on a send (issue 29): principals take turns, a principal's slot goes to its oldest ---------
@@ -699,7 +699,7 @@ def fair_send(
     booked: tuple[int, float | None, int] = (0, None, 0),
 ) -> Plan:
     """check_plan for `record` under one slot per principal, its pace step taken on `bucket`."""
-    step = plans.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
     assert step is not None
     assert step.send
     return plans.check_plan(

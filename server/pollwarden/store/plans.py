@@ -33,19 +33,16 @@ from pollwarden.rules.fleet_pace import (
     PaceVerdict,
     ahead_usable,
     book_ahead,
-    moved_slot,
-    owed_slots,
-    pace_verdict,
     share_on_send,
     share_wait,
-    slot_held,
     slot_hold_seconds,
 )
-from pollwarden.rules.gate import GateVerdict, Verdict, lease_busy, may_reserve
+from pollwarden.rules.gate import GateVerdict, Verdict, lease_busy
 from pollwarden.rules.job_identity import REOPENABLE, account_parts, duplicate_changes
 from pollwarden.rules.schedule import not_before
 from pollwarden.rules.stop import reaches_deadline
 from pollwarden.store import statements
+from pollwarden.store.pace_reads import needs_booked_slots, served_since
 from pollwarden_providers.table_limits import FleetSpec
 
 __all__ = [
@@ -60,9 +57,6 @@ __all__ = [
     "Write",
     "answer_plan",
     "approval_outcome",
-    "before_own_slot",
-    "booked_slots",
-    "booked_slots_params",
     "check_plan",
     "claim_plan",
     "decision_plan",
@@ -70,17 +64,11 @@ __all__ = [
     "finish_plan",
     "followup_plan",
     "may_wake",
-    "needs_booked_slots",
-    "needs_pace",
     "note_plan",
     "opening_event",
-    "owed_params",
-    "pace_step",
     "question_plan",
     "quiet_refusal",
     "reopen_plan",
-    "served_since",
-    "waiting_sibling",
     "wake_plan",
 ]
 
@@ -191,106 +179,6 @@ def quiet_refusal(refusals: PendingRefusals, decision: GateVerdict) -> bool:
     if outcome is None:
         return False
     return not (refusals.must_flush_before(outcome) or refusals.full_after_one_more(outcome))
-
-
-def needs_pace(
-    record: OperationRecord, decision: GateVerdict, fleet: FleetSpec | None, *, now: float
-) -> bool:
-    """Whether carrying out the verdict reads the provider's pace row: a reservation whose guard holds,
-    on a provider with a [fleet] pace."""
-    return decision.kind == Verdict.RESERVE and fleet is not None and may_reserve(record, now)
-
-
-def pace_step(
-    record: OperationRecord,
-    decision: GateVerdict,
-    fleet: FleetSpec | None,
-    bucket: PaceBucket,
-    *,
-    now: float,
-    owed: int = 0,
-    came_at: float | None = None,
-) -> PaceVerdict | None:
-    """What the provider's pace says for the gate's reservation now (`fleet_pace.pace_verdict`, with the
-    operation's held slot); None when no pace is taken (`needs_pace`). `bucket`: the pace row as read;
-    `owed`: `statements.PROVIDER_OWED_SLOTS` read with `owed_params`."""
-    if fleet is None or not needs_pace(record, decision, fleet, now=now):
-        return None
-    return pace_verdict(
-        bucket,
-        now=now,
-        held_slot=record.fleet_slot_at,
-        rate=fleet.max_requests_per_second,
-        burst=fleet.burst,
-        owed=owed,
-        came_at=came_at,
-        moved_to=_moved_to(record),
-    )
-
-
-def _moved_to(record: OperationRecord) -> float | None:
-    """Where `record`'s held fleet slot was moved (`fleet_pace.moved_slot`), None when it was not."""
-    pacing = record.delay_source == DelaySource.FLEET_PACING
-    return moved_slot(record.fleet_slot_at, record.next_check_at, pacing=pacing)
-
-
-def before_own_slot(record: OperationRecord, fleet: FleetSpec, *, now: float) -> bool:
-    """Whether `record`'s check at `now` comes before its own held fleet slot (its time, or where it
-    was moved): it is told that slot, and reads nothing of the provider's pace."""
-    slot, moved = record.fleet_slot_at, _moved_to(record)
-    held = slot_held(slot, now=now, rate=fleet.max_requests_per_second, moved_to=moved)
-    return held and slot is not None and now < (moved or slot)
-
-
-def owed_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:
-    """The parameters of `statements.PROVIDER_OWED_SLOTS` for `record`'s check at `now`."""
-    held_since, before = owed_slots(record.fleet_slot_at, now=now, rate=fleet.max_requests_per_second)
-    return {
-        "provider": record.provider,
-        "operation_id": record.operation_id,
-        "held_since": held_since,
-        "before": before,
-        "now": now,
-    }
-
-
-def needs_booked_slots(step: PaceVerdict | None, fleet_slots: int | None) -> bool:
-    """Whether the principal's booked slots decide the check (fair shares apply, and a request would go
-    out or a new slot be booked)."""
-    return step is not None and (step.new_booking or step.send) and fleet_slots is not None
-
-
-def waiting_sibling(row: tuple[object, ...] | None) -> tuple[str, float] | None:
-    """`statements.OLDEST_WAITING_SIBLING` as read: its id, and when its last request left."""
-    return None if row is None else (str(row[0]), float(str(row[1])))
-
-
-def booked_slots_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:
-    """The parameters of the fair-share reads (`statements.PRINCIPAL_BOOKED_SLOTS`,
-    `OLDEST_WAITING_SIBLING`, `OTHER_PRINCIPAL_FIRST`) for `record`'s check at `now`."""
-    return {
-        "provider": record.provider,
-        "owner": record.owner,
-        "operation_id": record.operation_id,
-        "held_since": now - slot_hold_seconds(fleet.max_requests_per_second),
-        "now": now,
-        # Waiting since its last request (or since it was created): the oldest goes first. One that
-        # sends now books ahead only if none of its principal's other operations waits at all
-        # (`check_plan`: the oldest waiting sibling read beside it).
-        "served_at": served_since(record),
-    }
-
-
-def booked_slots(row: tuple[object, ...] | None) -> tuple[int, float | None, int]:
-    """`statements.PRINCIPAL_BOOKED_SLOTS` as read: (slots held, the earliest, operations waiting longer)."""
-    if row is None:
-        return 0, None, 0
-    count, earliest, older = row[0], row[1], row[2]
-    return (
-        int(str(count or 0)),
-        None if earliest is None else float(str(earliest)),
-        int(str(older or 0)),
-    )
 
 
 def check_plan(
@@ -416,11 +304,6 @@ def check_plan(
     }
     writes = (*taken, *handed, *recovered, Update(reserve, now))
     return Plan(updated(record, reserve, now), writes, decision)
-
-
-def served_since(record: OperationRecord) -> float:
-    """When the operation was last served: its last request, or its creation (the oldest waits first)."""
-    return record.created_at if record.request_sent_at is None else record.request_sent_at
 
 
 def _hand_slot(

@@ -21,7 +21,7 @@ from pollwarden.core.vocabulary import (
 from pollwarden.rules.fleet_pace import PaceBucket, bucket_from_row
 from pollwarden.rules.gate import GateVerdict, gate_verdict
 from pollwarden.rules.schedule import raw_delay
-from pollwarden.store import plans, statements
+from pollwarden.store import pace_reads, plans, statements
 from pollwarden.store.plans import FLUSH, Plan
 from pollwarden.store.reads import Row
 from pollwarden.store.rows import StoredOperation, stored
@@ -161,23 +161,23 @@ def check(
     record = current.record
     step = booked = sibling = None
     other_first = False
-    if fleet is not None and plans.needs_pace(record, decision, fleet, now=now):
+    if fleet is not None and pace_reads.needs_pace(record, decision, fleet, now=now):
         if bucket is None:
             bucket = bucket_from_row((yield Query(statements.SELECT_PACE, {"provider": record.provider})))
         if owed is None:
-            row = yield Query(statements.PROVIDER_OWED_SLOTS, plans.owed_params(record, fleet, now=now))
+            row = yield Query(statements.PROVIDER_OWED_SLOTS, pace_reads.owed_params(record, fleet, now=now))
             owed = 0 if row is None else int(str(row[0]))
-        step = plans.pace_step(record, decision, fleet, bucket, now=now, owed=owed, came_at=came_at)
-        if plans.needs_booked_slots(step, fleet_slots):
+        step = pace_reads.pace_step(record, decision, fleet, bucket, now=now, owed=owed, came_at=came_at)
+        if pace_reads.needs_booked_slots(step, fleet_slots):
             if shares is None:
                 read: tuple[Row | None, Row | None, Row | None] = yield fair_share_reads(
-                    plans.booked_slots_params(record, fleet, now=now)
+                    pace_reads.booked_slots_params(record, fleet, now=now)
                 )
                 shares = read
             slots, oldest, first = shares
             booked, sibling, other_first = (
-                plans.booked_slots(slots),
-                plans.waiting_sibling(oldest),
+                pace_reads.booked_slots(slots),
+                pace_reads.waiting_sibling(oldest),
                 first is not None,
             )
     plan = plans.check_plan(
@@ -199,7 +199,7 @@ def check(
 
 
 def fair_share_reads(params: Mapping[str, object]) -> tuple[Query, Query, Query]:
-    """What fair shares read (`plans.booked_slots_params`): the principal's held slots, its operation
+    """What fair shares read (`pace_reads.booked_slots_params`): the principal's held slots, its operation
     waiting longest, and whether another principal comes first."""
     return (
         Query(statements.PRINCIPAL_BOOKED_SLOTS, params),

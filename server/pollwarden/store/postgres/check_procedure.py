@@ -24,7 +24,7 @@ from pollwarden.core.records import (
 )
 from pollwarden.rules.fleet_pace import bucket_from_row
 from pollwarden.rules.gate import GateVerdict, Verdict
-from pollwarden.store import plans, statements
+from pollwarden.store import pace_reads, plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, Held, PostgresBase
 from pollwarden.store.postgres.errors import GuardFailed
@@ -78,7 +78,7 @@ class CheckProcedure(PostgresBase):
         # slot is only told that slot: it takes neither a turn at the pace row nor its lock, each held
         # for a round trip (issue 29: a slower instance's checks held the pace for everyone).
         fleet = fleets.get(current.record.provider)
-        told_own_slot = fleet is not None and plans.before_own_slot(current.record, fleet, now=at)
+        told_own_slot = fleet is not None and pace_reads.before_own_slot(current.record, fleet, now=at)
         started = await self._locked_check(call, current, paced=not told_own_slot)
         if started is None:  # the locked row no longer waits for its own slot: decide with the pace
             started = await self._locked_check(call, current, paced=True)
@@ -109,10 +109,10 @@ class CheckProcedure(PostgresBase):
                 pace_cursor = await tx.queue(sql.LOCK_FLEET_ROW, {"provider": current.record.provider})
                 # In the same trip, once the pace row is locked: bounded by the time before the trip.
                 before = call.time(now)
-                params = plans.owed_params(current.record, pace, now=before)
+                params = pace_reads.owed_params(current.record, pace, now=before)
                 owed_cursor = await tx.queue(statements.PROVIDER_OWED_SLOTS, params)
                 if call.fleet_slots is not None:  # fair shares' reads too: no trip of their own
-                    shared = plans.booked_slots_params(current.record, pace, now=before)
+                    shared = pace_reads.booked_slots_params(current.record, pace, now=before)
                     share_cursors = [await tx.queue(q.statement, q.params) for q in fair_share_reads(shared)]
             current = operation(await tx.read(cursor), operation_id)
             pace_row = None if pace_cursor is None else await tx.read(pace_cursor)
@@ -121,7 +121,7 @@ class CheckProcedure(PostgresBase):
             if share_cursors:
                 held, oldest, other = [await tx.read(c) for c in share_cursors]
                 # Read with the row as it was before the lock: kept only if its last request is the same.
-                if plans.served_since(current.record) == shared["served_at"]:
+                if pace_reads.served_since(current.record) == shared["served_at"]:
                     shares = (held, oldest, other)
             owed = 0 if owed_row is None else int(str(owed_row[0]))
             bucket = bucket_from_row(pace_row)
@@ -129,7 +129,7 @@ class CheckProcedure(PostgresBase):
             if (
                 fleet is not None
                 and pace is None
-                and not plans.before_own_slot(current.record, fleet, now=now)
+                and not pace_reads.before_own_slot(current.record, fleet, now=now)
             ):
                 return None  # nothing was queued: the COMMIT writes nothing and frees the row
             held = Held(writer, tx, cursor, operation_id, [])
