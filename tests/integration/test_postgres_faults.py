@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -23,6 +24,7 @@ from mcp.client import Client
 from harness import error_text, full_delays, make_harness, merge, track, view, write_table
 from pg_support import Cluster, with_options
 from pollwarden.store import DatabaseLocation
+from pollwarden.store.postgres.pace_turn import PaceTurn
 from pollwarden.surface.server import build_server, controller_factory
 from tests.support.fake_provider import FakeProvider, pending
 
@@ -229,6 +231,57 @@ async def test_a_check_before_its_own_booked_slot_is_told_the_slot_without_waiti
     assert "pace row" in error_text(refused)
     assert len(fake.status_requests("b")) == 1
     assert fake.status_requests("c") == []
+
+
+async def test_a_check_that_cannot_get_its_turn_at_a_busy_pace_row_is_told_when_to_come_back_not_an_error(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # Issue 29: 400 ms from the database a process's paced checks came faster than each could hold
+    # the pace row for its round trip; one that waited past lock_timeout while turns went by failed
+    # ("stayed locked ... another check of this server was still waiting"). It is told when to come back.
+    fake.script("busy", [pending("running")])
+    h = make_harness(tmp_path, fake, table={"fleet": {"max_requests_per_second": 5, "burst": 3}})
+    h.busy_timeout_seconds = 0.3
+    h.server()  # writes the provider table the factory loads
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng)
+    async with factory() as controller:
+        await controller.start_operation(provider="acme", operation_id="op-busy", provider_job_id="busy")
+        h.clock.advance(10)
+        turns = controller.store._pace_turns  # pyright: ignore[reportAttributeAccessIssue, reportPrivateUsage, reportUnknownMemberType, reportUnknownVariableType]
+        turn: PaceTurn = turns.setdefault("acme", PaceTurn())  # pyright: ignore[reportUnknownMemberType]
+        first, second = anyio.Event(), anyio.Event()
+        told: list[dict[str, Any]] = []
+
+        async def hold(release: anyio.Event) -> None:  # another check of this process, in its turn
+            async with turn.take(10):
+                await release.wait()
+
+        async def check() -> None:
+            told.append((await controller.check_status("op-busy")).model_dump())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold, first)
+            await anyio.lowlevel.checkpoint()
+            tg.start_soon(hold, second)
+            while turn.waiting < 1:
+                await anyio.lowlevel.checkpoint()
+            tg.start_soon(check)
+            while turn.waiting < 2:
+                await anyio.lowlevel.checkpoint()
+            first.set()  # one turn goes by while the check waits; the next holds it past lock_timeout
+            while not told:
+                await anyio.lowlevel.checkpoint()
+            second.set()
+        [busy] = told
+        assert busy["outcome"] == "not_yet"
+        assert busy["delay_source"] == "fleet_pacing"
+        assert 0 < busy["retry_after_seconds"] <= 1.0
+        assert busy["status_requests_used"] == 0
+        assert fake.status_requests("busy") == []
+        h.clock.advance(busy["retry_after_seconds"])
+        again = (await controller.check_status("op-busy")).model_dump()
+        assert (again["outcome"], again["status_requests_used"]) == ("polled", 1)
+    assert len(fake.status_requests("busy")) == 1
 
 
 async def test_a_statement_cancelled_by_statement_timeout_is_a_clear_error_and_changes_nothing(

@@ -7,6 +7,7 @@ import pytest
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
     book_ahead,
+    busy_turn_retry_at,
     hands_slot,
     moved_slot,
     owed_slots,
@@ -165,6 +166,34 @@ def test_only_a_request_sent_while_slots_are_booked_beyond_the_burst_books_its_n
     assert (slot, bucket) == (12.0, PaceBucket(tat=12.2, sent_tat=10.6))  # the tail, booked
     calm = pace_verdict(PaceBucket(tat=10.0, sent_tat=9.0), now=10.4, held_slot=None, rate=RATE, burst=BURST)
     assert (calm.send, calm.books_ahead) == (True, False)
+
+
+def test_a_slot_booked_ahead_keeps_its_place_in_the_turn_however_long_the_server_took_to_decide() -> None:
+    # Issue 29: an instance 200 ms from the database decides 0.4 s after its agent came on time, so
+    # its next slot at the queue's tail came 0.4 s later each turn: its turns were longer.
+    bucket = PaceBucket(tat=14.0, sent_tat=9.0)
+    on_time, _ = book_ahead(bucket, now=10.0, rate=RATE, burst=BURST, used_slot=10.0, came_at=10.0)
+    slow, after = book_ahead(bucket, now=10.4, rate=RATE, burst=BURST, used_slot=10.0, came_at=10.0)
+    assert on_time == 14.0
+    assert slow == pytest.approx(13.6)  # its place in the turn, not 0.4 s behind it
+    assert after == PaceBucket(tat=14.2, sent_tat=9.0)  # still one interval of the bookings' clock
+    # Its agent's own lateness (it came 0.3 s after its slot) is not made up.
+    late, _ = book_ahead(bucket, now=10.7, rate=RATE, burst=BURST, used_slot=10.0, came_at=10.3)
+    assert late == pytest.approx(13.6)
+    # At most the hold is made up, and never a slot before now.
+    hold = slot_hold_seconds(RATE)
+    capped, _ = book_ahead(bucket, now=10.0 + hold + 3, rate=RATE, burst=BURST, used_slot=10.0, came_at=10.0)
+    assert capped == pytest.approx(10.0 + hold + 3)
+    assert book_ahead(bucket, now=10.4, rate=RATE, burst=BURST)[0] == 14.0  # no slot used: the tail
+
+
+def test_a_check_that_could_not_get_its_servers_turn_at_the_pace_row_comes_back_after_the_checks_ahead() -> (
+    None
+):
+    # Two turns went by in 5 s while it waited; three checks (it among them) still wait.
+    assert busy_turn_retry_at(now=100.0, rate=RATE, waiting=3, served=2, waited=5.0) == 107.5
+    # Never before one pacing interval.
+    assert busy_turn_retry_at(now=100.0, rate=1.0, waiting=1, served=50, waited=5.0) == 101.0
 
 
 def test_an_agent_that_came_within_the_hold_keeps_its_slot_however_long_the_server_took_to_decide() -> None:

@@ -8,7 +8,9 @@ PollwardenError                    the root (defined in pollwarden_providers.err
 │   ├── OperationConflict          same operation_id, different request
 │   └── InvalidRequest             an argument that is wrong, with the fix
 ├── StoreError                     the database cannot be used (locked, read-only, missing)
-│   └── GuardFailed                a guarded write found its row changed; rolled back (store/postgres)
+│   ├── GuardFailed                a guarded write found its row changed; rolled back (store/postgres)
+│   ├── PaceTurnBusy               turns at a pace row went by, not this check's: told to come back (store/postgres)
+│   └── PaceTurnStuck              no turn at a pace row went by: the row, or the turn, is held (store/postgres)
 ├── AuditError                     the audit chain cannot be read (missing file, no audit table, bad anchor)
 │   └── AuditKeyError              the chain and the HMAC key disagree
 ├── WebhookRefused                 a webhook request refused before it changed anything (webhooks.py; an HTTP status)

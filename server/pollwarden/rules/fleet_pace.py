@@ -144,7 +144,15 @@ def pace_verdict(
     return PaceVerdict(False, at, PaceBucket(booked.next_tat, bucket.sent_tat), new_booking=True)
 
 
-def book_ahead(bucket: PaceBucket, *, now: float, rate: float, burst: int) -> tuple[float, PaceBucket]:
+def book_ahead(
+    bucket: PaceBucket,
+    *,
+    now: float,
+    rate: float,
+    burst: int,
+    used_slot: float | None = None,
+    came_at: float | None = None,
+) -> tuple[float, PaceBucket]:
     """The next slot of an operation that sends while a queue waits (`PaceVerdict.books_ahead`): the
     next free one, booked now, and the pace row with it booked.
 
@@ -152,9 +160,20 @@ def book_ahead(bucket: PaceBucket, *, now: float, rate: float, burst: int) -> tu
     the queue does not depend on how long the agent is away (its answer, its own
     interval, its jitter, a slower path to the database), and each operation gets
     one slot a turn of the queue, its fair share, wherever it runs.
+
+    One that sends in its held slot (`used_slot`) keeps its place in the turn: the
+    slot comes as much earlier than the queue's tail as the server took to decide
+    after its agent came (`came_at`) in time for that slot, up to the hold. Otherwise
+    an instance on a slower path to the database (its checks also wait for their
+    turn at the pace row) would book each next slot that much later, and its turn
+    would be that much longer than the others'. Its agent's own lateness is not
+    made up: every slot still counts one interval on the bookings' clock.
     """
     step = pace(bucket.tat, now=now, rate=rate, burst=burst)
-    return step.slot_at, PaceBucket(step.next_tat, bucket.sent_tat)
+    lag = 0.0 if used_slot is None or came_at is None else now - max(used_slot, came_at)
+    return max(now, step.slot_at - min(max(lag, 0.0), slot_hold_seconds(rate))), PaceBucket(
+        step.next_tat, bucket.sent_tat
+    )
 
 
 def ahead_usable(slot_at: float, *, now: float, rate: float, next_poll_within: float | None) -> bool:
@@ -285,3 +304,16 @@ def share_on_send(
     return SendShare(
         wait, handing and hands_slot(sibling_waiting=True, booked=booked, fleet_slots=fleet_slots)
     )
+
+
+def busy_turn_retry_at(*, now: float, rate: float, waiting: int, served: int, waited: float) -> float:
+    """When a check that waited `waited` s for its server's turn at the pace row, while `served` turns
+    went by and `waiting` checks (itself among them) still wait, may look again: after those checks
+    have had their turns at the speed the turns just went, and never before one pacing interval.
+
+    Such a check read and wrote nothing: its server's checks reach the pace row slower than they come
+    (a slow path to the database), so it is told when to come back, as a paced check would be,
+    instead of an error (issue 29: a check that fails tells its agent nothing it can follow).
+    """
+    per_turn = waited / served if served > 0 else waited
+    return now + max(1.0 / rate, waiting * per_turn)

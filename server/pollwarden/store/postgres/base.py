@@ -9,8 +9,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from pollwarden.audit.entry import NO_REFUSALS, OperationChain
 from pollwarden.core.errors import StoreError
 from pollwarden.core.vocabulary import Status
@@ -20,6 +18,7 @@ from pollwarden.store.plans import CountRefusal, Flush, Plan, Update
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.connection import EngineStats, Pool, Tx
 from pollwarden.store.postgres.executor import Writer, operation
+from pollwarden.store.postgres.pace_turn import PaceTurn, PaceTurnStuck
 from pollwarden.store.reads import Row
 from pollwarden.store.rows import StoredOperation
 from pollwarden.store.transactions import CarryOut, Flow, Locked, LockHead, LockPayload, Query, Queue, Request
@@ -56,28 +55,27 @@ class PostgresBase(Store):
         # Each operation's row as this process last read or wrote it (see `_known_row`).
         self._known: OrderedDict[str, StoredOperation] = OrderedDict()
         # One transaction per provider at a time waits for its pace row (see `_pace_turn`).
-        self._pace_turns: dict[str, anyio.Lock] = {}
+        self._pace_turns: dict[str, PaceTurn] = {}
 
     @asynccontextmanager
     async def _pace_turn(self, provider: str) -> AsyncGenerator[None]:
         """This process's turn at a provider's pace row: a lock held on it costs one connection, not the pool.
 
-        The others wait here, holding no connection, at most lock_timeout (then the same error).
+        The others wait here, holding no connection, at most lock_timeout: then `PaceTurnBusy` when
+        turns went by meanwhile (this process's checks come faster than they reach the row), else the
+        lock_timeout error (the row, or the turn, is held).
         """
-        turn = self._pace_turns.setdefault(provider, anyio.Lock())
-        with anyio.move_on_after(self._pool.lock_timeout) as waited:
-            await turn.acquire()
-        if waited.cancelled_caught:
+        turn = self._pace_turns.setdefault(provider, PaceTurn())
+        try:
+            async with turn.take(self._pool.lock_timeout):
+                yield
+        except PaceTurnStuck:
             raise StoreError(
                 f"PostgreSQL ({self.location.display}): the [fleet] pace row of provider {shown(provider)} "
                 f"(fleet_buckets) stayed locked for more than {self._pool.lock_timeout:g} s (another check "
                 "of this server was still waiting for it); nothing was changed and no request was sent — "
                 "try again shortly, or end the session holding it (pg_stat_activity, pg_terminate_backend)"
-            )
-        try:
-            yield
-        finally:
-            turn.release()
+            ) from None
 
     per_operation_chains = True
     byte_order = ' COLLATE "C"'  # `audit.at` compared byte by byte, whatever the database's collation

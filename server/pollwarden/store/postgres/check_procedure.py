@@ -22,13 +22,15 @@ from pollwarden.core.records import (
     CheckStart,
     OperationRecord,
 )
-from pollwarden.rules.fleet_pace import bucket_from_row
+from pollwarden.core.vocabulary import DelaySource
+from pollwarden.rules.fleet_pace import bucket_from_row, busy_turn_retry_at
 from pollwarden.rules.gate import GateVerdict, Verdict
 from pollwarden.store import pace_reads, plans, statements
 from pollwarden.store.postgres import sql
 from pollwarden.store.postgres.base import RESERVED_KEPT, Held, PostgresBase
 from pollwarden.store.postgres.errors import GuardFailed
 from pollwarden.store.postgres.executor import answer_statement, operation
+from pollwarden.store.postgres.pace_turn import PaceTurnBusy
 from pollwarden.store.rows import StoredOperation, stored
 from pollwarden.store.transactions import CheckCall, fair_share_reads, gate
 from pollwarden_providers.table_limits import FleetSpec
@@ -79,9 +81,25 @@ class CheckProcedure(PostgresBase):
         # for a round trip (issue 29: a slower instance's checks held the pace for everyone).
         fleet = fleets.get(current.record.provider)
         told_own_slot = fleet is not None and pace_reads.before_own_slot(current.record, fleet, now=at)
-        started = await self._locked_check(call, current, paced=not told_own_slot)
-        if started is None:  # the locked row no longer waits for its own slot: decide with the pace
-            started = await self._locked_check(call, current, paced=True)
+        try:
+            started = await self._locked_check(call, current, paced=not told_own_slot)
+            if started is None:  # the locked row no longer waits for its own slot: decide with the pace
+                started = await self._locked_check(call, current, paced=True)
+        except PaceTurnBusy as busy:
+            # Nothing was read under a lock or written: it is told when to come back, as if paced.
+            assert fleet is not None
+            now = call.time(now)
+            until = busy_turn_retry_at(
+                now=now,
+                rate=fleet.max_requests_per_second,
+                waiting=busy.waiting,
+                served=busy.served,
+                waited=busy.waited,
+            )
+            told = dataclasses.replace(
+                current.record, next_check_at=until, delay_source=DelaySource.FLEET_PACING
+            )
+            return CheckStart(told, GateVerdict(Verdict.PACED, allowed_at=until))
         assert started is not None
         return started
 
