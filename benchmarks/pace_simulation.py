@@ -1,6 +1,7 @@
 """Agents on one fleet pace, on virtual time: is the pace used, and shared? (issue 29)
 
-    python benchmarks/pace_simulation.py          # every scenario under each rule, a second or two
+    python benchmarks/pace_simulation.py            # every scenario under each rule, a second or two
+    python benchmarks/pace_simulation.py --seeds 20 # and each family over 20 seeds (half a minute)
 
 Pure: no database, no sleeping. Operations wait on one provider whose table has a
 [fleet] pace; their agents call `check_status` the way real agents do:
@@ -36,8 +37,10 @@ its fair share. The tests in tests/unit/test_pace_simulation.py run them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import random
+import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -385,12 +388,12 @@ def _store_check(
     handed: int | None = None  # the sibling handed the principal's next slot
     if new and verdict.send and s.fleet_slots is not None:  # `plans.check_plan`'s fair shares on a send
         held_since = now - slot_hold_seconds(s.rate)
-        sibling = _oldest_waiting_sibling(ops, i, held_since)
+        sibling = _oldest_waiting_sibling(ops, i, now, held_since)
         share = share_on_send(
             held_slot=verdict.by_held_slot,
             served=op.last_sent,
             sibling_served=None if sibling is None else ops[sibling].last_sent,
-            other_principal_first=_other_principal_first(ops, i, held_since),
+            other_principal_first=_other_principal_first(ops, i, now, held_since),
             booked=_principal_slots(ops, i, held_since),
             fleet_slots=s.fleet_slots,
             now=now,
@@ -407,11 +410,14 @@ def _store_check(
             return share.wait
     bucket[0] = verdict.bucket
     if verdict.send:
+        used = op.fleet_slot_at if verdict.by_held_slot else None
         op.fleet_slot_at = None
         if handed is not None:
             _hand_slot(s, ops, handed, bucket, now)
         elif ahead and wait is None:  # its next slot, at the queue's tail now, if its agent can use it
-            slot, booked = book_ahead(verdict.bucket, now=now, rate=s.rate, burst=s.burst)
+            slot, booked = book_ahead(
+                verdict.bucket, now=now, rate=s.rate, burst=s.burst, used_slot=used, came_at=came_at
+            )
             if ahead_usable(slot, now=now, rate=s.rate, next_poll_within=s.own_interval):
                 op.fleet_slot_at, bucket[0] = slot, booked
         op.pacing = False
@@ -424,15 +430,17 @@ def _store_check(
     return verdict.at
 
 
-def _waiting(o: _Op, held_since: float) -> bool:
-    """Waits for the pace without a slot, its agent still coming (`statements.WAITING_FOR_PACE_SQL`)."""
-    return o.pacing and o.fleet_slot_at is None and o.next_check_at >= held_since
+def _waiting(o: _Op, now: float, held_since: float) -> bool:
+    """Waits for the pace without a slot, its agent still coming (`statements.WAITING_FOR_PACE_SQL`): told
+    to wait for the pace, or due by its own schedule, within the hold (an operation in flight is not due:
+    its next check is planned after its answer)."""
+    return o.fleet_slot_at is None and o.next_check_at >= held_since and (o.pacing or o.next_check_at <= now)
 
 
-def _oldest_waiting_sibling(ops: list[_Op], i: int, held_since: float) -> int | None:
+def _oldest_waiting_sibling(ops: list[_Op], i: int, now: float, held_since: float) -> int | None:
     """`statements.OLDEST_WAITING_SIBLING`: operation i's principal's other operation waiting longest."""
     own = [(o.last_sent, k) for k, o in enumerate(ops) if k != i and o.principal == ops[i].principal]
-    return min(((sent, k) for sent, k in own if _waiting(ops[k], held_since)), default=(0.0, None))[1]
+    return min(((sent, k) for sent, k in own if _waiting(ops[k], now, held_since)), default=(0.0, None))[1]
 
 
 def _principal_slots(ops: list[_Op], i: int, held_since: float) -> int:
@@ -447,14 +455,14 @@ def _principal_slots(ops: list[_Op], i: int, held_since: float) -> int:
     )
 
 
-def _other_principal_first(ops: list[_Op], i: int, held_since: float) -> bool:
+def _other_principal_first(ops: list[_Op], i: int, now: float, held_since: float) -> bool:
     """`statements.OTHER_PRINCIPAL_FIRST`: another principal waits, served less recently than i's."""
     last: dict[int, float] = {}
     for o in ops:
         last[o.principal] = max(last.get(o.principal, 0.0), o.last_sent)
     mine = ops[i].principal
     return any(
-        o.principal != mine and _waiting(o, held_since) and last[o.principal] < last[mine] for o in ops
+        o.principal != mine and _waiting(o, now, held_since) and last[o.principal] < last[mine] for o in ops
     )
 
 
@@ -480,10 +488,7 @@ def _share_wait(
     else:  # the rule before: only slots still ahead
         booked = [o.fleet_slot_at for o in own if o.fleet_slot_at is not None and o.fleet_slot_at > now]
     served_at = now if sends else op.last_sent
-    older = oldest_first and any(
-        o.pacing and o.fleet_slot_at is None and o.next_check_at >= held_since and o.last_sent < served_at
-        for o in own
-    )
+    older = oldest_first and any(_waiting(o, now, held_since) and o.last_sent < served_at for o in own)
     return share_wait(
         booked=len(booked),
         earliest=min(booked, default=None),
@@ -531,18 +536,53 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
+def over_seeds(scenario: Scenario, seeds: int) -> str:
+    """One line: the scenario with seeds 1..`seeds` (its agents' jitter and order differ by the seed)."""
+    results = [simulate(dataclasses.replace(scenario, seed=seed)) for seed in range(1, seeds + 1)]
+    used = [r.used for r in results]
+    worst = [max(r.share_errors().values()) for r in results]
+    broken = sum(1 for r in results if r.excess > 1e-9 or r.excess_at_provider > 1e-9 or r.starved)
+    return (
+        f"{scenario.name:<38} used mean {statistics.mean(used):5.1%} min {min(used):5.1%} "
+        f"(under 90 %: {sum(u < 0.9 for u in used):>2})  worst share error {max(worst):5.1%} "
+        f"(over 10 %: {sum(w > 0.10 for w in worst):>2})  over the pace or starved: {broken}"
+    )
+
+
+def seed_scenarios() -> list[Scenario]:
+    """The families run over seeds: every behaviour on instances 0/30/200 ms, then with one slot per
+    principal (15 and 5 operations) on 0/30 and 0/30/200 ms."""
+    trips = (0.0, 0.03, 0.2)
+    out = [Scenario(f"{b}, 0/30/200 ms", b, round_trips=trips) for b in (*BEHAVIOURS, "mix")]
+    for rt, label in (((0.0, 0.03), "0/30"), (trips, "0/30/200")):
+        out += [
+            Scenario(
+                f"{b}, 15/5 one slot each, {label}", b, round_trips=rt, principals=(15, 5), fleet_slots=1
+            )
+            for b in (*BEHAVIOURS, "mix")
+        ]
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Every scenario under the old rule and the new; print the numbers and the goals missed."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.parse_args(argv)
+    parser.add_argument(
+        "--seeds", type=int, default=0, help="also run each family over seeds 1..N under the new rule"
+    )
+    args = parser.parse_args(argv)
     for scenario in SCENARIOS:
         for rule in ("old", "held", "new"):
             result = simulate(scenario, rule)
             print(result.summary())
             for failure in result.failures():
                 print(f"    missed: {failure}")
+    if args.seeds:
+        print(f"\nover seeds 1..{args.seeds}, the new rule:")
+        for scenario in seed_scenarios():
+            print(over_seeds(scenario, args.seeds))
     return 0
 
 

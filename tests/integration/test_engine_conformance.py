@@ -501,6 +501,38 @@ async def test_an_operation_whose_lease_expired_is_handed_its_principals_slot_an
     assert "lease_recovered" in story
 
 
+async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_handed_the_slot(
+    tmp_path: Path,
+) -> None:
+    # Issue 29: an agent that comes a little after its own schedule (its jitter, a slower path) was
+    # never "waiting" when a sibling sent, so its principal's slot went to the others: 14 requests
+    # against its siblings' 20 in the simulation. Due within the hold, no request in flight, it counts.
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        await _sibling_and_slot_holder(store, where)
+        for operation_id, next_check_at in (("due", NOW - 0.5), ("later", NOW + 5)):
+            changes = {
+                "owner": "alice",
+                "next_check_at": next_check_at,
+                "delay_source": DelaySource.LOCAL_BACKOFF,
+            }
+            await store.create_operation(values(operation_id, **changes), kind="started", at=NOW - 100)
+        harness.db_write(
+            where, f"UPDATE operations SET request_sent_at = {NOW - 90} WHERE operation_id = 'later'"
+        )
+        harness.db_write(
+            where, f"UPDATE operations SET request_sent_at = {NOW - 80} WHERE operation_id = 'due'"
+        )
+        await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
+        due, later, waiting = [await store.get(o) for o in ("due", "later", "waiting")]
+    assert due is not None
+    assert later is not None
+    assert waiting is not None
+    assert due.fleet_slot_at == NOW  # served longer ago than `waiting`, and due: it gets the slot
+    assert later.fleet_slot_at is None  # served longest ago, but not due for 5 s: not handed a slot
+    assert waiting.fleet_slot_at is None
+
+
 @pytest.mark.postgres_only
 async def test_a_sibling_row_another_transaction_holds_is_skipped_and_handed_a_slot_once_it_is_free(
     tmp_path: Path,

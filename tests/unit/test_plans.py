@@ -304,6 +304,29 @@ def test_a_request_that_leaves_on_its_slot_while_a_queue_waits_books_its_next_sl
     assert (calm.send, calm.books_ahead) == (True, False)
 
 
+def test_a_request_decided_after_its_agent_came_on_time_books_its_next_slot_as_much_before_the_tail() -> None:
+    # Issue 29: the slot it used was at NOW - 0.5 and its agent came then; the server decided at NOW (a
+    # slower path to the database, its turn at the pace row). Its next slot keeps its place in the turn.
+    record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
+    bucket = PaceBucket(NOW + 5.0, NOW - 1.0)
+    step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW, came_at=NOW - 0.5)
+    assert step is not None
+    plan = plans.check_plan(
+        record,
+        RESERVE,
+        now=NOW,
+        owner="me",
+        lease_seconds=30,
+        step=step,
+        bucket=bucket,
+        fleet=FLEET,
+        next_poll_within=3.0,
+        came_at=NOW - 0.5,
+    )
+    assert plan.writes[0] == SetPace("acme", NOW + 6.0, NOW + 1.0)  # still one slot on the bookings' clock
+    assert update_of(plan)["fleet_slot_at"] == NOW + 4.5  # the tail, less the 0.5 s the decision took
+
+
 def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principals_operations_waits() -> None:
     record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
     bucket = PaceBucket(NOW + 5.0, NOW - 1.0)

@@ -196,6 +196,7 @@ def check_plan(
     next_poll_within: float | None = None,
     sibling: tuple[str, float] | None = None,
     other_principal_first: bool = False,
+    came_at: float | None = None,
 ) -> Plan:
     """What the gate's verdict writes (the verdict must write: `decision.writes`).
 
@@ -279,7 +280,10 @@ def check_plan(
     next_slot = None
     if step is not None and step.books_ahead and until is None and not handed and fleet is not None:
         rate = fleet.max_requests_per_second
-        ahead_at, ahead_bucket = book_ahead(step.bucket, now=now, rate=rate, burst=fleet.burst)
+        used = record.fleet_slot_at if step.by_held_slot else None
+        ahead_at, ahead_bucket = book_ahead(
+            step.bucket, now=now, rate=rate, burst=fleet.burst, used_slot=used, came_at=came_at
+        )
         if ahead_usable(ahead_at, now=now, rate=rate, next_poll_within=next_poll_within):
             next_slot, after = ahead_at, ahead_bucket
     taken: tuple[Write, ...] = ()

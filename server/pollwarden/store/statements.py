@@ -97,10 +97,12 @@ SLOT_HELD_SQL = (
 # missing expiry as expired too). It is recovered when the operation next reserves.
 LEASE_FREE_SQL = "(lease_owner IS NULL OR coalesce(lease_expires_at, 0) <= :now)"
 
-# An operation waiting for the pace without a slot, its agent still coming (`share_wait`'s waiting).
+# An operation waiting for the pace without a slot, its agent still coming (`share_wait`'s waiting): told
+# to wait for the pace, or due by its own schedule (its agent may come a little after: its own jitter, a
+# slower path), within the hold, with no request in flight.
 WAITING_FOR_PACE_SQL = (
-    f"status = 'waiting' AND delay_source = 'fleet_pacing' AND {LEASE_FREE_SQL} "
-    "AND fleet_slot_at IS NULL AND next_check_at >= :held_since"
+    f"status = 'waiting' AND {LEASE_FREE_SQL} AND fleet_slot_at IS NULL AND next_check_at >= :held_since "
+    "AND (delay_source = 'fleet_pacing' OR next_check_at <= :now)"
 )
 
 # Fair shares (issue 19): the fleet slots one principal's other operations hold for a provider (still

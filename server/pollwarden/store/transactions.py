@@ -194,6 +194,7 @@ def check(
         next_poll_within=next_poll_within,
         sibling=sibling,
         other_principal_first=other_first,
+        came_at=came_at,
     )
     return CheckStart((yield CarryOut(current, plan)), plan.decision or decision)
 
