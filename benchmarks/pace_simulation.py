@@ -433,7 +433,8 @@ def _store_check(
 def _waiting(o: _Op, now: float, held_since: float) -> bool:
     """Waits for the pace without a slot, its agent still coming (`statements.WAITING_FOR_PACE_SQL`): told
     to wait for the pace, or due by its own schedule, within the hold (an operation in flight is not due:
-    its next check is planned after its answer)."""
+    its next check is planned after its answer). Every simulated operation may send when due (no budget
+    runs out, no Retry-After, no deadline before the run's end), which the SQL checks as well."""
     return o.fleet_slot_at is None and o.next_check_at >= held_since and (o.pacing or o.next_check_at <= now)
 
 

@@ -523,14 +523,33 @@ async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_
         harness.db_write(
             where, f"UPDATE operations SET request_sent_at = {NOW - 80} WHERE operation_id = 'due'"
         )
+        # Due too, and served even longer ago, but none of them may send (review of issue 29): a slot
+        # handed to one would go unused for its hold, and room be kept for it on the sends' clock.
+        cannot = {
+            "spent": "status_requests_used = max_status_requests",
+            "retry_after": f"not_before_at = {NOW + 60}",
+            "past_deadline": f"deadline_at = {NOW - 1}",
+        }
+        for operation_id, why in cannot.items():
+            changes = {
+                "owner": "alice",
+                "next_check_at": NOW - 0.5,
+                "delay_source": DelaySource.LOCAL_BACKOFF,
+            }
+            await store.create_operation(values(operation_id, **changes), kind="started", at=NOW - 100)
+            harness.db_write(
+                where,
+                f"UPDATE operations SET {why}, request_sent_at = {NOW - 95} WHERE operation_id = '{operation_id}'",
+            )
         await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
-        due, later, waiting = [await store.get(o) for o in ("due", "later", "waiting")]
+        due, later, waiting, *others = [await store.get(o) for o in ("due", "later", "waiting", *cannot)]
     assert due is not None
     assert later is not None
     assert waiting is not None
     assert due.fleet_slot_at == NOW  # served longer ago than `waiting`, and due: it gets the slot
     assert later.fleet_slot_at is None  # served longest ago, but not due for 5 s: not handed a slot
     assert waiting.fleet_slot_at is None
+    assert [None if o is None else o.fleet_slot_at for o in others] == [None, None, None]
 
 
 @pytest.mark.postgres_only

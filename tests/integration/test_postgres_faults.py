@@ -271,8 +271,13 @@ async def test_a_check_that_cannot_get_its_turn_at_a_busy_pace_row_is_told_when_
             first.set()  # one turn goes by while the check waits; the next holds it past lock_timeout
             while not told:
                 await anyio.lowlevel.checkpoint()
+            # What it was told is written: a call before that time is held by the gate, at once,
+            # without queueing for the turn that is still taken (review of issue 29).
+            await check()
             second.set()
-        [busy] = told
+        [busy, early] = told
+        assert (early["outcome"], early["delay_source"]) == ("not_yet", "fleet_pacing")
+        assert early["retry_after_seconds"] == busy["retry_after_seconds"]
         assert busy["outcome"] == "not_yet"
         assert busy["delay_source"] == "fleet_pacing"
         assert 0 < busy["retry_after_seconds"] <= 1.0
@@ -282,6 +287,38 @@ async def test_a_check_that_cannot_get_its_turn_at_a_busy_pace_row_is_told_when_
         again = (await controller.check_status("op-busy")).model_dump()
         assert (again["outcome"], again["status_requests_used"]) == ("polled", 1)
     assert len(fake.status_requests("busy")) == 1
+
+
+async def test_a_check_that_stops_takes_no_turn_at_the_pace_row(tmp_path: Path, fake: FakeProvider) -> None:
+    # Review of issue 29: every check of a paced provider waited for its process's turn at the pace
+    # row, so a stop (its budget used) was kept behind reservations, or answered as paced.
+    fake.script("spent", [pending("running")])
+    h = make_harness(tmp_path, fake, table={"fleet": {"max_requests_per_second": 5, "burst": 3}})
+    h.busy_timeout_seconds = 0.3
+    h.server()
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng)
+    async with factory() as controller:
+        await controller.start_operation(provider="acme", operation_id="op-spent", provider_job_id="spent")
+        with psycopg.connect(h.database.dsn, autocommit=True) as db:
+            db.execute("UPDATE operations SET status_requests_used = max_status_requests")
+        h.clock.advance(10)
+        turns = controller.store._pace_turns  # pyright: ignore[reportAttributeAccessIssue, reportPrivateUsage, reportUnknownMemberType, reportUnknownVariableType]
+        turn: PaceTurn = turns.setdefault("acme", PaceTurn())  # pyright: ignore[reportUnknownMemberType]
+        release = anyio.Event()
+        seen: list[dict[str, Any]] = []
+
+        async def hold() -> None:  # a reservation of this process, in its turn at the pace row
+            async with turn.take(10):
+                await release.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await anyio.lowlevel.checkpoint()
+            seen.append((await controller.check_status("op-spent")).model_dump())
+            release.set()
+    [stopped] = seen
+    assert (stopped["outcome"], stopped["stop_reason"]) == ("stopped", "request_budget_exhausted")
+    assert fake.status_requests("spent") == []
 
 
 async def test_a_statement_cancelled_by_statement_timeout_is_a_clear_error_and_changes_nothing(

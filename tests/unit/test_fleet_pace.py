@@ -190,10 +190,12 @@ def test_a_slot_booked_ahead_keeps_its_place_in_the_turn_however_long_the_server
 def test_a_check_that_could_not_get_its_servers_turn_at_the_pace_row_comes_back_after_the_checks_ahead() -> (
     None
 ):
-    # Two turns went by in 5 s while it waited; three checks (it among them) still wait.
-    assert busy_turn_retry_at(now=100.0, rate=RATE, waiting=3, served=2, waited=5.0) == 107.5
+    # Four turns went by in 5 s while it waited; three checks (it among them) still wait.
+    assert busy_turn_retry_at(now=100.0, rate=RATE, waiting=3, served=4, waited=5.0) == 103.75
     # Never before one pacing interval.
     assert busy_turn_retry_at(now=100.0, rate=1.0, waiting=1, served=50, waited=5.0) == 101.0
+    # Never more than the time it waited (one turn in 5 s, 20 waiting: not 100 s, past its deadline).
+    assert busy_turn_retry_at(now=100.0, rate=RATE, waiting=20, served=1, waited=5.0) == 105.0
 
 
 def test_an_agent_that_came_within_the_hold_keeps_its_slot_however_long_the_server_took_to_decide() -> None:

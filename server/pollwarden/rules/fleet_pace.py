@@ -309,11 +309,12 @@ def share_on_send(
 def busy_turn_retry_at(*, now: float, rate: float, waiting: int, served: int, waited: float) -> float:
     """When a check that waited `waited` s for its server's turn at the pace row, while `served` turns
     went by and `waiting` checks (itself among them) still wait, may look again: after those checks
-    have had their turns at the speed the turns just went, and never before one pacing interval.
+    have had their turns at the speed the turns just went, never before one pacing interval, and never
+    more than `waited` on (a longer estimate only says the turns are slow; it comes back and queues).
 
-    Such a check read and wrote nothing: its server's checks reach the pace row slower than they come
-    (a slow path to the database), so it is told when to come back, as a paced check would be,
+    Such a check read nothing under a lock: its server's checks reach the pace row slower than they
+    come (a slow path to the database), so it is told when to come back, as a paced check would be,
     instead of an error (issue 29: a check that fails tells its agent nothing it can follow).
     """
     per_turn = waited / served if served > 0 else waited
-    return now + max(1.0 / rate, waiting * per_turn)
+    return now + max(1.0 / rate, min(waiting * per_turn, waited))

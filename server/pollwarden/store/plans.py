@@ -310,6 +310,17 @@ def check_plan(
     return Plan(updated(record, reserve, now), writes, decision)
 
 
+def busy_turn_plan(record: OperationRecord, until: float, now: float) -> Plan:
+    """A check that could not get its server's turn at the provider's pace row (`PaceTurnBusy`): it is
+    told to come back at `until` as a paced check is, and that is written, so the gate holds an earlier
+    call without a turn, and a held slot moves there with its next check (`fleet_pace.moved_slot`:
+    held from there, its place kept)."""
+    told = {"next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
+    return Plan(
+        updated(record, told, now), (Update(told, now),), GateVerdict(Verdict.PACED, allowed_at=until)
+    )
+
+
 def _hand_slot(
     record: OperationRecord, fleet: FleetSpec, bucket: PaceBucket | None, sibling: str, *, now: float
 ) -> HandSlot:

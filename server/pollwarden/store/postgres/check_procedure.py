@@ -22,7 +22,6 @@ from pollwarden.core.records import (
     CheckStart,
     OperationRecord,
 )
-from pollwarden.core.vocabulary import DelaySource
 from pollwarden.rules.fleet_pace import bucket_from_row, busy_turn_retry_at
 from pollwarden.rules.gate import GateVerdict, Verdict
 from pollwarden.store import pace_reads, plans, statements
@@ -80,28 +79,43 @@ class CheckProcedure(PostgresBase):
         # slot is only told that slot: it takes neither a turn at the pace row nor its lock, each held
         # for a round trip (issue 29: a slower instance's checks held the pace for everyone).
         fleet = fleets.get(current.record.provider)
-        told_own_slot = fleet is not None and pace_reads.before_own_slot(current.record, fleet, now=at)
+        paced = pace_reads.needs_pace(current.record, decision, fleet, now=at) and not (
+            fleet is not None and pace_reads.before_own_slot(current.record, fleet, now=at)
+        )
         try:
-            started = await self._locked_check(call, current, paced=not told_own_slot)
-            if started is None:  # the locked row no longer waits for its own slot: decide with the pace
+            started = await self._locked_check(call, current, paced=paced)
+            if started is None:  # the locked row needs the pace after all: decide with it
                 started = await self._locked_check(call, current, paced=True)
         except PaceTurnBusy as busy:
-            # Nothing was read under a lock or written: it is told when to come back, as if paced.
             assert fleet is not None
-            now = call.time(now)
-            until = busy_turn_retry_at(
-                now=now,
-                rate=fleet.max_requests_per_second,
-                waiting=busy.waiting,
-                served=busy.served,
-                waited=busy.waited,
-            )
-            told = dataclasses.replace(
-                current.record, next_check_at=until, delay_source=DelaySource.FLEET_PACING
-            )
-            return CheckStart(told, GateVerdict(Verdict.PACED, allowed_at=until))
+            return await self._told_to_come_back(call, current, fleet, busy)
         assert started is not None
         return started
+
+    async def _told_to_come_back(
+        self, call: CheckCall, current: StoredOperation, fleet: FleetSpec, busy: PaceTurnBusy
+    ) -> CheckStart:
+        """A reservation that could not get this process's turn at the pace row: told when to come back
+        (`plans.busy_turn_plan`), written on the operation's row if it is still as read (else only told)."""
+        now = call.time(call.now)
+        until = busy_turn_retry_at(
+            now=now,
+            rate=fleet.max_requests_per_second,
+            waiting=busy.waiting,
+            served=busy.served,
+            waited=busy.waited,
+        )
+        plan = plans.busy_turn_plan(current.record, until, now)
+        assert plan.decision is not None
+        async with self._locked(current.record.operation_id, audit=False, durable=False) as (
+            writer,
+            tx,
+            cursor,
+        ):
+            locked = operation(await tx.read(cursor), current.record.operation_id)
+            if locked.record.version == current.record.version:
+                await writer.carry_out(locked, plan)
+        return CheckStart(plan.record, plan.decision)
 
     async def _locked_check(
         self, call: CheckCall, current: StoredOperation, *, paced: bool
@@ -144,14 +158,14 @@ class CheckProcedure(PostgresBase):
             owed = 0 if owed_row is None else int(str(owed_row[0]))
             bucket = bucket_from_row(pace_row)
             now = call.time(now)
-            if (
-                fleet is not None
-                and pace is None
-                and not pace_reads.before_own_slot(current.record, fleet, now=now)
-            ):
-                return None  # nothing was queued: the COMMIT writes nothing and frees the row
             held = Held(writer, tx, cursor, operation_id, [])
             decision = await self._drive(gate(current.record, now, *ask), held)
+            if (
+                pace is None
+                and pace_reads.needs_pace(current.record, decision, fleet, now=now)
+                and not (fleet is not None and pace_reads.before_own_slot(current.record, fleet, now=now))
+            ):
+                return None  # nothing was queued: the COMMIT writes nothing and frees the row
             if not decision.writes:
                 return CheckStart(current.record, decision)
             flow = call.check_flow(current, decision, now, bucket, owed, shares)
