@@ -327,6 +327,19 @@ def test_a_request_decided_after_its_agent_came_on_time_books_its_next_slot_as_m
     assert update_of(plan)["fleet_slot_at"] == NOW + 4.5  # the tail, less the 0.5 s the decision took
 
 
+def test_a_check_that_could_not_get_its_turn_at_the_pace_row_is_told_when_and_gives_up_its_slot() -> None:
+    record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
+    plan = plans.busy_turn_plan(record, NOW + 3.0, NOW)
+    assert kinds(plan) == ["Update"]  # the operation's row alone: no pace row, no audit row
+    assert update_of(plan) == {
+        "next_check_at": NOW + 3.0,
+        "delay_source": DelaySource.FLEET_PACING,
+        "fleet_slot_at": None,  # released: no room is kept for it on the sends' clock
+    }
+    assert plan.decision == GateVerdict(Verdict.PACED, allowed_at=NOW + 3.0)
+    assert (plan.record.next_check_at, plan.record.fleet_slot_at) == (NOW + 3.0, None)
+
+
 def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principals_operations_waits() -> None:
     record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
     bucket = PaceBucket(NOW + 5.0, NOW - 1.0)

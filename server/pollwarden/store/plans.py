@@ -313,9 +313,10 @@ def check_plan(
 def busy_turn_plan(record: OperationRecord, until: float, now: float) -> Plan:
     """A check that could not get its server's turn at the provider's pace row (`PaceTurnBusy`): it is
     told to come back at `until` as a paced check is, and that is written, so the gate holds an earlier
-    call without a turn, and a held slot moves there with its next check (`fleet_pace.moved_slot`:
-    held from there, its place kept)."""
-    told = {"next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
+    call without a turn. A slot it held is released, as one whose agent does not come within its hold
+    is: kept, the sends' clock would keep room for it that this process's checks cannot reach in time
+    (measured at +400 ms to PostgreSQL: 53-64 % of the pace used, 77 % with the slot released)."""
+    told = {"next_check_at": until, "delay_source": DelaySource.FLEET_PACING, "fleet_slot_at": None}
     return Plan(
         updated(record, told, now), (Update(told, now),), GateVerdict(Verdict.PACED, allowed_at=until)
     )
