@@ -119,6 +119,7 @@ class Scenario:
     deadline_seconds: float = 40.0
     seed: int = 29
     own_interval: float = OWN_INTERVAL_SECONDS  # each operation's own schedule between its requests
+    provider_seconds: float = PROVIDER_SECONDS  # how long the provider takes to answer
 
     def behaviour_of(self, i: int) -> str:
         """Operation i's agent behaviour."""
@@ -319,7 +320,7 @@ def simulate(scenario: Scenario, rule: str = "new") -> Result:
                 op.requests += 1
                 # The answer comes 50 ms after the request left; the next check is planned from it,
                 # and the agent is told once it is recorded (two more trips).
-                received = now + rtt + PROVIDER_SECONDS
+                received = now + rtt + s.provider_seconds
                 op.next_check_at = received + s.own_interval
                 answered = received + 2 * rtt
                 again(i, answered, max(0.0, op.next_check_at - answered))
@@ -418,7 +419,10 @@ def _store_check(
             slot, booked = book_ahead(
                 verdict.bucket, now=now, rate=s.rate, burst=s.burst, used_slot=used, came_at=came_at
             )
-            if ahead_usable(slot, now=now, rate=s.rate, next_poll_within=s.own_interval):
+            principals_slot = s.fleet_slots is not None
+            if ahead_usable(
+                slot, now=now, rate=s.rate, next_poll_within=s.own_interval, principals_slot=principals_slot
+            ):
                 op.fleet_slot_at, bucket[0] = slot, booked
         op.pacing = False
         op.last_sent = now

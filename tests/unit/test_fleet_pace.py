@@ -6,6 +6,7 @@ import pytest
 
 from pollwarden.rules.fleet_pace import (
     PaceBucket,
+    ahead_usable,
     book_ahead,
     busy_turn_retry_at,
     hands_slot,
@@ -185,6 +186,14 @@ def test_a_slot_booked_ahead_keeps_its_place_in_the_turn_however_long_the_server
     capped, _ = book_ahead(bucket, now=10.0 + hold + 3, rate=RATE, burst=BURST, used_slot=10.0, came_at=10.0)
     assert capped == pytest.approx(10.0 + hold + 3)
     assert book_ahead(bucket, now=10.4, rate=RATE, burst=BURST)[0] == 14.0  # no slot used: the tail
+
+
+def test_under_fair_shares_a_slot_is_booked_ahead_only_where_it_comes_after_its_agents_next_check() -> None:
+    # Its agent checks again at most 3 s from now; the slot's hold is 2 s.
+    assert ahead_usable(11.5, now=10.0, rate=RATE, next_poll_within=3.0)  # held until its agent comes
+    assert not ahead_usable(11.5, now=10.0, rate=RATE, next_poll_within=3.0, principals_slot=True)
+    assert ahead_usable(13.5, now=10.0, rate=RATE, next_poll_within=3.0, principals_slot=True)
+    assert not ahead_usable(13.5, now=10.0, rate=RATE, next_poll_within=None)
 
 
 def test_a_check_that_could_not_get_its_servers_turn_at_the_pace_row_comes_back_after_the_checks_ahead() -> (

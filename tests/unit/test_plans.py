@@ -368,6 +368,16 @@ def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principal
         )
         assert plan.decision == RESERVE  # the request goes out either way
         assert (update_of(plan)["fleet_slot_at"] is not None) is books, booked
+    # Its agent comes back at most 6 s on, after the slot at the tail (NOW + 5): without fair shares the
+    # slot is held for it (its hold reaches past 6 s); under them it would keep the principal's one
+    # slot idle meanwhile, and nothing is booked ahead.
+    late = {"owner": "me", "lease_seconds": 30, "step": step, "bucket": bucket, "fleet": FLEET}
+    alone = plans.check_plan(record, RESERVE, now=NOW, next_poll_within=6.0, **late)
+    shared = plans.check_plan(
+        record, RESERVE, now=NOW, next_poll_within=6.0, booked=(0, None, 0), fleet_slots=1, **late
+    )
+    assert update_of(alone)["fleet_slot_at"] is not None
+    assert update_of(shared)["fleet_slot_at"] is None
 
 
 def test_a_held_slot_moved_for_lack_of_room_keeps_its_own_time_and_so_its_place() -> None:

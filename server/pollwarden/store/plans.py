@@ -284,7 +284,13 @@ def check_plan(
         ahead_at, ahead_bucket = book_ahead(
             step.bucket, now=now, rate=rate, burst=fleet.burst, used_slot=used, came_at=came_at
         )
-        if ahead_usable(ahead_at, now=now, rate=rate, next_poll_within=next_poll_within):
+        if ahead_usable(
+            ahead_at,
+            now=now,
+            rate=rate,
+            next_poll_within=next_poll_within,
+            principals_slot=fleet_slots is not None,
+        ):
             next_slot, after = ahead_at, ahead_bucket
     taken: tuple[Write, ...] = ()
     if after is not None and after != bucket:
