@@ -439,7 +439,12 @@ def _waiting(o: _Op, now: float, held_since: float) -> bool:
     to wait for the pace, or due by its own schedule, within the hold (an operation in flight is not due:
     its next check is planned after its answer). Every simulated operation may send when due (no budget
     runs out, no Retry-After, no deadline before the run's end), which the SQL checks as well."""
-    return o.fleet_slot_at is None and o.next_check_at >= held_since and (o.pacing or o.next_check_at <= now)
+    due_by = 2 * now - held_since  # now plus the hold
+    return (
+        o.fleet_slot_at is None
+        and o.next_check_at >= held_since
+        and ((o.pacing and o.next_check_at <= due_by) or o.next_check_at <= now)
+    )
 
 
 def _oldest_waiting_sibling(ops: list[_Op], i: int, now: float, held_since: float) -> int | None:

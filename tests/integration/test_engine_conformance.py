@@ -541,15 +541,24 @@ async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_
                 where,
                 f"UPDATE operations SET {why}, request_sent_at = {NOW - 95} WHERE operation_id = '{operation_id}'",
             )
+        # Told to wait for the pace but to come back only in 5 s (its server's turn at the pace row was
+        # busy), served longest ago: a slot handed now would wait for it, held (second review).
+        told = {"owner": "alice", "next_check_at": NOW + 5, "delay_source": DelaySource.FLEET_PACING}
+        await store.create_operation(values("told_later", **told), kind="started", at=NOW - 100)
+        harness.db_write(
+            where, f"UPDATE operations SET request_sent_at = {NOW - 99} WHERE operation_id = 'told_later'"
+        )
         await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
-        due, later, waiting, *others = [await store.get(o) for o in ("due", "later", "waiting", *cannot)]
+        due, later, waiting, *others = [
+            await store.get(o) for o in ("due", "later", "waiting", *cannot, "told_later")
+        ]
     assert due is not None
     assert later is not None
     assert waiting is not None
     assert due.fleet_slot_at == NOW  # served longer ago than `waiting`, and due: it gets the slot
     assert later.fleet_slot_at is None  # served longest ago, but not due for 5 s: not handed a slot
     assert waiting.fleet_slot_at is None
-    assert [None if o is None else o.fleet_slot_at for o in others] == [None, None, None]
+    assert [None if o is None else o.fleet_slot_at for o in others] == [None, None, None, None]
 
 
 @pytest.mark.postgres_only

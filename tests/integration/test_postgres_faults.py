@@ -233,6 +233,42 @@ async def test_a_check_before_its_own_booked_slot_is_told_the_slot_without_waiti
     assert fake.status_requests("c") == []
 
 
+async def _busy_turn_answers(
+    controller: Any, operation_id: str, *, then_again: bool = True
+) -> list[dict[str, Any]]:
+    """check_status while this process's turn at acme's pace row is busy: one turn goes by while the
+    check waits, the next holds it past lock_timeout; with `then_again`, a second call before the
+    turn is free. The answers, in order."""
+    turns = controller.store._pace_turns  # pyright: ignore[reportPrivateUsage]
+    turn: PaceTurn = turns.setdefault("acme", PaceTurn())
+    first, second = anyio.Event(), anyio.Event()
+    told: list[dict[str, Any]] = []
+
+    async def hold(release: anyio.Event) -> None:  # another check of this process, in its turn
+        async with turn.take(10):
+            await release.wait()
+
+    async def check() -> None:
+        told.append((await controller.check_status(operation_id)).model_dump())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold, first)
+        await anyio.lowlevel.checkpoint()
+        tg.start_soon(hold, second)
+        while turn.waiting < 1:
+            await anyio.lowlevel.checkpoint()
+        tg.start_soon(check)
+        while turn.waiting < 2:
+            await anyio.lowlevel.checkpoint()
+        first.set()
+        while not told:
+            await anyio.lowlevel.checkpoint()
+        if then_again:
+            await check()
+        second.set()
+    return told
+
+
 async def test_a_check_that_cannot_get_its_turn_at_a_busy_pace_row_is_told_when_to_come_back_not_an_error(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
@@ -247,35 +283,9 @@ async def test_a_check_that_cannot_get_its_turn_at_a_busy_pace_row_is_told_when_
     async with factory() as controller:
         await controller.start_operation(provider="acme", operation_id="op-busy", provider_job_id="busy")
         h.clock.advance(10)
-        turns = controller.store._pace_turns  # pyright: ignore[reportAttributeAccessIssue, reportPrivateUsage, reportUnknownMemberType, reportUnknownVariableType]
-        turn: PaceTurn = turns.setdefault("acme", PaceTurn())  # pyright: ignore[reportUnknownMemberType]
-        first, second = anyio.Event(), anyio.Event()
-        told: list[dict[str, Any]] = []
-
-        async def hold(release: anyio.Event) -> None:  # another check of this process, in its turn
-            async with turn.take(10):
-                await release.wait()
-
-        async def check() -> None:
-            told.append((await controller.check_status("op-busy")).model_dump())
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(hold, first)
-            await anyio.lowlevel.checkpoint()
-            tg.start_soon(hold, second)
-            while turn.waiting < 1:
-                await anyio.lowlevel.checkpoint()
-            tg.start_soon(check)
-            while turn.waiting < 2:
-                await anyio.lowlevel.checkpoint()
-            first.set()  # one turn goes by while the check waits; the next holds it past lock_timeout
-            while not told:
-                await anyio.lowlevel.checkpoint()
-            # What it was told is written: a call before that time is held by the gate, at once,
-            # without queueing for the turn that is still taken (review of issue 29).
-            await check()
-            second.set()
-        [busy, early] = told
+        # What it is told is written: a call before that time is held by the gate, at once, without
+        # queueing for the turn that is still taken (review of issue 29).
+        busy, early = await _busy_turn_answers(controller, "op-busy")
         assert (early["outcome"], early["delay_source"]) == ("not_yet", "fleet_pacing")
         assert early["retry_after_seconds"] == busy["retry_after_seconds"]
         assert busy["outcome"] == "not_yet"
@@ -287,6 +297,30 @@ async def test_a_check_that_cannot_get_its_turn_at_a_busy_pace_row_is_told_when_
         again = (await controller.check_status("op-busy")).model_dump()
         assert (again["outcome"], again["status_requests_used"]) == ("polled", 1)
     assert len(fake.status_requests("busy")) == 1
+
+
+async def test_a_busy_turns_answer_never_waits_for_its_operations_row(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # Second review of issue 29: the answer's write waited for the operation's row, which another
+    # server's check of the same operation may hold while it waits for the same pace row; that ended
+    # in the lock_timeout error after all. Held, the row is left as it is and the agent only told.
+    fake.script("held", [pending("running")])
+    h = make_harness(tmp_path, fake, table={"fleet": {"max_requests_per_second": 5, "burst": 3}})
+    h.busy_timeout_seconds = 0.3
+    h.server()
+    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng)
+    async with factory() as controller:
+        await controller.start_operation(provider="acme", operation_id="op-held", provider_job_id="held")
+        h.clock.advance(10)
+        with psycopg.connect(h.database.dsn) as holder:
+            holder.execute("SELECT 1 FROM operations WHERE operation_id = 'op-held' FOR UPDATE")
+            [told] = await _busy_turn_answers(controller, "op-held", then_again=False)
+        seen = (await controller.get_operation("op-held")).model_dump()
+    assert (told["outcome"], told["delay_source"]) == ("not_yet", "fleet_pacing")
+    assert told["retry_after_seconds"] > 0
+    assert seen["delay_source"] != "fleet_pacing"  # not written
+    assert fake.status_requests("held") == []
 
 
 async def test_a_check_that_stops_takes_no_turn_at_the_pace_row(tmp_path: Path, fake: FakeProvider) -> None:

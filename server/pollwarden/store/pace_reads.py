@@ -118,6 +118,7 @@ def booked_slots_params(record: OperationRecord, fleet: FleetSpec, *, now: float
         "operation_id": record.operation_id,
         "held_since": now - slot_hold_seconds(fleet.max_requests_per_second),
         "now": now,
+        "due_by": now + slot_hold_seconds(fleet.max_requests_per_second),
         # Waiting since its last request (or since it was created): the oldest goes first. One that
         # sends now books ahead only if none of its principal's other operations waits at all
         # (`check_plan`: the oldest waiting sibling read beside it).

@@ -129,7 +129,7 @@ class HandSlot:
 
     def params(self) -> dict[str, object]:
         """The hand-off statement's parameters."""
-        return {**dataclasses.asdict(self), "now": self.at}
+        return {**dataclasses.asdict(self), "now": self.at, "due_by": 2 * self.at - self.held_since}
 
 
 @dataclass(frozen=True)

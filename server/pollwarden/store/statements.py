@@ -98,12 +98,13 @@ SLOT_HELD_SQL = (
 LEASE_FREE_SQL = "(lease_owner IS NULL OR coalesce(lease_expires_at, 0) <= :now)"
 
 # An operation waiting for the pace without a slot, its agent still coming (`share_wait`'s waiting): told
-# to wait for the pace, or due by its own schedule within the hold (its agent may come a little after:
-# its own jitter, a slower path) and free to send then, as the gate's RESERVE would have it (budget left,
-# deadline open, no provider Retry-After), with no request in flight.
+# to wait for the pace until within the hold (`:due_by`; one told to come back later, its server's turn
+# at the pace row busy, is not waiting yet), or due by its own schedule within the hold (its agent may
+# come a little after: its own jitter, a slower path) and free to send then, as the gate's RESERVE would
+# have it (budget left, deadline open, no provider Retry-After), with no request in flight.
 WAITING_FOR_PACE_SQL = (
     f"status = 'waiting' AND {LEASE_FREE_SQL} AND fleet_slot_at IS NULL AND next_check_at >= :held_since "
-    "AND (delay_source = 'fleet_pacing' OR (next_check_at <= :now "
+    "AND ((delay_source = 'fleet_pacing' AND next_check_at <= :due_by) OR (next_check_at <= :now "
     f"AND :now >= coalesce(not_before_at, :now) AND {deadline_open_sql(':now')} AND {BUDGET_LEFT_SQL}))"
 )
 

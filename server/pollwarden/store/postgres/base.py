@@ -168,15 +168,22 @@ class PostgresBase(Store):
 
     @asynccontextmanager
     async def _locked(
-        self, operation_id: str | None = None, *, audit: bool = True, durable: bool = True
+        self,
+        operation_id: str | None = None,
+        *,
+        audit: bool = True,
+        durable: bool = True,
+        if_free: bool = False,
     ) -> AsyncGenerator[tuple[Writer, Tx, Any]]:
-        """A transaction that locks the operation row first (and reads the audit head); yields the row's cursor."""
+        """A transaction that locks the operation row first (and reads the audit head); yields the row's
+        cursor (`if_free`: no row when another transaction holds it, instead of waiting)."""
         async with self._pool.transaction(durable=durable) as tx:
             writer = Writer(tx, self._key)
             cursor = None
             if operation_id is not None:
                 self._forget(operation_id)  # written on the locked row: read afresh next time
-                cursor = await tx.queue(sql.LOCK_OPERATION, {"operation_id": operation_id})
+                lock = sql.LOCK_OPERATION_IF_FREE if if_free else sql.LOCK_OPERATION
+                cursor = await tx.queue(lock, {"operation_id": operation_id})
             if audit:
                 await writer.head_first()
             yield writer, tx, cursor

@@ -96,7 +96,8 @@ class CheckProcedure(PostgresBase):
         self, call: CheckCall, current: StoredOperation, fleet: FleetSpec, busy: PaceTurnBusy
     ) -> CheckStart:
         """A reservation that could not get this process's turn at the pace row: told when to come back
-        (`plans.busy_turn_plan`), written on the operation's row if it is still as read (else only told)."""
+        (`plans.busy_turn_plan`), written on the operation's row if it is free and still as read (else only
+        told)."""
         now = call.time(call.now)
         until = busy_turn_retry_at(
             now=now,
@@ -107,13 +108,14 @@ class CheckProcedure(PostgresBase):
         )
         plan = plans.busy_turn_plan(current.record, until, now)
         assert plan.decision is not None
-        async with self._locked(current.record.operation_id, audit=False, durable=False) as (
-            writer,
-            tx,
-            cursor,
-        ):
-            locked = operation(await tx.read(cursor), current.record.operation_id)
-            if locked.record.version == current.record.version:
+        # Written only on the row as read, and never waited for: another transaction holding it (this
+        # operation's check on another server, waiting for the same pace row) leaves it only told.
+        operation_id = current.record.operation_id
+        free = self._locked(operation_id, audit=False, durable=False, if_free=True)
+        async with free as (writer, tx, cursor):
+            row = await tx.read(cursor)
+            locked = None if row is None else operation(row, operation_id)
+            if locked is not None and locked.record.version == current.record.version:
                 await writer.carry_out(locked, plan)
         return CheckStart(plan.record, plan.decision)
 

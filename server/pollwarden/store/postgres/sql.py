@@ -34,6 +34,8 @@ def dialect(statement: str) -> str:
 
 
 LOCK_OPERATION = dialect(statements.SELECT_OPERATION) + " FOR UPDATE"
+# The same when no other transaction holds it (else no row, at once).
+LOCK_OPERATION_IF_FREE = LOCK_OPERATION + " SKIP LOCKED"
 
 # A new operation and its first audit row (a row of the one chain) in one statement, for a start that
 # submits nothing on an unkeyed chain: the head is locked first (as every start locks it before its
