@@ -129,7 +129,8 @@ class HandSlot:
 
     def params(self) -> dict[str, object]:
         """The hand-off statement's parameters."""
-        return {**dataclasses.asdict(self), "now": self.at, "due_by": 2 * self.at - self.held_since}
+        hold = self.at - self.held_since  # `due_by`: a told time within one hold counts as waiting
+        return {**dataclasses.asdict(self), "now": self.at, "due_by": self.at + hold}
 
 
 @dataclass(frozen=True)
