@@ -501,6 +501,26 @@ async def test_an_operation_whose_lease_expired_is_handed_its_principals_slot_an
     assert "lease_recovered" in story
 
 
+async def _alices(
+    store: Store,
+    where: DatabaseLocation,
+    operation_id: str,
+    *,
+    next_check_at: float,
+    source: DelaySource,
+    sent_at: float,
+    also: str | None = None,
+) -> None:
+    """An operation of alice's, its last request sent at `sent_at` (and `also`, an SQL assignment)."""
+    changes = {"owner": "alice", "next_check_at": next_check_at, "delay_source": source}
+    await store.create_operation(values(operation_id, **changes), kind="started", at=NOW - 100)
+    extra = "" if also is None else f"{also}, "
+    harness.db_write(
+        where,
+        f"UPDATE operations SET {extra}request_sent_at = {sent_at} WHERE operation_id = '{operation_id}'",
+    )
+
+
 async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_handed_the_slot(
     tmp_path: Path,
 ) -> None:
@@ -510,19 +530,9 @@ async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_
     where = harness.database_in(tmp_path)
     async with open_store(where) as store:
         await _sibling_and_slot_holder(store, where)
-        for operation_id, next_check_at in (("due", NOW - 0.5), ("later", NOW + 5)):
-            changes = {
-                "owner": "alice",
-                "next_check_at": next_check_at,
-                "delay_source": DelaySource.LOCAL_BACKOFF,
-            }
-            await store.create_operation(values(operation_id, **changes), kind="started", at=NOW - 100)
-        harness.db_write(
-            where, f"UPDATE operations SET request_sent_at = {NOW - 90} WHERE operation_id = 'later'"
-        )
-        harness.db_write(
-            where, f"UPDATE operations SET request_sent_at = {NOW - 80} WHERE operation_id = 'due'"
-        )
+        backoff, pacing = DelaySource.LOCAL_BACKOFF, DelaySource.FLEET_PACING
+        await _alices(store, where, "later", next_check_at=NOW + 5, source=backoff, sent_at=NOW - 90)
+        await _alices(store, where, "due", next_check_at=NOW - 0.5, source=backoff, sent_at=NOW - 80)
         # Due too, and served even longer ago, but none of them may send (review of issue 29): a slot
         # handed to one would go unused for its hold, and room be kept for it on the sends' clock.
         cannot = {
@@ -531,23 +541,18 @@ async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_
             "past_deadline": f"deadline_at = {NOW - 1}",
         }
         for operation_id, why in cannot.items():
-            changes = {
-                "owner": "alice",
-                "next_check_at": NOW - 0.5,
-                "delay_source": DelaySource.LOCAL_BACKOFF,
-            }
-            await store.create_operation(values(operation_id, **changes), kind="started", at=NOW - 100)
-            harness.db_write(
+            await _alices(
+                store,
                 where,
-                f"UPDATE operations SET {why}, request_sent_at = {NOW - 95} WHERE operation_id = '{operation_id}'",
+                operation_id,
+                next_check_at=NOW - 0.5,
+                source=backoff,
+                sent_at=NOW - 95,
+                also=why,
             )
         # Told to wait for the pace but to come back only in 5 s (its server's turn at the pace row was
         # busy), served longest ago: a slot handed now would wait for it, held (second review).
-        told = {"owner": "alice", "next_check_at": NOW + 5, "delay_source": DelaySource.FLEET_PACING}
-        await store.create_operation(values("told_later", **told), kind="started", at=NOW - 100)
-        harness.db_write(
-            where, f"UPDATE operations SET request_sent_at = {NOW - 99} WHERE operation_id = 'told_later'"
-        )
+        await _alices(store, where, "told_later", next_check_at=NOW + 5, source=pacing, sent_at=NOW - 99)
         await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
         due, later, waiting, *others = [
             await store.get(o) for o in ("due", "later", "waiting", *cannot, "told_later")

@@ -233,28 +233,45 @@ async def test_a_check_before_its_own_booked_slot_is_told_the_slot_without_waiti
     assert fake.status_requests("c") == []
 
 
+def _paced_controller(tmp_path: Path, fake: FakeProvider, job: str) -> tuple[Any, Any]:
+    """A harness whose acme has a [fleet] pace and a 1 s lock_timeout (long enough that a loaded
+    machine never times a wait out before its turn goes by), and its controller factory."""
+    fake.script(job, [pending("running")])
+    h = make_harness(tmp_path, fake, table={"fleet": {"max_requests_per_second": 5, "burst": 3}})
+    h.busy_timeout_seconds = 1.0
+    h.server()  # writes the provider table the factory loads
+    return h, controller_factory(h.config(), clock=h.clock, rng=h.rng)
+
+
+def _acme_turn(controller: Any) -> PaceTurn:
+    """This process's turn at acme's pace row (`PostgresBase._pace_turns`)."""
+    turns = controller.store._pace_turns  # pyright: ignore[reportPrivateUsage]
+    return turns.setdefault("acme", PaceTurn())
+
+
+async def _hold(turn: PaceTurn, release: anyio.Event) -> None:
+    """Another check of this process, in its turn at the pace row until `release`."""
+    async with turn.take(10):
+        await release.wait()
+
+
 async def _busy_turn_answers(
     controller: Any, operation_id: str, *, then_again: bool = True
 ) -> list[dict[str, Any]]:
     """check_status while this process's turn at acme's pace row is busy: one turn goes by while the
     check waits, the next holds it past lock_timeout; with `then_again`, a second call before the
     turn is free. The answers, in order."""
-    turns = controller.store._pace_turns  # pyright: ignore[reportPrivateUsage]
-    turn: PaceTurn = turns.setdefault("acme", PaceTurn())
+    turn = _acme_turn(controller)
     first, second = anyio.Event(), anyio.Event()
     told: list[dict[str, Any]] = []
-
-    async def hold(release: anyio.Event) -> None:  # another check of this process, in its turn
-        async with turn.take(10):
-            await release.wait()
 
     async def check() -> None:
         told.append((await controller.check_status(operation_id)).model_dump())
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(hold, first)
+        tg.start_soon(_hold, turn, first)
         await anyio.lowlevel.checkpoint()
-        tg.start_soon(hold, second)
+        tg.start_soon(_hold, turn, second)
         while turn.waiting < 1:
             await anyio.lowlevel.checkpoint()
         tg.start_soon(check)
@@ -275,11 +292,7 @@ async def test_a_check_that_cannot_get_its_turn_at_a_busy_pace_row_is_told_when_
     # Issue 29: 400 ms from the database a process's paced checks came faster than each could hold
     # the pace row for its round trip; one that waited past lock_timeout while turns went by failed
     # ("stayed locked ... another check of this server was still waiting"). It is told when to come back.
-    fake.script("busy", [pending("running")])
-    h = make_harness(tmp_path, fake, table={"fleet": {"max_requests_per_second": 5, "burst": 3}})
-    h.busy_timeout_seconds = 0.3
-    h.server()  # writes the provider table the factory loads
-    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng)
+    h, factory = _paced_controller(tmp_path, fake, "busy")
     async with factory() as controller:
         await controller.start_operation(provider="acme", operation_id="op-busy", provider_job_id="busy")
         h.clock.advance(10)
@@ -305,11 +318,7 @@ async def test_a_busy_turns_answer_never_waits_for_its_operations_row(
     # Second review of issue 29: the answer's write waited for the operation's row, which another
     # server's check of the same operation may hold while it waits for the same pace row; that ended
     # in the lock_timeout error after all. Held, the row is left as it is and the agent only told.
-    fake.script("held", [pending("running")])
-    h = make_harness(tmp_path, fake, table={"fleet": {"max_requests_per_second": 5, "burst": 3}})
-    h.busy_timeout_seconds = 0.3
-    h.server()
-    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng)
+    h, factory = _paced_controller(tmp_path, fake, "held")
     async with factory() as controller:
         await controller.start_operation(provider="acme", operation_id="op-held", provider_job_id="held")
         h.clock.advance(10)
@@ -326,27 +335,16 @@ async def test_a_busy_turns_answer_never_waits_for_its_operations_row(
 async def test_a_check_that_stops_takes_no_turn_at_the_pace_row(tmp_path: Path, fake: FakeProvider) -> None:
     # Review of issue 29: every check of a paced provider waited for its process's turn at the pace
     # row, so a stop (its budget used) was kept behind reservations, or answered as paced.
-    fake.script("spent", [pending("running")])
-    h = make_harness(tmp_path, fake, table={"fleet": {"max_requests_per_second": 5, "burst": 3}})
-    h.busy_timeout_seconds = 0.3
-    h.server()
-    factory = controller_factory(h.config(), clock=h.clock, rng=h.rng)
+    h, factory = _paced_controller(tmp_path, fake, "spent")
     async with factory() as controller:
         await controller.start_operation(provider="acme", operation_id="op-spent", provider_job_id="spent")
         with psycopg.connect(h.database.dsn, autocommit=True) as db:
             db.execute("UPDATE operations SET status_requests_used = max_status_requests")
         h.clock.advance(10)
-        turns = controller.store._pace_turns  # pyright: ignore[reportAttributeAccessIssue, reportPrivateUsage, reportUnknownMemberType, reportUnknownVariableType]
-        turn: PaceTurn = turns.setdefault("acme", PaceTurn())  # pyright: ignore[reportUnknownMemberType]
         release = anyio.Event()
         seen: list[dict[str, Any]] = []
-
-        async def hold() -> None:  # a reservation of this process, in its turn at the pace row
-            async with turn.take(10):
-                await release.wait()
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(hold)
+            tg.start_soon(_hold, _acme_turn(controller), release)  # a reservation, in its turn
             await anyio.lowlevel.checkpoint()
             seen.append((await controller.check_status("op-spent")).model_dump())
             release.set()

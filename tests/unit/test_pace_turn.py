@@ -1,6 +1,6 @@
 """A PostgreSQL process's turn at a provider's pace row (`store.postgres.pace_turn`): why a wait ends.
 
-Real anyio tasks; the only wait is the bound under test (0.2 s).
+Real anyio tasks; the only wait is the bound under test (1 s).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pollwarden.store.postgres.pace_turn import PaceTurn, PaceTurnBusy, PaceTurn
 
 pytestmark = pytest.mark.anyio
 
-BOUND = 0.2
+BOUND = 1.0  # long enough that a loaded machine never times a wait out before its turn goes by
 
 
 async def _hold(turn: PaceTurn, release: anyio.Event, fail: bool = False) -> None:

@@ -352,20 +352,7 @@ def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principal
         ((1, NOW + 2.0, 0), None, False),
     ]
     for booked, sibling, books in cases:
-        plan = plans.check_plan(
-            record,
-            RESERVE,
-            now=NOW,
-            owner="me",
-            lease_seconds=30,
-            step=step,
-            bucket=bucket,
-            booked=booked,
-            fleet_slots=1,
-            fleet=FLEET,
-            next_poll_within=1.0,
-            sibling=sibling,
-        )
+        plan = fair_send(record, bucket, sibling=sibling, booked=booked)
         assert plan.decision == RESERVE  # the request goes out either way
         assert (update_of(plan)["fleet_slot_at"] is not None) is books, booked
     # Its agent comes back at most 6 s on, after the slot at the tail (NOW + 5): without fair shares the
@@ -373,9 +360,7 @@ def test_under_fair_shares_a_request_books_ahead_only_when_none_of_its_principal
     # slot idle meanwhile, and nothing is booked ahead.
     late = {"owner": "me", "lease_seconds": 30, "step": step, "bucket": bucket, "fleet": FLEET}
     alone = plans.check_plan(record, RESERVE, now=NOW, next_poll_within=6.0, **late)
-    shared = plans.check_plan(
-        record, RESERVE, now=NOW, next_poll_within=6.0, booked=(0, None, 0), fleet_slots=1, **late
-    )
+    shared = fair_send(record, bucket, next_poll_within=6.0)
     assert update_of(alone)["fleet_slot_at"] is not None
     assert update_of(shared)["fleet_slot_at"] is None
 
@@ -743,6 +728,7 @@ def fair_send(
     sibling: tuple[str, float] | None = None,
     other_principal_first: bool = False,
     booked: tuple[int, float | None, int] = (0, None, 0),
+    next_poll_within: float = 1.0,
 ) -> Plan:
     """check_plan for `record` under one slot per principal, its pace step taken on `bucket`."""
     step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW)
@@ -759,7 +745,7 @@ def fair_send(
         booked=booked,
         fleet_slots=1,
         fleet=FLEET,
-        next_poll_within=1.0,
+        next_poll_within=next_poll_within,
         sibling=sibling,
         other_principal_first=other_principal_first,
     )

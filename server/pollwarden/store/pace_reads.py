@@ -30,6 +30,7 @@ __all__ = [
     "booked_slots_params",
     "needs_booked_slots",
     "needs_pace",
+    "needs_pace_row",
     "owed_params",
     "pace_step",
     "served_since",
@@ -84,6 +85,17 @@ def before_own_slot(record: OperationRecord, fleet: FleetSpec, *, now: float) ->
     slot, moved = record.fleet_slot_at, _moved_to(record)
     held = slot_held(slot, now=now, rate=fleet.max_requests_per_second, moved_to=moved)
     return held and slot is not None and now < (moved or slot)
+
+
+def needs_pace_row(
+    record: OperationRecord, decision: GateVerdict, fleet: FleetSpec | None, *, now: float
+) -> bool:
+    """Whether carrying out the verdict takes the provider's pace row (PostgreSQL locks it, after its
+    process's turn): a reservation that needs the pace (`needs_pace`), unless its check comes before
+    its own held slot (`before_own_slot`: told that slot, it reads nothing of the pace)."""
+    if fleet is None or not needs_pace(record, decision, fleet, now=now):
+        return False
+    return not before_own_slot(record, fleet, now=now)
 
 
 def owed_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:

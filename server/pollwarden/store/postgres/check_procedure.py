@@ -79,9 +79,7 @@ class CheckProcedure(PostgresBase):
         # slot is only told that slot: it takes neither a turn at the pace row nor its lock, each held
         # for a round trip (issue 29: a slower instance's checks held the pace for everyone).
         fleet = fleets.get(current.record.provider)
-        paced = pace_reads.needs_pace(current.record, decision, fleet, now=at) and not (
-            fleet is not None and pace_reads.before_own_slot(current.record, fleet, now=at)
-        )
+        paced = pace_reads.needs_pace_row(current.record, decision, fleet, now=at)
         try:
             started = await self._locked_check(call, current, paced=paced)
             if started is None:  # the locked row needs the pace after all: decide with it
@@ -162,11 +160,7 @@ class CheckProcedure(PostgresBase):
             now = call.time(now)
             held = Held(writer, tx, cursor, operation_id, [])
             decision = await self._drive(gate(current.record, now, *ask), held)
-            if (
-                pace is None
-                and pace_reads.needs_pace(current.record, decision, fleet, now=now)
-                and not (fleet is not None and pace_reads.before_own_slot(current.record, fleet, now=now))
-            ):
+            if pace is None and pace_reads.needs_pace_row(current.record, decision, fleet, now=now):
                 return None  # nothing was queued: the COMMIT writes nothing and frees the row
             if not decision.writes:
                 return CheckStart(current.record, decision)
