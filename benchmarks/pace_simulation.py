@@ -61,6 +61,7 @@ from pollwarden.rules.fleet_pace import (
     share_on_send,
     share_wait,
     slot_hold_seconds,
+    told_at,
 )
 from pollwarden.rules.schedule import pace
 
@@ -382,10 +383,7 @@ def _store_check(
     if (verdict.new_booking or ahead) and s.fleet_slots is not None:
         wait = _share_wait(s, ops, i, now, oldest_first=new, sends=verdict.send)
         if wait is not None and not verdict.send:
-            op.fleet_slot_at = None
-            op.next_check_at = wait
-            op.pacing = True
-            return wait
+            return _paced(s, op, wait, now, came_at if new else None, slot=None)
     handed: int | None = None  # the sibling handed the principal's next slot
     if new and verdict.send and s.fleet_slots is not None:  # `plans.check_plan`'s fair shares on a send
         held_since = now - slot_hold_seconds(s.rate)
@@ -405,10 +403,7 @@ def _store_check(
         if share.wait is not None:
             if handed is not None:
                 _hand_slot(s, ops, handed, bucket, now)
-            op.fleet_slot_at = None
-            op.next_check_at = share.wait
-            op.pacing = True
-            return share.wait
+            return _paced(s, op, share.wait, now, came_at, slot=None)
     bucket[0] = verdict.bucket
     if verdict.send:
         used = op.fleet_slot_at if verdict.by_held_slot else None
@@ -427,11 +422,20 @@ def _store_check(
         op.pacing = False
         op.last_sent = now
         return None
-    if verdict.new_booking or not new:
-        op.fleet_slot_at = verdict.at
-    op.next_check_at = verdict.at
+    slot = verdict.at if verdict.new_booking or not new else op.fleet_slot_at
+    return _paced(s, op, verdict.at, now, came_at if new else None, slot=slot)
+
+
+def _paced(
+    s: Scenario, op: _Op, at: float, now: float, came_at: float | None, *, slot: float | None
+) -> float:
+    """Op waits for the pace until `at`, holding `slot`: the time its agent is told (`plans.check_plan`,
+    `fleet_pace.told_at`: less the decision's lag after the call came)."""
+    told = told_at(at, now=now, came_at=came_at, rate=s.rate)
+    op.fleet_slot_at = slot
+    op.next_check_at = told
     op.pacing = True
-    return verdict.at
+    return told
 
 
 def _waiting(o: _Op, now: float, held_since: float) -> bool:

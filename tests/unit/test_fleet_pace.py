@@ -17,6 +17,7 @@ from pollwarden.rules.fleet_pace import (
     share_wait,
     slot_held,
     slot_hold_seconds,
+    told_at,
 )
 
 RATE = 5.0  # one slot every 0.2 s
@@ -186,6 +187,25 @@ def test_a_slot_booked_ahead_keeps_its_place_in_the_turn_however_long_the_server
     capped, _ = book_ahead(bucket, now=10.0 + hold + 3, rate=RATE, burst=BURST, used_slot=10.0, came_at=10.0)
     assert capped == pytest.approx(10.0 + hold + 3)
     assert book_ahead(bucket, now=10.4, rate=RATE, burst=BURST)[0] == 14.0  # no slot used: the tail
+
+
+@pytest.mark.parametrize(
+    ("came_at", "now", "told"),
+    [
+        (10.0, 10.0, 12.0),  # decided as it came (SQLite): told its slot
+        (9.6, 10.0, 11.6),  # decided 0.4 s after it came (200 ms to the database): told 0.4 s before
+        (7.0, 10.0, 11.0),  # a long wait for its turn is made up only to half the hold (1 s)
+        (10.0, 9.9, 12.0),  # a clock read before the call came is no lead
+        (8.0, 11.9, 11.9),  # the lead would reach back past now: told now
+    ],
+)
+def test_an_agent_is_told_its_slot_less_the_time_its_call_took_to_be_decided(
+    came_at: float, now: float, told: float
+) -> None:
+    # Issue 29: told the slot itself, an agent 200 ms from the database is decided 0.4 s after it, and
+    # the room kept for it meanwhile goes unused once its own jitter is added (88.7 % of the pace used).
+    assert told_at(12.0, now=now, came_at=came_at, rate=RATE) == pytest.approx(told)
+    assert told_at(12.0, now=10.0, came_at=None, rate=RATE) == 12.0  # unknown: told the slot
 
 
 def test_under_fair_shares_a_slot_is_booked_ahead_only_where_it_comes_after_its_agents_next_check() -> None:

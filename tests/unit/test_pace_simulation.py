@@ -8,7 +8,6 @@ before issue 29 for the comparison.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 import pytest
 from benchmarks.pace_simulation import BEHAVIOURS, LIVELOCK, SLOW_PATH, Result, Scenario, simulate
@@ -42,7 +41,6 @@ def test_every_kind_of_agent_uses_the_pace_within_it_and_shares_it_between_princ
 
 
 SEEDS = range(1, 11)
-PACE_USED = "of the pace was used"  # how `Result.failures` names the share of the pace used
 
 
 def _over_seeds(scenario: Scenario) -> list[Result]:
@@ -50,11 +48,12 @@ def _over_seeds(scenario: Scenario) -> list[Result]:
     return [simulate(dataclasses.replace(scenario, seed=seed)) for seed in SEEDS]
 
 
-def _pace_used_on_average(results: list[Result]) -> None:
-    # Agents that come 0.1-0.5 s after the time they were told leave the room held for them unused
-    # meanwhile: 88.7-92 % of the pace by the seed (90.5 % on average over 20 seeds).
-    assert statistics.mean(r.used for r in results) >= 0.90, [r.summary() for r in results]
-    assert min(r.used for r in results) >= 0.88, [r.summary() for r in results]
+def _pace_used_on_every_seed(results: list[Result]) -> None:
+    # An agent is told its slot less the time its call took to be decided (`fleet_pace.told_at`), so one
+    # 200 ms from the database that adds 0.1-0.5 s of its own is no longer decided up to 0.9 s after its
+    # slot while the room kept for it goes unused: 88.7-92 % of the pace by the seed before, 94.7 % at
+    # worst over 20 seeds now.
+    assert min(r.used for r in results) >= 0.90, [r.summary() for r in results]
 
 
 @pytest.mark.parametrize("behaviour", [*BEHAVIOURS, "mix"])
@@ -67,7 +66,7 @@ def test_an_instance_200_ms_from_the_database_keeps_the_pace_full_and_gets_its_s
         # A slot booked when a request leaves keeps its place in the turn however long the server took
         # to decide (issue 29): the slow instance was 10-10.4 % under its share, 8.1 % at worst now.
         assert max(result.share_errors().values()) <= 0.10, result.summary()
-    _pace_used_on_average(results)
+    _pace_used_on_every_seed(results)
 
 
 @pytest.mark.parametrize("behaviour", ["exact", "jitter", "wait", "mix"])
@@ -75,8 +74,7 @@ def test_the_issues_three_instances_each_get_their_fair_share_within_ten_percent
     # One principal, instances 0, 30 and 200 ms from the database (the issue's goal A).
     results = _over_seeds(Scenario(behaviour, behaviour, round_trips=(0.0, 0.03, 0.2)))
     for result in results:
-        assert [f for f in result.failures() if PACE_USED not in f] == [], result.summary()
-    _pace_used_on_average(results)
+        assert result.failures() == [], result.summary()
     # Before (slots booked when the agent came back): 16.2 % (exact), 17.5 % (wait) under.
     scenario = Scenario(behaviour, behaviour, round_trips=(0.0, 0.03, 0.2))
     before = simulate(scenario, "held")
@@ -132,6 +130,14 @@ def test_with_one_slot_per_principal_principals_of_15_and_5_operations_each_get_
     assert result.share_errors()["principal 1"] <= 0.10
 
 
+def test_with_one_slot_per_principal_jittery_agents_on_three_instances_use_the_pace_on_every_seed() -> None:
+    # Each principal's one slot waits for its agent; told its slot less its call's decision time, an
+    # agent 200 ms from the database no longer holds it up to 0.9 s late (89.2 % on seed 17 before).
+    for seed in range(1, 21):
+        result = simulate(dataclasses.replace(ONE_SLOT_EACH, behaviour="jitter", seed=seed))
+        assert result.failures() == [], result.summary()
+
+
 @pytest.mark.parametrize("behaviour", ["exact", "tight", "wait"])
 def test_with_one_slot_each_a_principal_asking_little_more_than_its_half_gets_it(behaviour: str) -> None:
     # The provider answers in 0.5 s: each operation sends at most every 1.55 s, so the principal of 5
@@ -148,20 +154,29 @@ def test_with_one_slot_each_a_principal_asking_little_more_than_its_half_gets_it
         assert max(result.share_errors().values()) <= 0.10, result.summary()
 
 
-@pytest.mark.parametrize(
-    ("behaviour", "own_interval"), [("exact", 5.0), ("jitter", 4.0), ("wait", 5.0), ("mix", 4.0)]
-)
+@pytest.mark.parametrize("behaviour", [*BEHAVIOURS, "mix"])
 def test_when_agents_come_back_less_often_than_the_queue_turns_no_slot_is_booked_ahead_to_go_unused(
-    behaviour: str, own_interval: float
+    behaviour: str,
 ) -> None:
-    # Demand near or below the pace (20 operations, one request every 4-5 s each, pace 5/s): a slot
+    # Demand near or below the pace (20 operations, one request every 4-5.5 s each, pace 5/s): a slot
     # booked when a request leaves would come and be released before its agent may check again, and
     # hold the others back meanwhile (the independent review measured 157 requests instead of 240).
-    # Booked only where its agent can use it, as many requests go out as without booking ahead.
-    scenario = Scenario(
-        behaviour, behaviour, round_trips=(0.0, 0.03, 0.2), own_interval=own_interval, deadline_seconds=60.0
-    )
-    new, held = simulate(scenario), simulate(scenario, "held")
-    assert len(new.decided) >= 0.97 * len(held.decided), (new.summary(), held.summary())
-    assert new.excess <= 1e-9
-    assert new.starved == 0
+    # Booked only where its agent can use it, as many requests go out as without booking ahead: over
+    # the four intervals within 2 %, each within 6 % (agents that all come back exactly every 5 s
+    # line up in waves, and the one wave they make is 5 % short).
+    new_total = held_total = 0
+    for own_interval in (4.0, 4.5, 5.0, 5.5):
+        scenario = Scenario(
+            behaviour,
+            behaviour,
+            round_trips=(0.0, 0.03, 0.2),
+            own_interval=own_interval,
+            deadline_seconds=60.0,
+        )
+        new, held = simulate(scenario), simulate(scenario, "held")
+        assert len(new.decided) >= 0.94 * len(held.decided), (new.summary(), held.summary())
+        assert new.excess <= 1e-9
+        assert new.starved == 0
+        new_total += len(new.decided)
+        held_total += len(held.decided)
+    assert new_total >= 0.98 * held_total

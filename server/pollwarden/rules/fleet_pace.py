@@ -26,6 +26,9 @@ request goes out books its next slot at that moment, at the queue's tail
 agent is away (its answer, its jitter, a slower path to the database), which is
 what keeps each instance within its fair share.
 
+An agent is told its slot less the time its call took to be decided (`told_at`): its next call, on
+the same path to the database, is then decided at the slot rather than that much after it.
+
 The sends' clock keeps room for the held slots whose time came before the
 caller's and whose agents have not come yet (`owed`): otherwise agents that come
 on time, or with no slot at all, take the room of one that comes a little after
@@ -191,6 +194,21 @@ def ahead_usable(
     if next_poll_within is None or (principals_slot and slot_at < now + next_poll_within):
         return False
     return slot_at + slot_hold_seconds(rate) >= now + next_poll_within
+
+
+def told_at(at: float, *, now: float, came_at: float | None, rate: float) -> float:
+    """When an agent paced until `at` is told to come back: as much before `at` as this call's decision
+    took after its call came (`came_at`; the database's round trips, the turn at the pace row), up to
+    half a hold, and never before now. Its next call, on the same path, is then decided at `at`.
+
+    Told `at` itself, an agent 200 ms from the database is decided 0.4 s after its slot, and one that
+    adds its own 0.1-0.5 s is decided up to 0.9 s late: the room kept for it on the sends' clock
+    (`owed`) outlasts the burst's tolerance and goes unused (simulated: 88.7 % of the pace used at
+    worst over 20 seeds; 94.7 % so). A call told now that comes too soon is only told again."""
+    if came_at is None:
+        return at
+    lead = min(max(now - came_at, 0.0), slot_hold_seconds(rate) / 2)
+    return max(now, at - lead)
 
 
 def moved_slot(slot_at: float | None, next_check_at: float | None, *, pacing: bool) -> float | None:

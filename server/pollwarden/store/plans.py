@@ -36,6 +36,7 @@ from pollwarden.rules.fleet_pace import (
     share_on_send,
     share_wait,
     slot_hold_seconds,
+    told_at,
 )
 from pollwarden.rules.gate import GateVerdict, Verdict, lease_busy
 from pollwarden.rules.job_identity import REOPENABLE, account_parts, duplicate_changes
@@ -274,6 +275,7 @@ def check_plan(
         if share.wait is not None:
             until, step = share.wait, None
     if until is not None and (step is None or not step.send):
+        until = _told(until, fleet, now=now, came_at=came_at)
         wait = {"fleet_slot_at": None, "next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
         waiting = updated(record, wait, now)
         return Plan(waiting, (*handed, Update(wait, now)), GateVerdict(Verdict.PACED, allowed_at=until))
@@ -298,14 +300,15 @@ def check_plan(
         # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.
         taken = (SetPace(record.provider, now if after.tat is None else after.tat, after.sent_tat),)
     if step is not None and not step.send:
-        slot: dict[str, object] = {"next_check_at": step.at, "delay_source": DelaySource.FLEET_PACING}
+        told = _told(step.at, fleet, now=now, came_at=came_at)
+        slot: dict[str, object] = {"next_check_at": told, "delay_source": DelaySource.FLEET_PACING}
         if step.new_booking:
             slot["fleet_slot_at"] = step.at
         # else a held slot moved (or not due yet): it keeps its own time, so its place before later ones
         return Plan(
             updated(record, slot, now),
             (*taken, Update(slot, now)),
-            GateVerdict(Verdict.PACED, allowed_at=step.at),
+            GateVerdict(Verdict.PACED, allowed_at=told),
         )
     reserve = {
         "status_requests_used": record.status_requests_used + 1,
@@ -327,6 +330,13 @@ def busy_turn_plan(record: OperationRecord, until: float, now: float) -> Plan:
     return Plan(
         updated(record, told, now), (Update(told, now),), GateVerdict(Verdict.PACED, allowed_at=until)
     )
+
+
+def _told(at: float, fleet: FleetSpec | None, *, now: float, came_at: float | None) -> float:
+    """The time a paced agent is told (`fleet_pace.told_at`): its slot less this call's decision lag."""
+    if fleet is None:
+        return at
+    return told_at(at, now=now, came_at=came_at, rate=fleet.max_requests_per_second)
 
 
 def _hand_slot(
