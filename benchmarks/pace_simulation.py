@@ -383,7 +383,7 @@ def _store_check(
     if (verdict.new_booking or ahead) and s.fleet_slots is not None:
         wait = _share_wait(s, ops, i, now, oldest_first=new, sends=verdict.send)
         if wait is not None and not verdict.send:
-            return _paced(s, op, wait, now, came_at if new else None, slot=None)
+            return _paced(op, wait, slot=None)
     handed: int | None = None  # the sibling handed the principal's next slot
     if new and verdict.send and s.fleet_slots is not None:  # `plans.check_plan`'s fair shares on a send
         held_since = now - slot_hold_seconds(s.rate)
@@ -403,7 +403,7 @@ def _store_check(
         if share.wait is not None:
             if handed is not None:
                 _hand_slot(s, ops, handed, bucket, now)
-            return _paced(s, op, share.wait, now, came_at, slot=None)
+            return _paced(op, share.wait, slot=None)
     bucket[0] = verdict.bucket
     if verdict.send:
         used = op.fleet_slot_at if verdict.by_held_slot else None
@@ -423,15 +423,14 @@ def _store_check(
         op.last_sent = now
         return None
     slot = verdict.at if verdict.new_booking or not new else op.fleet_slot_at
-    return _paced(s, op, verdict.at, now, came_at if new else None, slot=slot)
+    told = verdict.at
+    if verdict.moved:  # `plans.check_plan`: told as much earlier as this call took to decide
+        told = told_at(verdict.at, now=now, came_at=came_at, rate=s.rate)
+    return _paced(op, told, slot=slot)
 
 
-def _paced(
-    s: Scenario, op: _Op, at: float, now: float, came_at: float | None, *, slot: float | None
-) -> float:
-    """Op waits for the pace until `at`, holding `slot`: the time its agent is told (`plans.check_plan`,
-    `fleet_pace.told_at`: less the decision's lag after the call came)."""
-    told = told_at(at, now=now, came_at=came_at, rate=s.rate)
+def _paced(op: _Op, told: float, *, slot: float | None) -> float:
+    """Op waits for the pace, holding `slot`; its agent is told to come back at `told`."""
     op.fleet_slot_at = slot
     op.next_check_at = told
     op.pacing = True

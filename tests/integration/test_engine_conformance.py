@@ -640,3 +640,28 @@ async def test_room_is_kept_for_a_held_slot_whose_operations_lease_expired(tmp_p
         late = await check(store, "late", NOW + 0.05, fleets=PACED_FLEET)
     assert other.decision.kind == Verdict.PACED  # the room is the late slot's
     assert late.decision.kind == Verdict.RESERVE
+
+
+async def test_an_agent_whose_slot_was_moved_is_told_it_earlier_by_its_calls_lag_and_sends_on_time(
+    tmp_path: Path,
+) -> None:
+    # Issue 29: its slot came at NOW - 0.5; the sends' clock has room at NOW + 1 only. Its call came at
+    # NOW and was decided 0.3 s later (the database's round trips): it is told NOW + 0.7, and its next
+    # call, told so and as slow, is decided at NOW + 1 on the slot it still holds.
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        slot = {"next_check_at": NOW - 0.5, "delay_source": DelaySource.FLEET_PACING}
+        await store.create_operation(values("slow", **slot), kind="started", at=NOW - 100)
+        harness.db_write(where, f"UPDATE operations SET fleet_slot_at = {NOW - 0.5}")
+        pace_row = (
+            f"INSERT INTO fleet_buckets (provider, tat, sent_tat) VALUES ('acme', {NOW + 1}, {NOW + 1})"
+        )
+        harness.db_write(where, pace_row)
+        moved = await check(store, "slow", NOW, fleets=PACED_FLEET, clock=lambda: NOW + 0.3)
+        assert moved.decision.kind == Verdict.PACED
+        assert moved.decision.allowed_at == pytest.approx(NOW + 0.7)
+        assert moved.record.next_check_at == pytest.approx(NOW + 0.7)
+        assert moved.record.fleet_slot_at == NOW - 0.5  # the slot keeps its own time among the bookings
+        sent = await check(store, "slow", NOW + 0.7, fleets=PACED_FLEET, clock=lambda: NOW + 1.0)
+    assert sent.decision.kind == Verdict.RESERVE
+    assert sent.record.status_requests_used == 1

@@ -41,6 +41,7 @@ def test_a_held_slot_with_no_room_on_the_sends_clock_is_kept_and_moved_to_the_fi
     assert verdict.at == 10.5
     assert verdict.bucket == bucket
     assert not verdict.new_booking  # still its own slot: no fair share counted, no clock moved
+    assert verdict.moved  # its agent may be told to come as much earlier as its call took (`told_at`)
 
 
 def test_a_slot_whose_agent_does_not_come_within_the_hold_is_released_and_the_agent_books_behind_the_others() -> (
@@ -71,6 +72,7 @@ def test_an_agent_early_for_its_slot_keeps_it_and_waits() -> None:
     bucket = PaceBucket(12.0, 9.0)
     verdict = pace_verdict(bucket, now=9.5, held_slot=10.0, rate=RATE, burst=BURST)
     assert (verdict.send, verdict.at, verdict.bucket, verdict.new_booking) == (False, 10.0, bucket, False)
+    assert not verdict.moved  # told its slot as it is: an earlier call would be turned away
 
 
 @pytest.mark.parametrize(
@@ -199,11 +201,11 @@ def test_a_slot_booked_ahead_keeps_its_place_in_the_turn_however_long_the_server
         (8.0, 11.9, 11.9),  # the lead would reach back past now: told now
     ],
 )
-def test_an_agent_is_told_its_slot_less_the_time_its_call_took_to_be_decided(
+def test_an_agent_whose_slot_was_moved_is_told_it_less_the_time_its_call_took_to_be_decided(
     came_at: float, now: float, told: float
 ) -> None:
-    # Issue 29: told the slot itself, an agent 200 ms from the database is decided 0.4 s after it, and
-    # the room kept for it meanwhile goes unused once its own jitter is added (88.7 % of the pace used).
+    # Issue 29: told the moved slot itself, an agent 200 ms from the database is decided 0.4 s after it,
+    # and the room kept for it meanwhile goes unused once its own jitter is added (88.7 % of the pace).
     assert told_at(12.0, now=now, came_at=came_at, rate=RATE) == pytest.approx(told)
     assert told_at(12.0, now=10.0, came_at=None, rate=RATE) == 12.0  # unknown: told the slot
 

@@ -327,29 +327,30 @@ def test_a_request_decided_after_its_agent_came_on_time_books_its_next_slot_as_m
     assert update_of(plan)["fleet_slot_at"] == NOW + 4.5  # the tail, less the 0.5 s the decision took
 
 
-def test_a_paced_agent_is_told_its_slot_less_the_time_its_call_took_and_keeps_the_slot_itself() -> None:
-    # Issue 29: its call came at NOW - 0.4 and was decided at NOW; the pace is used up until NOW + 2.
-    record = waiting(fleet_slot_at=None, next_check_at=NOW - 1.0)
+def test_an_agent_whose_slot_is_moved_is_told_the_new_time_less_the_time_its_call_took() -> None:
+    # Issue 29: its slot came at NOW - 0.5; its call came at NOW - 0.4 and was decided at NOW (two trips
+    # to the database); the sends' clock has room at NOW + 1 only.
+    record = waiting(fleet_slot_at=NOW - 0.5, next_check_at=NOW - 0.5)
     bucket = PaceBucket(NOW + 2.0, NOW + 1.0)
     args = {"owner": "me", "lease_seconds": 30, "bucket": bucket, "fleet": FLEET}
     step = pace_reads.pace_step(record, RESERVE, FLEET, bucket, now=NOW, came_at=NOW - 0.4)
     assert step is not None
-    assert (step.send, step.new_booking) == (False, True)
+    assert (step.send, step.moved, step.at) == (False, True, NOW + 1.0)
     plan = plans.check_plan(record, RESERVE, now=NOW, step=step, came_at=NOW - 0.4, **args)
-    assert update_of(plan)["fleet_slot_at"] == step.at  # its place among the bookings is the slot's
-    assert update_of(plan)["next_check_at"] == pytest.approx(step.at - 0.4)
-    assert plan.decision == GateVerdict(Verdict.PACED, allowed_at=pytest.approx(step.at - 0.4))
-    # Decided as it came (the lag unknown or none): told the slot itself.
+    assert update_of(plan) == {"next_check_at": NOW + 0.6, "delay_source": DelaySource.FLEET_PACING}
+    assert plan.decision == GateVerdict(Verdict.PACED, allowed_at=NOW + 0.6)
+    # Its next call, told so, is decided at NOW + 1 on the slot it still holds: not turned away as early.
+    assert not pace_reads.before_own_slot(plan.record, FLEET, now=NOW + 0.6)
+    # Decided as it came: told the new time itself.
     same = plans.check_plan(record, RESERVE, now=NOW, step=step, came_at=NOW, **args)
-    assert update_of(same)["next_check_at"] == step.at
-    # Under fair shares a principal at its share is told to look again the same way.
-    shares = {"booked": (1, NOW + 3.0, 0), "fleet_slots": 1}
-    held_back = plans.check_plan(record, RESERVE, now=NOW, step=step, came_at=NOW - 0.4, **args, **shares)
-    assert update_of(held_back) == {
-        "fleet_slot_at": None,
-        "next_check_at": pytest.approx(NOW + 2.6),
-        "delay_source": DelaySource.FLEET_PACING,
-    }
+    assert update_of(same)["next_check_at"] == NOW + 1.0
+    # A slot booked now is told as it is: a call before its slot would be turned away as early.
+    fresh = waiting(fleet_slot_at=None, next_check_at=NOW - 1.0)
+    booked = pace_reads.pace_step(fresh, RESERVE, FLEET, bucket, now=NOW, came_at=NOW - 0.4)
+    assert booked is not None
+    assert (booked.send, booked.new_booking, booked.moved) == (False, True, False)
+    later = plans.check_plan(fresh, RESERVE, now=NOW, step=booked, came_at=NOW - 0.4, **args)
+    assert update_of(later)["next_check_at"] == update_of(later)["fleet_slot_at"] == booked.at
 
 
 def test_a_check_that_could_not_get_its_turn_at_the_pace_row_is_told_when_and_gives_up_its_slot() -> None:

@@ -275,7 +275,6 @@ def check_plan(
         if share.wait is not None:
             until, step = share.wait, None
     if until is not None and (step is None or not step.send):
-        until = _told(until, fleet, now=now, came_at=came_at)
         wait = {"fleet_slot_at": None, "next_check_at": until, "delay_source": DelaySource.FLEET_PACING}
         waiting = updated(record, wait, now)
         return Plan(waiting, (*handed, Update(wait, now)), GateVerdict(Verdict.PACED, allowed_at=until))
@@ -300,7 +299,9 @@ def check_plan(
         # A pace row never used keeps `now` as its bookings' clock: a past clock paces as none.
         taken = (SetPace(record.provider, now if after.tat is None else after.tat, after.sent_tat),)
     if step is not None and not step.send:
-        told = _told(step.at, fleet, now=now, came_at=came_at)
+        told = step.at
+        if step.moved and fleet is not None:  # told to come as much earlier as this call took to decide
+            told = told_at(step.at, now=now, came_at=came_at, rate=fleet.max_requests_per_second)
         slot: dict[str, object] = {"next_check_at": told, "delay_source": DelaySource.FLEET_PACING}
         if step.new_booking:
             slot["fleet_slot_at"] = step.at
@@ -330,13 +331,6 @@ def busy_turn_plan(record: OperationRecord, until: float, now: float) -> Plan:
     return Plan(
         updated(record, told, now), (Update(told, now),), GateVerdict(Verdict.PACED, allowed_at=until)
     )
-
-
-def _told(at: float, fleet: FleetSpec | None, *, now: float, came_at: float | None) -> float:
-    """The time a paced agent is told (`fleet_pace.told_at`): its slot less this call's decision lag."""
-    if fleet is None:
-        return at
-    return told_at(at, now=now, came_at=came_at, rate=fleet.max_requests_per_second)
 
 
 def _hand_slot(
