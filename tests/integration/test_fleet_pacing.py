@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,8 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from harness import database_in, full_delays, make_harness, merge, view, write_table
-from pollwarden.core.timefmt import iso
+from pollwarden.core.clock import FakeClock
+from pollwarden.core.timefmt import iso, parse_iso
 from pollwarden.rules.fleet_pace import (
     FLEET_SLOT_HOLD_SECONDS,
     PaceBucket,
@@ -453,6 +455,50 @@ async def test_a_slow_round_trip_to_the_database_does_not_turn_a_booked_slot_lat
         assert start.decision.kind == Verdict.RESERVE
         assert start.record.status_requests_used == 1
         assert start.record.lease_expires_at == slot + 0.3 + 30
+
+
+class SlowDatabaseClock(FakeClock):
+    """A fake clock read `lag` later inside a store transaction (on SQLite's own thread): the time under
+    the locks comes after the round trips to the database, as on an instance far from it."""
+
+    def __init__(self, lag: float) -> None:
+        super().__init__()
+        self.lag = lag
+
+    def now(self) -> float:
+        if threading.current_thread() is not threading.main_thread():
+            self.t += self.lag
+        return self.t
+
+
+@pytest.mark.anyio
+@pytest.mark.one_engine  # the clock's lag is read on SQLite's own thread; the subject is the wait loop
+async def test_a_call_that_waits_for_its_slot_on_a_slow_path_to_the_database_sends_a_round_trip_after_it(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # Issue 29: the round that booked the slot took `lag` to decide; a sleep measured from that round's
+    # start woke `lag` after the slot, and the next round decided another `lag` later.
+    for op in ("wait-a", "wait-b"):
+        fake.script(op, [pending("running")])
+    lag = 0.1
+    h = make_harness(
+        tmp_path,
+        fake,
+        table={**FLEET_TABLE, "fleet": {"max_requests_per_second": RATE, "burst": 1}},
+        clock=SlowDatabaseClock(lag),
+    )
+    async with h.client() as client:
+        for op in ("wait-a", "wait-b"):
+            await client.call_tool(
+                "start_operation", {"provider": "acme", "operation_id": op, "provider_job_id": op}
+            )
+        h.clock.advance(BASE_DELAY)
+        asked = h.clock.now()
+        assert view(await client.call_tool("check_status", {"operation_id": "wait-a"}))["outcome"] == "polled"
+        slot = asked + lag + 1 / RATE  # one interval after a's request, taken `lag` after a's call came
+        b = view(await client.call_tool("check_status", {"operation_id": "wait-b", "wait_seconds": 5}))
+    assert b["outcome"] == "polled"
+    assert parse_iso(b["request_sent_at"]) == pytest.approx(slot + lag, abs=1e-3)
 
 
 @pytest.mark.anyio

@@ -317,7 +317,6 @@ class Controller:
                         allowed_at,
                         wait_started,
                         wait_until,
-                        now,
                         progress,
                         decision.lease_busy,
                         last_progress,
@@ -332,7 +331,6 @@ class Controller:
         allowed_at: float,
         wait_started: float,
         wait_until: float,
-        now: float,
         progress: ProgressCallback | None,
         lease_busy: bool,
         last_progress: list[float],
@@ -342,8 +340,11 @@ class Controller:
         Each slice is at most `WAKE_RECHECK_SECONDS`, so the next round re-reads
         the record and a webhook that brought the check forward (in any process
         on the database) is noticed that promptly; progress goes out once per
-        `progress_interval_seconds`.
+        `progress_interval_seconds`. The time is read again here: the round that
+        decided took its round trips to the database, and a sleep measured from
+        its start would wake that much after the allowed time (issue 29).
         """
+        now = self.clock.now()
         remaining = max(0.0, allowed_at - now)
         until = max(0.0, min(allowed_at, wait_until) - now)
         step = min(until, WAKE_RECHECK_SECONDS) if until > 0 else 0.05
