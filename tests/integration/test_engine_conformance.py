@@ -665,3 +665,34 @@ async def test_an_agent_whose_slot_was_moved_is_told_it_earlier_by_its_calls_lag
         sent = await check(store, "slow", NOW + 0.7, fleets=PACED_FLEET, clock=lambda: NOW + 1.0)
     assert sent.decision.kind == Verdict.RESERVE
     assert sent.record.status_requests_used == 1
+
+
+async def test_a_principals_request_in_flight_counts_as_served_when_it_was_reserved(tmp_path: Path) -> None:
+    # Issue 29: a request in flight counted as served *now*, so a principal always with one in flight (a
+    # provider slow to answer) never came first, and took less than its turns: on virtual time, with the
+    # provider answering in 0.5 s, the principal of 5 operations got up to 25 % less than its half. Its
+    # reservation is when it was served: alice's, 5 s ago, is older than bob's last request, 2 s ago.
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        in_flight = values("in_flight", owner="alice", next_check_at=NOW - 5)
+        await store.create_operation(in_flight, kind="started", at=NOW - 100)
+        reserved = await check(store, "in_flight", NOW - 5, fleets=PACED_FLEET, fleet_slots=1)
+        await _alices(
+            store,
+            where,
+            "alices",
+            next_check_at=NOW - 0.5,
+            source=DelaySource.LOCAL_BACKOFF,
+            sent_at=NOW - 50,
+        )
+        await store.create_operation(values("bobs", owner="bob"), kind="started", at=NOW - 100)
+        harness.db_write(
+            where, f"UPDATE operations SET request_sent_at = {NOW - 2} WHERE operation_id = 'bobs'"
+        )
+        bobs = await check(store, "bobs", NOW, fleets=PACED_FLEET, fleet_slots=1)
+        flying = await store.get("in_flight")
+    assert reserved.decision.kind == Verdict.RESERVE
+    assert flying is not None
+    assert flying.lease_owner is not None  # its answer has not come
+    assert flying.request_sent_at == NOW - 5
+    assert bobs.decision.kind == Verdict.PACED  # the pace has room, but it is alice's turn

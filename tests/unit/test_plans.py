@@ -109,6 +109,7 @@ def test_a_reservation_counts_the_request_and_takes_the_lease(lease: str | None,
         "fleet_slot_at": None,
         "lease_owner": "me",
         "lease_expires_at": NOW + 30,
+        "request_sent_at": NOW,  # served when reserved, until its answer records when it left
     }
     assert plan.decision == RESERVE
 

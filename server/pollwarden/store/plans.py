@@ -316,6 +316,7 @@ def check_plan(
         "fleet_slot_at": next_slot,
         "lease_owner": owner,
         "lease_expires_at": now + lease_seconds,
+        "request_sent_at": now,  # until its answer records when it left: served when reserved
     }
     writes = (*taken, *handed, *recovered, Update(reserve, now))
     return Plan(updated(record, reserve, now), writes, decision)

@@ -74,8 +74,11 @@ SELECT_PAYLOAD_IN_FLIGHT = (
 
 # The gate's RESERVE as one statement, guarded by the same conditions (pollwarden.rules.stop's, and the
 # version the gate read); proven to agree with `gate.may_reserve` (test_stop_policy_agrees_with_sql).
+# `request_sent_at` is the reservation's time until the answer records when the request left: a request
+# in flight counts as served when it was reserved (`OTHER_PRINCIPAL_FIRST`).
 RESERVE = (
     "UPDATE operations SET status_requests_used = status_requests_used + 1, fleet_slot_at = NULL, "
+    "request_sent_at = :now, "
     "lease_owner = :owner, lease_expires_at = :lease_expires_at, version = version + 1, updated_at = :now "
     "WHERE operation_id = :operation_id AND version = :version AND status = 'waiting' "
     f"AND {deadline_open_sql(':now')} AND :now >= next_check_at AND :now >= coalesce(not_before_at, :now) "
@@ -131,10 +134,9 @@ OLDEST_WAITING_SIBLING = (
 
 # Fair shares (issue 29): whether another principal waits for the pace (an operation of it, its agent
 # still coming) whose waiting operations' last request is older than this principal's (`share_send`);
-# a request in flight (its lease held) counts as served now.
+# a request in flight counts as served when it was reserved (RESERVE), as the simulation has it.
 _LAST_SERVED = (
-    "coalesce((SELECT max(CASE WHEN x.lease_owner IS NOT NULL AND x.lease_expires_at > :now THEN :now "
-    "ELSE x.request_sent_at END) FROM operations x WHERE x.provider = :provider "
+    "coalesce((SELECT max(x.request_sent_at) FROM operations x WHERE x.provider = :provider "
     "AND x.owner = {owner} AND x.status = 'waiting'), -1)"
 )
 OTHER_PRINCIPAL_FIRST = (
