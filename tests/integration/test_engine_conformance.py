@@ -696,3 +696,34 @@ async def test_a_principals_request_in_flight_counts_as_served_when_it_was_reser
     assert flying.lease_owner is not None  # its answer has not come
     assert flying.request_sent_at == NOW - 5
     assert bobs.decision.kind == Verdict.PACED  # the pace has room, but it is alice's turn
+
+
+async def test_a_request_that_leaves_while_another_principal_comes_first_hands_it_a_slot_before_its_sibling(
+    tmp_path: Path,
+) -> None:
+    # Issue 29: a turn that passed while none of a principal's few operations waited was lost, and the
+    # other's slot went on from sibling to sibling (with the provider answering in 0.5 s, principals of
+    # 15 and 5 operations up to 23 % from their halves on virtual time). bob was served longer ago than
+    # alice: when alice's request leaves, bob's operation waiting longest is handed the next slot first.
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        await _sibling_and_slot_holder(store, where)  # alice last served 10 s ago
+        for operation_id, sent_at in (("bobs_oldest", NOW - 60), ("bobs_younger", NOW - 30)):
+            bobs = values(operation_id, owner="bob", next_check_at=NOW - 0.5)
+            await store.create_operation(bobs, kind="started", at=NOW - 100)
+            harness.db_write(
+                where,
+                f"UPDATE operations SET request_sent_at = {sent_at} WHERE operation_id = '{operation_id}'",
+            )
+        sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
+        oldest, younger, alices = [await store.get(o) for o in ("bobs_oldest", "bobs_younger", "waiting")]
+        bobs_turn = await check(store, "bobs_oldest", NOW + 0.1, fleets=PACED_FLEET, fleet_slots=1)
+    assert sent.decision.kind == Verdict.RESERVE
+    assert oldest is not None
+    assert younger is not None
+    assert alices is not None
+    assert oldest.fleet_slot_at == NOW  # the next free slot: bob's turn
+    assert younger.fleet_slot_at is None  # bob holds his one slot
+    assert alices.fleet_slot_at == NOW + 0.5  # then alice's sibling's
+    assert bobs_turn.decision.kind == Verdict.PACED  # its slot came; the sends' clock has room at NOW + 0.5
+    assert bobs_turn.record.fleet_slot_at == NOW

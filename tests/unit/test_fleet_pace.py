@@ -13,6 +13,7 @@ from pollwarden.rules.fleet_pace import (
     moved_slot,
     owed_slots,
     pace_verdict,
+    share_on_send,
     share_send,
     share_wait,
     slot_held,
@@ -268,6 +269,39 @@ def test_fair_shares_leave_room_the_pace_has_now_to_whoever_waited_longer(
         rate=RATE,
     )
     assert wait == (None if expected is None else pytest.approx(expected))
+
+
+@pytest.mark.parametrize(
+    ("held_slot", "sibling_served", "other_booked", "expected"),
+    [
+        # (waits, hands its sibling, hands the other principal): sends, served at 9.0
+        (True, 5.0, None, (False, True, False)),  # nobody else comes first: its sibling gets the next slot
+        (True, 5.0, 0, (False, True, True)),  # the principal that comes first is handed one, then its sibling
+        (True, None, 0, (False, False, True)),  # no sibling waits: only the other principal's
+        (
+            True,
+            5.0,
+            1,
+            (False, False, False),
+        ),  # it holds its one slot: its turn is next, nobody is handed one
+        (False, 5.0, 0, (True, False, False)),  # no held slot: it leaves the room to that principal
+    ],
+)
+def test_a_request_that_leaves_while_another_principal_comes_first_hands_that_principal_a_slot_first(
+    held_slot: bool, sibling_served: float | None, other_booked: int | None, expected: tuple[bool, bool, bool]
+) -> None:
+    share = share_on_send(
+        held_slot=held_slot,
+        served=9.0,
+        sibling_served=sibling_served,
+        other_principal_first=other_booked is not None,
+        booked=0,
+        fleet_slots=1,
+        now=10.0,
+        rate=RATE,
+        other_booked=other_booked,
+    )
+    assert (share.wait is not None, share.hands, share.hands_other) == expected
 
 
 def test_a_principals_next_slot_is_handed_on_only_within_its_share() -> None:

@@ -40,7 +40,9 @@ until it is used, so a principal never holds more than its share. Room the pace
 has now goes the same way (`share_send`): principals take turns (the one served
 least recently first), and a principal's request that leaves hands its next slot
 to its operation waiting longest (`hands_slot`), so a principal with fewer
-agents does not lose its turn while none of them happens to be calling.
+agents does not lose its turn while none of them happens to be calling; while
+another principal comes first, that principal's operation waiting longest is
+handed a slot before it (`share_on_send`'s `hands_other`).
 
 Pure: the engines read the pace row and the operation's `fleet_slot_at`, call
 `pace_verdict` with the time read inside their transaction, and write what it says.
@@ -300,6 +302,8 @@ class SendShare:
 
     wait: float | None  # it does not send, and looks again then (None: it sends)
     hands: bool  # its principal's next slot goes to the principal's operation waiting longest
+    # The principal that comes first (`other_principal_first`) is handed the next slot, before `hands`'s.
+    hands_other: bool = False
 
 
 def share_on_send(
@@ -312,6 +316,7 @@ def share_on_send(
     fleet_slots: int | None,
     now: float,
     rate: float,
+    other_booked: int | None = None,
 ) -> SendShare:
     """Fair shares on a send the pace allows (`share_send`, `hands_slot`), as the store and the
     simulation carry them out. `served`: when the operation's last request left; `sibling_served`:
@@ -321,6 +326,14 @@ def share_on_send(
     It gives up the room when `share_send` says so; the room is then handed to that operation if it
     waited longer (not when it is left for another principal). One that sends hands its principal's
     next slot to that operation.
+
+    One that sends while another principal comes first (`other_principal_first`; `other_booked`: the
+    slots that principal holds) hands that principal's operation waiting longest a slot, before its own
+    sibling's, if the principal holds fewer than `fleet_slots`; if it holds them, its turn is next and
+    no sibling is handed one. Otherwise a principal whose few operations are not all waiting at the
+    moment its turn passes loses that turn, while the other's slot goes on from sibling to sibling:
+    simulated with the provider answering in 0.5 s, principals of 15 and 5 operations were up to 23 %
+    from their halves; within 10 % so.
     """
     older = sibling_served is not None and sibling_served < served
     wait = share_send(
@@ -332,8 +345,12 @@ def share_on_send(
         rate=rate,
     )
     handing = older and not other_principal_first if wait is not None else sibling_served is not None
+    first = wait is None and other_principal_first and other_booked is not None
+    other = first and hands_slot(sibling_waiting=True, booked=other_booked or 0, fleet_slots=fleet_slots)
+    if first and not other:
+        handing = False  # the principal that comes first holds its slots: its turn is next, not a sibling's
     return SendShare(
-        wait, handing and hands_slot(sibling_waiting=True, booked=booked, fleet_slots=fleet_slots)
+        wait, handing and hands_slot(sibling_waiting=True, booked=booked, fleet_slots=fleet_slots), other
     )
 
 

@@ -10,6 +10,8 @@ and the parameters and rows of the reads the pace and fair shares need
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pollwarden.core.records import OperationRecord
 from pollwarden.core.vocabulary import DelaySource
 from pollwarden.rules.fleet_pace import (
@@ -25,9 +27,11 @@ from pollwarden.rules.gate import GateVerdict, Verdict, may_reserve
 from pollwarden_providers.table_limits import FleetSpec
 
 __all__ = [
+    "FirstOtherPrincipal",
     "before_own_slot",
     "booked_slots",
     "booked_slots_params",
+    "first_other_principal",
     "needs_booked_slots",
     "needs_pace",
     "needs_pace_row",
@@ -119,6 +123,20 @@ def needs_booked_slots(step: PaceVerdict | None, fleet_slots: int | None) -> boo
 def waiting_sibling(row: tuple[object, ...] | None) -> tuple[str, float] | None:
     """`statements.OLDEST_WAITING_SIBLING` as read: its id, and when its last request left."""
     return None if row is None else (str(row[0]), float(str(row[1])))
+
+
+class FirstOtherPrincipal(NamedTuple):
+    """`statements.OTHER_PRINCIPAL_FIRST` as read: the principal that comes first, its operation waiting
+    longest, and the slots the principal holds."""
+
+    operation_id: str
+    owner: str
+    booked: int
+
+
+def first_other_principal(row: tuple[object, ...] | None) -> FirstOtherPrincipal | None:
+    """`statements.OTHER_PRINCIPAL_FIRST`'s row (None: no other principal comes first)."""
+    return None if row is None else FirstOtherPrincipal(str(row[0]), str(row[1]), int(str(row[2] or 0)))
 
 
 def booked_slots_params(record: OperationRecord, fleet: FleetSpec, *, now: float) -> dict[str, object]:

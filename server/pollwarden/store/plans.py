@@ -43,7 +43,7 @@ from pollwarden.rules.job_identity import REOPENABLE, account_parts, duplicate_c
 from pollwarden.rules.schedule import not_before
 from pollwarden.rules.stop import reaches_deadline
 from pollwarden.store import statements
-from pollwarden.store.pace_reads import needs_booked_slots, served_since
+from pollwarden.store.pace_reads import FirstOtherPrincipal, needs_booked_slots, served_since
 from pollwarden_providers.table_limits import FleetSpec
 
 __all__ = [
@@ -116,9 +116,10 @@ class SetPace:
 
 @dataclass(frozen=True)
 class HandSlot:
-    """Give the principal's next slot (`slot_at`, the bookings' clock then at `tat`) to its oldest waiting
-    operation `sibling`, if it still waits without a slot (`fleet_pace.hands_slot`); the pace row moves
-    only then. A sibling row another transaction holds is skipped (PostgreSQL: `SKIP LOCKED`)."""
+    """Give the next slot (`slot_at`, the bookings' clock then at `tat`) to `owner`'s operation `sibling`
+    waiting longest (of the sender's principal, or of the principal that comes first:
+    `fleet_pace.share_on_send`), if it still waits without a slot (`fleet_pace.hands_slot`); the pace row
+    moves only then. A sibling row another transaction holds is skipped (PostgreSQL: `SKIP LOCKED`)."""
 
     provider: str
     owner: str
@@ -197,7 +198,7 @@ def check_plan(
     fleet: FleetSpec | None = None,
     next_poll_within: float | None = None,
     sibling: tuple[str, float] | None = None,
-    other_principal_first: bool = False,
+    other_principal: FirstOtherPrincipal | None = None,
     came_at: float | None = None,
 ) -> Plan:
     """What the gate's verdict writes (the verdict must write: `decision.writes`).
@@ -211,9 +212,10 @@ def check_plan(
     has waited longer; `booked` as `booked_slots` reads it) — then it waits and
     takes nothing from the pace. Under fair shares an operation without a held
     slot leaves room the pace has now to another principal served less recently
-    (`other_principal_first`) or to its principal's operation that has waited
-    longer (`sibling`: id, when its last request left), which is handed the slot
-    (`HandSlot`); one that sends hands its principal's next slot to that operation
+    (`other_principal`, the first of them) or to its principal's operation that
+    has waited longer (`sibling`: id, when its last request left), which is handed
+    the slot (`HandSlot`); one that sends hands its principal's next slot to that
+    operation, and one to `other_principal`'s operation before it
     (`fleet_pace.share_on_send`).
     Otherwise the request is counted and the lease taken (an expired lease
     recovered and told first).
@@ -262,16 +264,24 @@ def check_plan(
             held_slot=step.by_held_slot,
             served=served_since(record),
             sibling_served=None if sibling is None else sibling[1],
-            other_principal_first=other_principal_first,
+            other_principal_first=other_principal is not None,
             booked=0 if booked is None else booked[0],
             fleet_slots=fleet_slots,
             now=now,
             rate=fleet.max_requests_per_second,
+            other_booked=None if other_principal is None else other_principal.booked,
         )
+        # Handed room it gives up (the pace as read), or the slots after its own request: the principal
+        # that comes first, then its own. (Should the first's row have changed, the bookings' clock
+        # still moves past its slot: an interval unbooked, never one booked twice.)
+        on = bucket if share.wait is not None else step.bucket
+        if share.hands_other and other_principal is not None:
+            first = _hand_slot(
+                record, fleet, on, other_principal.operation_id, now=now, owner=other_principal.owner
+            )
+            handed, on = (first,), PaceBucket(first.tat, None if on is None else on.sent_tat)
         if share.hands and sibling is not None:
-            # Handed room it gives up (the pace as read), or the slot after its own request.
-            on = bucket if share.wait is not None else step.bucket
-            handed = (_hand_slot(record, fleet, on, sibling[0], now=now),)
+            handed = (*handed, _hand_slot(record, fleet, on, sibling[0], now=now))
         if share.wait is not None:
             until, step = share.wait, None
     if until is not None and (step is None or not step.send):
@@ -335,14 +345,22 @@ def busy_turn_plan(record: OperationRecord, until: float, now: float) -> Plan:
 
 
 def _hand_slot(
-    record: OperationRecord, fleet: FleetSpec, bucket: PaceBucket | None, sibling: str, *, now: float
+    record: OperationRecord,
+    fleet: FleetSpec,
+    bucket: PaceBucket | None,
+    sibling: str,
+    *,
+    now: float,
+    owner: str | None = None,
 ) -> HandSlot:
-    """The principal's next free slot on `bucket`'s bookings' clock, handed to `sibling`."""
+    """The next free slot on `bucket`'s bookings' clock, handed to `sibling`, an operation of `owner`
+    (default: `record`'s principal)."""
     rate, burst = fleet.max_requests_per_second, fleet.burst
     slot_at, after = book_ahead(bucket or PaceBucket(None, None), now=now, rate=rate, burst=burst)
     assert after.tat is not None
     held_since = now - slot_hold_seconds(rate)
-    return HandSlot(record.provider, record.owner, sibling, slot_at, after.tat, now, held_since)
+    principal = record.owner if owner is None else owner
+    return HandSlot(record.provider, principal, sibling, slot_at, after.tat, now, held_since)
 
 
 def answer_plan(

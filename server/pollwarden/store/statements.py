@@ -139,9 +139,15 @@ _LAST_SERVED = (
     "coalesce((SELECT max(x.request_sent_at) FROM operations x WHERE x.provider = :provider "
     "AND x.owner = {owner} AND x.status = 'waiting'), -1)"
 )
+# The row read is the first of them: the operation waiting longest of the principal served least
+# recently, its principal, and the slots that principal holds (`share_on_send`'s `other_booked`).
 OTHER_PRINCIPAL_FIRST = (
-    f"SELECT 1 FROM operations w WHERE w.provider = :provider AND w.owner <> :owner AND {WAITING_FOR_PACE_SQL} "
-    f"AND {_LAST_SERVED.format(owner='w.owner')} < {_LAST_SERVED.format(owner=':owner')} LIMIT 1"
+    "SELECT w.operation_id, w.owner, (SELECT count(*) FROM operations h WHERE h.provider = :provider "
+    f"AND h.owner = w.owner AND h.status = 'waiting' AND {SLOT_HELD_SQL}) "
+    f"FROM operations w WHERE w.provider = :provider AND w.owner <> :owner AND {WAITING_FOR_PACE_SQL} "
+    f"AND {_LAST_SERVED.format(owner='w.owner')} < {_LAST_SERVED.format(owner=':owner')} "
+    f"ORDER BY {_LAST_SERVED.format(owner='w.owner')}, coalesce(w.request_sent_at, w.created_at), "
+    "w.operation_id LIMIT 1"
 )
 
 # The principal's next slot handed to its oldest waiting operation (`plans.HandSlot`), if it still waits.

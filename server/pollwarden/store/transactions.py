@@ -159,8 +159,7 @@ def check(
     the caller read them in the same trip) and, under fair shares, `fair_share_reads` (`shares`, unless
     the caller read them in that trip)."""
     record = current.record
-    step = booked = sibling = None
-    other_first = False
+    step = booked = sibling = other = None
     if fleet is not None and pace_reads.needs_pace(record, decision, fleet, now=now):
         if bucket is None:
             bucket = bucket_from_row((yield Query(statements.SELECT_PACE, {"provider": record.provider})))
@@ -175,10 +174,10 @@ def check(
                 )
                 shares = read
             slots, oldest, first = shares
-            booked, sibling, other_first = (
+            booked, sibling, other = (
                 pace_reads.booked_slots(slots),
                 pace_reads.waiting_sibling(oldest),
-                first is not None,
+                pace_reads.first_other_principal(first),
             )
     plan = plans.check_plan(
         record,
@@ -193,7 +192,7 @@ def check(
         fleet=fleet,
         next_poll_within=next_poll_within,
         sibling=sibling,
-        other_principal_first=other_first,
+        other_principal=other,
         came_at=came_at,
     )
     return CheckStart((yield CarryOut(current, plan)), plan.decision or decision)
