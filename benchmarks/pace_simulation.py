@@ -103,8 +103,15 @@ def old_rule(
 
 
 # "held": held slots alone (the first step of issue 29); "new": the same, the sends' clock keeping room
-# for earlier held slots not yet used (`owed`), and a principal's slots given oldest-waiting first.
-RULES: dict[str, Rule] = {"old": old_rule, "held": pace_verdict, "new": pace_verdict}
+# for earlier held slots not yet used (`owed`), and a principal's slots given oldest-waiting first;
+# "served-now": "new", but a principal with a request in flight counted as served now, as the store
+# did before its reservation wrote `request_sent_at` (issue 29, seventh step).
+RULES: dict[str, Rule] = {
+    "old": old_rule,
+    "held": pace_verdict,
+    "new": pace_verdict,
+    "served-now": pace_verdict,
+}
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,7 @@ class _Op:
     fleet_slot_at: float | None = None
     requests: int = 0
     last_sent: float = 0.0  # when its last request went out (0: none yet)
+    recorded_at: float = 0.0  # when its last request's answer is recorded (its lease held until then)
     pacing: bool = False  # it was last told to wait for the pace (`delay_source` fleet_pacing)
 
 
@@ -326,6 +334,7 @@ def simulate(scenario: Scenario, rule: str = "new") -> Result:
                 received = now + rtt + s.provider_seconds
                 op.next_check_at = received + s.own_interval
                 answered = received + 2 * rtt
+                op.recorded_at = answered
                 again(i, answered, max(0.0, op.next_check_at - answered))
                 continue
         result.most_booked = max(result.most_booked, _most_booked(ops, now))
@@ -357,7 +366,7 @@ def _store_check(
     """The locked transaction (`store.plans.check_plan`): None when the request goes out now, else the
     time it may."""
     op = ops[i]
-    new = rule == "new"
+    new = rule in ("new", "served-now")
     owed = 0
     if new:  # room is kept on the sends' clock for earlier held slots not used yet
         since, before = owed_slots(op.fleet_slot_at, now=now, rate=s.rate)
@@ -391,7 +400,7 @@ def _store_check(
     if new and verdict.send and s.fleet_slots is not None:  # `plans.check_plan`'s fair shares on a send
         held_since = now - slot_hold_seconds(s.rate)
         sibling = _oldest_waiting_sibling(ops, i, now, held_since)
-        other = _first_other_principal(ops, i, now, held_since)
+        other = _first_other_principal(ops, i, now, held_since, in_flight_now=rule == "served-now")
         share = share_on_send(
             held_slot=verdict.by_held_slot,
             served=op.last_sent,
@@ -419,7 +428,7 @@ def _store_check(
             _hand_slot(s, ops, crossed, bucket, now)
         if handed is not None:
             _hand_slot(s, ops, handed, bucket, now)
-        elif ahead and wait is None:  # its next slot, at the queue's tail now, if its agent can use it
+        elif ahead and wait is None and crossed is None:  # its next slot, at the queue's tail, if usable
             slot, booked = book_ahead(
                 bucket[0], now=now, rate=s.rate, burst=s.burst, used_slot=used, came_at=came_at
             )
@@ -477,12 +486,16 @@ def _principal_slots(ops: list[_Op], i: int, held_since: float) -> int:
     )
 
 
-def _first_other_principal(ops: list[_Op], i: int, now: float, held_since: float) -> int | None:
+def _first_other_principal(
+    ops: list[_Op], i: int, now: float, held_since: float, *, in_flight_now: bool = False
+) -> int | None:
     """`statements.OTHER_PRINCIPAL_FIRST`: of the other principals that wait, served less recently than
-    i's, the one served least recently's operation waiting longest (None: no other principal comes first)."""
+    i's, the one served least recently's operation waiting longest (None: no other principal comes first).
+    A request in flight counts as served when it was reserved (`in_flight_now`: as served now)."""
     last: dict[int, float] = {}
     for o in ops:
-        last[o.principal] = max(last.get(o.principal, 0.0), o.last_sent)
+        served = now if in_flight_now and o.recorded_at > now else o.last_sent
+        last[o.principal] = max(last.get(o.principal, 0.0), served)
     mine = ops[i].principal
     first = [
         (last[o.principal], o.last_sent, k)

@@ -669,9 +669,9 @@ async def test_an_agent_whose_slot_was_moved_is_told_it_earlier_by_its_calls_lag
 
 async def test_a_principals_request_in_flight_counts_as_served_when_it_was_reserved(tmp_path: Path) -> None:
     # Issue 29: a request in flight counted as served *now*, so a principal always with one in flight (a
-    # provider slow to answer) never came first, and took less than its turns: on virtual time, with the
-    # provider answering in 0.5 s, the principal of 5 operations got up to 25 % less than its half. Its
-    # reservation is when it was served: alice's, 5 s ago, is older than bob's last request, 2 s ago.
+    # provider slow to answer) never came first: on virtual time, with the provider answering in 0.5 s,
+    # principals of 15 and 5 operations ended up to 15 % from their halves (the simulation's rule
+    # "served-now"). Its reservation is when it was served: alice's, 5 s ago, is older than bob's 2 s.
     where = harness.database_in(tmp_path)
     async with open_store(where) as store:
         in_flight = values("in_flight", owner="alice", next_check_at=NOW - 5)
@@ -698,6 +698,16 @@ async def test_a_principals_request_in_flight_counts_as_served_when_it_was_reser
     assert bobs.decision.kind == Verdict.PACED  # the pace has room, but it is alice's turn
 
 
+async def _bobs(store: Store, where: DatabaseLocation) -> None:
+    """bob's two operations, due, served 60 and 30 s ago (longer ago than alice's 10 s)."""
+    for operation_id, sent_at in (("bobs_oldest", NOW - 60), ("bobs_younger", NOW - 30)):
+        bobs = values(operation_id, owner="bob", next_check_at=NOW - 0.5)
+        await store.create_operation(bobs, kind="started", at=NOW - 100)
+        harness.db_write(
+            where, f"UPDATE operations SET request_sent_at = {sent_at} WHERE operation_id = '{operation_id}'"
+        )
+
+
 async def test_a_request_that_leaves_while_another_principal_comes_first_hands_it_a_slot_before_its_sibling(
     tmp_path: Path,
 ) -> None:
@@ -708,13 +718,7 @@ async def test_a_request_that_leaves_while_another_principal_comes_first_hands_i
     where = harness.database_in(tmp_path)
     async with open_store(where) as store:
         await _sibling_and_slot_holder(store, where)  # alice last served 10 s ago
-        for operation_id, sent_at in (("bobs_oldest", NOW - 60), ("bobs_younger", NOW - 30)):
-            bobs = values(operation_id, owner="bob", next_check_at=NOW - 0.5)
-            await store.create_operation(bobs, kind="started", at=NOW - 100)
-            harness.db_write(
-                where,
-                f"UPDATE operations SET request_sent_at = {sent_at} WHERE operation_id = '{operation_id}'",
-            )
+        await _bobs(store, where)
         sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
         oldest, younger, alices = [await store.get(o) for o in ("bobs_oldest", "bobs_younger", "waiting")]
         bobs_turn = await check(store, "bobs_oldest", NOW + 0.1, fleets=PACED_FLEET, fleet_slots=1)
@@ -727,3 +731,33 @@ async def test_a_request_that_leaves_while_another_principal_comes_first_hands_i
     assert alices.fleet_slot_at == NOW + 0.5  # then alice's sibling's
     assert bobs_turn.decision.kind == Verdict.PACED  # its slot came; the sends' clock has room at NOW + 0.5
     assert bobs_turn.record.fleet_slot_at == NOW
+
+
+@pytest.mark.postgres_only
+async def test_when_the_principal_that_comes_first_is_skipped_its_slot_is_not_given_to_the_senders_sibling(
+    tmp_path: Path,
+) -> None:
+    # bob's operation is in its own check (its row locked, waiting for the pace row): the hand-off skips
+    # it. Handing alice's sibling the slot after it would leave bob's unbooked, and bob's turn lost;
+    # nothing is handed, and bob's check, once it reaches the pace row, sends in the room left.
+    import psycopg
+
+    where = harness.database_in(tmp_path)
+    async with open_store(where) as store:
+        await _sibling_and_slot_holder(store, where)
+        await _bobs(store, where)
+        with psycopg.connect(where.dsn) as bobs_check:
+            bobs_check.execute("SELECT 1 FROM operations WHERE operation_id = 'bobs_oldest' FOR UPDATE")
+            with anyio.fail_after(10):
+                sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
+            oldest, alices = [await store.get(o) for o in ("bobs_oldest", "waiting")]
+            tat = bobs_check.execute("SELECT tat FROM fleet_buckets WHERE provider = 'acme'").fetchone()
+        bobs_turn = await check(store, "bobs_oldest", NOW + 0.5, fleets=PACED_FLEET, fleet_slots=1)
+    assert sent.decision.kind == Verdict.RESERVE
+    assert oldest is not None
+    assert alices is not None
+    assert oldest.fleet_slot_at is None  # skipped
+    assert alices.fleet_slot_at is None  # and not handed the slot after it
+    assert tat is not None
+    assert tat[0] == NOW  # the bookings' clock as the request left it
+    assert bobs_turn.decision.kind == Verdict.RESERVE

@@ -851,6 +851,7 @@ def test_a_request_that_leaves_while_another_principal_comes_first_hands_it_a_sl
     # Its own slot was already counted on the bookings' clock: the next two free slots, bob's first.
     assert (bobs.owner, bobs.sibling, bobs.slot_at, bobs.tat) == ("bob", "bobs-oldest", NOW, NOW + 1.0)
     assert (own.owner, own.sibling, own.slot_at, own.tat) == (record.owner, "op-old", NOW + 1.0, NOW + 2.0)
+    assert (bobs.after, own.after) == (None, ("bobs-oldest", NOW))  # the sibling's only if bob's took
     # Bob holds his one slot: his turn is next, and no sibling of this principal is handed one.
     full = fair_send(
         record, ROOM, sibling=("op-old", NOW - 9.0), other_principal=BOBS_FULL, booked=(0, None, 1)

@@ -101,7 +101,8 @@ class OperationRecord:
     fleet_slot_at: float | None
     # The operation that holds this job's budget, when this one may not poll it (pollwarden.rules.job_identity).
     duplicate_of: str | None = None
-    # When the last status request was sent (`last_http_at`: when its answer came).
+    # When the last status request was sent; while one is in flight, when it was reserved (fair shares
+    # count it served then). `last_http_at`: when its answer came.
     request_sent_at: float | None = None
     # A resubmission of a payload whose earlier operation ended or escalated: that operation's id,
     # and who approved sending it (nothing is sent while this is None).

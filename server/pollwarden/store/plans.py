@@ -128,11 +128,15 @@ class HandSlot:
     tat: float
     at: float
     held_since: float  # its agent is still coming (`statements.WAITING_FOR_PACE_SQL`)
+    # The hand-off just before it in the plan, (operation, slot): this one is made only if that took.
+    after: tuple[str, float] | None = None
 
     def params(self) -> dict[str, object]:
         """The hand-off statement's parameters."""
         hold = self.at - self.held_since  # `due_by`: a told time within one hold counts as waiting
-        return {**dataclasses.asdict(self), "now": self.at, "due_by": self.at + hold}
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "after"}
+        after = {} if self.after is None else {"after": self.after[0], "after_slot_at": self.after[1]}
+        return {**fields, **after, "now": self.at, "due_by": self.at + hold}
 
 
 @dataclass(frozen=True)
@@ -272,16 +276,18 @@ def check_plan(
             other_booked=None if other_principal is None else other_principal.booked,
         )
         # Handed room it gives up (the pace as read), or the slots after its own request: the principal
-        # that comes first, then its own. (Should the first's row have changed, the bookings' clock
-        # still moves past its slot: an interval unbooked, never one booked twice.)
+        # that comes first, then its own sibling (only if the first took: `HandSlot.after`).
         on = bucket if share.wait is not None else step.bucket
+        before: tuple[str, float] | None = None
         if share.hands_other and other_principal is not None:
-            first = _hand_slot(
+            leader = _hand_slot(
                 record, fleet, on, other_principal.operation_id, now=now, owner=other_principal.owner
             )
-            handed, on = (first,), PaceBucket(first.tat, None if on is None else on.sent_tat)
+            handed, on = (leader,), PaceBucket(leader.tat, None if on is None else on.sent_tat)
+            before = (leader.sibling, leader.slot_at)
         if share.hands and sibling is not None:
-            handed = (*handed, _hand_slot(record, fleet, on, sibling[0], now=now))
+            own = _hand_slot(record, fleet, on, sibling[0], now=now)
+            handed = (*handed, dataclasses.replace(own, after=before))
         if share.wait is not None:
             until, step = share.wait, None
     if until is not None and (step is None or not step.send):

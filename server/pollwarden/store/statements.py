@@ -135,19 +135,19 @@ OLDEST_WAITING_SIBLING = (
 # Fair shares (issue 29): whether another principal waits for the pace (an operation of it, its agent
 # still coming) whose waiting operations' last request is older than this principal's (`share_send`);
 # a request in flight counts as served when it was reserved (RESERVE), as the simulation has it.
-_LAST_SERVED = (
-    "coalesce((SELECT max(x.request_sent_at) FROM operations x WHERE x.provider = :provider "
-    "AND x.owner = {owner} AND x.status = 'waiting'), -1)"
-)
 # The row read is the first of them: the operation waiting longest of the principal served least
 # recently, its principal, and the slots that principal holds (`share_on_send`'s `other_booked`).
+# Each principal's last request is found once (`served`), so the read stays one pass over the
+# provider's waiting operations however many wait.
 OTHER_PRINCIPAL_FIRST = (
-    "SELECT w.operation_id, w.owner, (SELECT count(*) FROM operations h WHERE h.provider = :provider "
-    f"AND h.owner = w.owner AND h.status = 'waiting' AND {SLOT_HELD_SQL}) "
-    f"FROM operations w WHERE w.provider = :provider AND w.owner <> :owner AND {WAITING_FOR_PACE_SQL} "
-    f"AND {_LAST_SERVED.format(owner='w.owner')} < {_LAST_SERVED.format(owner=':owner')} "
-    f"ORDER BY {_LAST_SERVED.format(owner='w.owner')}, coalesce(w.request_sent_at, w.created_at), "
-    "w.operation_id LIMIT 1"
+    "WITH served AS (SELECT owner, coalesce(max(request_sent_at), -1) AS served_at FROM operations "
+    "WHERE provider = :provider AND status = 'waiting' GROUP BY owner), "
+    "leader AS (SELECT w.operation_id, w.owner FROM operations w JOIN served s ON s.owner = w.owner "
+    f"WHERE w.provider = :provider AND w.owner <> :owner AND {WAITING_FOR_PACE_SQL} "
+    "AND s.served_at < coalesce((SELECT m.served_at FROM served m WHERE m.owner = :owner), -1) "
+    "ORDER BY s.served_at, coalesce(w.request_sent_at, w.created_at), w.operation_id LIMIT 1) "
+    "SELECT l.operation_id, l.owner, (SELECT count(*) FROM operations h WHERE h.provider = :provider "
+    f"AND h.owner = l.owner AND h.status = 'waiting' AND {SLOT_HELD_SQL}) FROM leader l"
 )
 
 # The principal's next slot handed to its oldest waiting operation (`plans.HandSlot`), if it still waits.
@@ -155,6 +155,12 @@ HAND_SLOT_GUARD = (
     f"provider = :provider AND owner = :owner AND operation_id = :sibling AND {WAITING_FOR_PACE_SQL}"
 )
 HAND_SLOT_SET = "fleet_slot_at = :slot_at, version = version + 1, updated_at = :at"
+# The second hand-off of one request (its sibling's, after the principal that comes first): only if the
+# first took, else its slot would leave the first's unbooked, and that principal's turn lost.
+HAND_SLOT_AFTER_GUARD = (
+    f"{HAND_SLOT_GUARD} AND EXISTS (SELECT 1 FROM operations a WHERE a.operation_id = :after "
+    "AND a.fleet_slot_at = :after_slot_at)"
+)
 
 # The other operations' held fleet slots whose time has come (from `held_since` to before `before`) and
 # that are not used yet: the sends' clock keeps room for them (`fleet_pace.pace_verdict`'s `owed`).

@@ -262,7 +262,8 @@ class OperationView(BaseModel):
     )
     request_sent_at: str | None = Field(
         default=None,
-        description="When the last status request was sent (last_http_at: when its answer came).",
+        description="When the last status request was sent; while one is in flight, when it was reserved "
+        "(last_http_at: when its answer came).",
     )
     submit_sent_at: str | None = Field(
         default=None,

@@ -219,7 +219,8 @@ class Writer:
             elif isinstance(write, Execute):
                 await self.tx.queue(write.statement, write.params)
             elif isinstance(write, HandSlot):
-                await self.tx.queue(sql.HAND_SLOT, write.params())
+                statement = sql.HAND_SLOT if write.after is None else sql.HAND_SLOT_AFTER
+                await self.tx.queue(statement, write.params())
             else:  # SetPace
                 await self.tx.queue(
                     sql.SET_FLEET_TAT,

@@ -131,15 +131,21 @@ SET_FLEET_TAT = (
     "UPDATE fleet_buckets SET tat = %(tat)s, sent_tat = %(sent_tat)s WHERE provider = %(provider)s"
 )
 
+
 # The hand-off (`plans.HandSlot`) in one statement: a sibling whose row another transaction holds (its
 # own check, waiting for this pace row) is skipped, never waited for, and the pace row moves only
 # when the slot was handed.
-HAND_SLOT = dialect(
-    "WITH handed AS (UPDATE operations SET "
-    f"{statements.HAND_SLOT_SET} WHERE operation_id = (SELECT operation_id FROM operations "
-    f"WHERE {statements.HAND_SLOT_GUARD} FOR UPDATE SKIP LOCKED) RETURNING 1) "
-    "UPDATE fleet_buckets SET tat = :tat WHERE provider = :provider AND EXISTS (SELECT 1 FROM handed)"
-)
+def _hand_slot(guard: str) -> str:
+    return dialect(
+        "WITH handed AS (UPDATE operations SET "
+        f"{statements.HAND_SLOT_SET} WHERE operation_id = (SELECT operation_id FROM operations "
+        f"WHERE {guard} FOR UPDATE SKIP LOCKED) RETURNING 1) "
+        "UPDATE fleet_buckets SET tat = :tat WHERE provider = :provider AND EXISTS (SELECT 1 FROM handed)"
+    )
+
+
+HAND_SLOT = _hand_slot(statements.HAND_SLOT_GUARD)
+HAND_SLOT_AFTER = _hand_slot(statements.HAND_SLOT_AFTER_GUARD)
 
 # -- the audit: the one chain's head row, and the rows (pollwarden.audit.verify) ----------------------
 

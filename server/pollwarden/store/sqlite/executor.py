@@ -85,7 +85,8 @@ def carry_out(
         elif isinstance(write, Execute):
             conn.execute(write.statement, dict(write.params))
         elif isinstance(write, HandSlot):
-            if conn.execute(sql.HAND_SLOT, write.params()).fetchone() is not None:
+            statement = sql.HAND_SLOT if write.after is None else sql.HAND_SLOT_AFTER
+            if conn.execute(statement, write.params()).fetchone() is not None:
                 conn.execute(sql.SET_FLEET_BOOKINGS, write.params())
         else:  # SetPace
             conn.execute(

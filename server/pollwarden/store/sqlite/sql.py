@@ -61,6 +61,9 @@ def update_operation(columns: tuple[str, ...]) -> str:
 
 # The hand-off (`plans.HandSlot`); under the write lock, the pace row moves only when a row came back.
 HAND_SLOT = f"UPDATE operations SET {statements.HAND_SLOT_SET} WHERE {statements.HAND_SLOT_GUARD} RETURNING 1"
+HAND_SLOT_AFTER = (
+    f"UPDATE operations SET {statements.HAND_SLOT_SET} WHERE {statements.HAND_SLOT_AFTER_GUARD} RETURNING 1"
+)
 SET_FLEET_BOOKINGS = (
     "INSERT INTO fleet_buckets (provider, tat) VALUES (:provider, :tat) "
     "ON CONFLICT(provider) DO UPDATE SET tat = excluded.tat"
