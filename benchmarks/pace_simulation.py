@@ -405,7 +405,6 @@ def _store_check(
             held_slot=verdict.by_held_slot,
             served=op.last_sent,
             sibling_served=None if sibling is None else ops[sibling].last_sent,
-            other_principal_first=other is not None,
             booked=_principal_slots(ops, i, held_since),
             fleet_slots=s.fleet_slots,
             now=now,

@@ -501,7 +501,7 @@ async def test_an_operation_whose_lease_expired_is_handed_its_principals_slot_an
     assert "lease_recovered" in story
 
 
-async def _alices(
+async def _operation_of(
     store: Store,
     where: DatabaseLocation,
     operation_id: str,
@@ -510,9 +510,10 @@ async def _alices(
     source: DelaySource,
     sent_at: float,
     also: str | None = None,
+    owner: str = "alice",
 ) -> None:
-    """An operation of alice's, its last request sent at `sent_at` (and `also`, an SQL assignment)."""
-    changes = {"owner": "alice", "next_check_at": next_check_at, "delay_source": source}
+    """An operation of `owner`'s, its last request sent at `sent_at` (and `also`, an SQL assignment)."""
+    changes = {"owner": owner, "next_check_at": next_check_at, "delay_source": source}
     await store.create_operation(values(operation_id, **changes), kind="started", at=NOW - 100)
     extra = "" if also is None else f"{also}, "
     harness.db_write(
@@ -531,8 +532,8 @@ async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_
     async with open_store(where) as store:
         await _sibling_and_slot_holder(store, where)
         backoff, pacing = DelaySource.LOCAL_BACKOFF, DelaySource.FLEET_PACING
-        await _alices(store, where, "later", next_check_at=NOW + 5, source=backoff, sent_at=NOW - 90)
-        await _alices(store, where, "due", next_check_at=NOW - 0.5, source=backoff, sent_at=NOW - 80)
+        await _operation_of(store, where, "later", next_check_at=NOW + 5, source=backoff, sent_at=NOW - 90)
+        await _operation_of(store, where, "due", next_check_at=NOW - 0.5, source=backoff, sent_at=NOW - 80)
         # Due too, and served even longer ago, but none of them may send (review of issue 29): a slot
         # handed to one would go unused for its hold, and room be kept for it on the sends' clock.
         cannot = {
@@ -541,7 +542,7 @@ async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_
             "past_deadline": f"deadline_at = {NOW - 1}",
         }
         for operation_id, why in cannot.items():
-            await _alices(
+            await _operation_of(
                 store,
                 where,
                 operation_id,
@@ -552,7 +553,9 @@ async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_
             )
         # Told to wait for the pace but to come back only in 5 s (its server's turn at the pace row was
         # busy), served longest ago: a slot handed now would wait for it, held (second review).
-        await _alices(store, where, "told_later", next_check_at=NOW + 5, source=pacing, sent_at=NOW - 99)
+        await _operation_of(
+            store, where, "told_later", next_check_at=NOW + 5, source=pacing, sent_at=NOW - 99
+        )
         await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
         due, later, waiting, *others = [
             await store.get(o) for o in ("due", "later", "waiting", *cannot, "told_later")
@@ -677,7 +680,7 @@ async def test_a_principals_request_in_flight_counts_as_served_when_it_was_reser
         in_flight = values("in_flight", owner="alice", next_check_at=NOW - 5)
         await store.create_operation(in_flight, kind="started", at=NOW - 100)
         reserved = await check(store, "in_flight", NOW - 5, fleets=PACED_FLEET, fleet_slots=1)
-        await _alices(
+        await _operation_of(
             store,
             where,
             "alices",
@@ -685,10 +688,8 @@ async def test_a_principals_request_in_flight_counts_as_served_when_it_was_reser
             source=DelaySource.LOCAL_BACKOFF,
             sent_at=NOW - 50,
         )
-        await store.create_operation(values("bobs", owner="bob"), kind="started", at=NOW - 100)
-        harness.db_write(
-            where, f"UPDATE operations SET request_sent_at = {NOW - 2} WHERE operation_id = 'bobs'"
-        )
+        due = DelaySource.LOCAL_BACKOFF
+        await _operation_of(store, where, "bobs", next_check_at=NOW, source=due, sent_at=NOW - 2, owner="bob")
         bobs = await check(store, "bobs", NOW, fleets=PACED_FLEET, fleet_slots=1)
         flying = await store.get("in_flight")
     assert reserved.decision.kind == Verdict.RESERVE
@@ -701,10 +702,9 @@ async def test_a_principals_request_in_flight_counts_as_served_when_it_was_reser
 async def _bobs(store: Store, where: DatabaseLocation) -> None:
     """bob's two operations, due, served 60 and 30 s ago (longer ago than alice's 10 s)."""
     for operation_id, sent_at in (("bobs_oldest", NOW - 60), ("bobs_younger", NOW - 30)):
-        bobs = values(operation_id, owner="bob", next_check_at=NOW - 0.5)
-        await store.create_operation(bobs, kind="started", at=NOW - 100)
-        harness.db_write(
-            where, f"UPDATE operations SET request_sent_at = {sent_at} WHERE operation_id = '{operation_id}'"
+        due = DelaySource.LOCAL_BACKOFF
+        await _operation_of(
+            store, where, operation_id, next_check_at=NOW - 0.5, source=due, sent_at=sent_at, owner="bob"
         )
 
 

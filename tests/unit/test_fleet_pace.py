@@ -294,7 +294,6 @@ def test_a_request_that_leaves_while_another_principal_comes_first_hands_that_pr
         held_slot=held_slot,
         served=9.0,
         sibling_served=sibling_served,
-        other_principal_first=other_booked is not None,
         booked=0,
         fleet_slots=1,
         now=10.0,

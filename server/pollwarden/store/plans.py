@@ -268,7 +268,6 @@ def check_plan(
             held_slot=step.by_held_slot,
             served=served_since(record),
             sibling_served=None if sibling is None else sibling[1],
-            other_principal_first=other_principal is not None,
             booked=0 if booked is None else booked[0],
             fleet_slots=fleet_slots,
             now=now,
