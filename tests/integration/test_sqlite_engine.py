@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 from enum import StrEnum
 from pathlib import Path
 
@@ -193,3 +194,19 @@ async def test_a_check_through_the_tools_leaves_no_transaction_open_between_call
             other.execute("ROLLBACK")
         finally:
             other.close()
+
+
+async def test_every_transaction_runs_on_the_stores_one_database_thread_which_ends_when_the_store_closes(
+    tmp_path: Path,
+) -> None:
+    async with open_store(tmp_path / "pw.db") as store:
+        assert isinstance(store, SQLiteStore)
+        before = set(threading.enumerate())
+        used = {await store._db.run(lambda _: threading.current_thread()) for _ in range(20)}
+        assert len(used) == 1
+        (thread,) = used
+        assert thread is not threading.current_thread()
+        assert thread.is_alive()
+        assert set(threading.enumerate()) - before <= used  # no other thread was started for the hops
+    thread.join(timeout=5)
+    assert not thread.is_alive()

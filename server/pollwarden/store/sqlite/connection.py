@@ -1,15 +1,17 @@
 """The SQLite connection, the thread it is used from, and one transaction at a time on it.
 
-pollwarden owns the connection (plain `sqlite3`) and the thread explicitly:
-every use is one hop, `anyio.to_thread.run_sync(work, limiter=CapacityLimiter(1))`,
-and a store operation runs its whole transaction (BEGIN IMMEDIATE … COMMIT or
-ROLLBACK) inside that one hop. Because `run_sync` is not abandoned on
-cancellation, a cancelled caller still waits for the transaction to end: no
-transaction is ever left open, whatever happens to the caller. A caller
-cancelled while BEGIN waited for another process's lock is noticed right after
-BEGIN: the transaction is rolled back (nothing written) and the caller's
-cancellation re-raised; a shielded caller (recording an answer that arrived)
-is never interrupted.
+pollwarden owns the connection (plain `sqlite3`) and the thread explicitly, as
+aiosqlite does: one thread per connection takes units of work from a queue and
+hands each result back to the event loop (`call_soon_threadsafe`); every use is
+one hop, and a store operation runs its whole transaction (BEGIN IMMEDIATE …
+COMMIT or ROLLBACK) inside that one hop. (anyio's worker threads cost about
+twice as much per hop: `benchmarks/results/check_cost_issue28.md`.) A
+cancelled caller still waits for its unit of work to end: no transaction is
+ever left open, whatever happens to the caller. A caller cancelled while BEGIN
+waited for another process's lock is noticed right after BEGIN: the
+transaction is rolled back (nothing written) and the caller's cancellation
+re-raised; a shielded caller (recording an answer that arrived) is never
+interrupted.
 
 Durability: the connection runs WAL at `synchronous=FULL`, so a commit is on
 disk before the call returns (the reservation before the request leaves; the
@@ -26,17 +28,18 @@ sets FULL again before it begins).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable, Generator
 from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import anyio.to_thread
 
 from pollwarden.core.errors import StoreError
 from pollwarden.ops import observe
@@ -49,6 +52,37 @@ T = TypeVar("T")
 
 class CallerGone(BaseException):
     """The caller was cancelled while BEGIN waited: the transaction was rolled back."""
+
+
+class _Hop:
+    """One unit of work for the database thread, and where its outcome goes."""
+
+    __slots__ = ("future", "gone", "loop", "work")
+    work: Callable[[], Any]  # set once its session exists
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.gone = False  # its caller was cancelled (and is not shielded): roll back after BEGIN
+
+    def settle(self, value: Any, error: BaseException | None) -> None:
+        """Hand the outcome to the waiting caller (in the event loop)."""
+        if self.future.done():  # pragma: no cover - the caller always waits for its hop
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(value)
+
+
+def _serve(hops: queue.SimpleQueue[_Hop | None]) -> None:
+    """The database thread: each unit of work in turn, until the connection closes."""
+    while (hop := hops.get()) is not None:
+        try:
+            value, error = hop.work(), None
+        except BaseException as exc:  # handed to the caller, raised there
+            value, error = None, exc
+        hop.loop.call_soon_threadsafe(hop.settle, value, error)
 
 
 def describe(exc: sqlite3.Error, path: Path, busy_timeout: float) -> StoreError:
@@ -88,8 +122,9 @@ class Database:
         self.path = path
         self.busy_timeout = busy_timeout
         self.stats = EngineStats()
-        # One connection per process, shared by concurrent tool calls: one hop at a time on it.
-        self._limiter = anyio.CapacityLimiter(1)
+        # One connection per process, shared by concurrent tool calls: its own thread, one hop at a time.
+        self._hops: queue.SimpleQueue[_Hop | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         # The connection's synchronous level (FULL at open; set per transaction, see the module docstring).
         self.synchronous_full = True
         # The file this connection has open; a different file at the path (or none) is refused.
@@ -97,19 +132,31 @@ class Database:
 
     async def run(self, work: Callable[[Session], T]) -> T:
         """Run `work` in the database thread: one hop, whatever it reads and writes."""
-        session = Session(self, anyio.get_cancelled_exc_class())
+        if self._thread is None:
+            self._thread = threading.Thread(target=_serve, args=(self._hops,), name="pollwarden-sqlite")
+            self._thread.daemon = True  # an unclosed store does not hold the process open
+            self._thread.start()
+        hop = _Hop(asyncio.get_running_loop())
+        hop.work = partial(self._in_thread, work, Session(self, hop))
         self.stats.trips += 1
-        outcome = await anyio.to_thread.run_sync(self._in_thread, work, session, limiter=self._limiter)
-        if isinstance(outcome, CallerGone):
-            await anyio.lowlevel.checkpoint()  # re-raises the caller's cancellation
-            raise StoreError("the call was cancelled; nothing was changed")
-        return outcome
+        self._hops.put(hop)
+        try:
+            return await asyncio.shield(hop.future)
+        except anyio.get_cancelled_exc_class():
+            hop.gone = True  # rolled back after BEGIN (`CallerGone`) unless it is further along
+            with anyio.CancelScope(shield=True):  # the transaction ends before the caller leaves
+                await asyncio.wait((hop.future,))
+            hop.future.exception()  # retrieved: what the caller sees is its cancellation
+            raise
 
-    def _in_thread(self, work: Callable[[Session], T], session: Session) -> T | CallerGone:
+    async def close(self) -> None:
+        """Close the connection in its thread, and end the thread."""
+        await self.run(lambda s: s.conn.close())
+        self._hops.put(None)
+
+    def _in_thread(self, work: Callable[[Session], T], session: Session) -> T:
         try:
             return work(session)
-        except CallerGone as gone:
-            return gone
         except sqlite3.Error as exc:
             raise describe(exc, self.path, self.busy_timeout) from exc
 
@@ -129,10 +176,10 @@ class Database:
 class Session:
     """What a unit of work in the database thread uses: the connection and its transactions."""
 
-    def __init__(self, db: Database, cancelled: type[BaseException] | None) -> None:
+    def __init__(self, db: Database, hop: _Hop | None = None) -> None:
         self.db = db
         self.conn = db.conn
-        self._cancelled = cancelled
+        self._hop = hop  # None: not a hop of an async caller (an offline command)
         self.durable = True  # of the transaction open now (or the last one)
 
     @contextmanager
@@ -168,12 +215,8 @@ class Session:
     def _leave_if_cancelled(self) -> None:
         # BEGIN may have waited seconds for another process's lock; a caller that
         # was cancelled meanwhile (and is not shielded) gets nothing written.
-        if self._cancelled is None:
-            return  # not in a worker thread of an async caller (an offline command)
-        try:
-            anyio.from_thread.check_cancelled()
-        except self._cancelled as exc:
-            raise CallerGone from exc
+        if self._hop is not None and self._hop.gone:
+            raise CallerGone
 
 
 def connect(path: Path, busy_timeout: float) -> Database:

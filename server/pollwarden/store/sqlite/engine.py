@@ -87,7 +87,5 @@ async def open_sqlite(
         )
     prepare_database_file(path)  # private (0600), never another user's or group-writable (files.py)
     db = await anyio.to_thread.run_sync(connect, path, busy_timeout)
-    async with closing(
-        SQLiteStore(db, location, audit_key), lambda: db.run(lambda s: s.conn.close())
-    ) as store:
+    async with closing(SQLiteStore(db, location, audit_key), db.close) as store:
         yield store

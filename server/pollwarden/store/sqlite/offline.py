@@ -40,7 +40,7 @@ def flush_refusals_before_reading(path: Path, *, audit_key: bytes | None, busy_t
         if (
             conn.execute(statements.ANY_PENDING_REFUSALS).fetchone() is not None
         ):  # a quiet file: nothing written
-            with Session(Database(conn, path, busy_timeout), None).transaction():
+            with Session(Database(conn, path, busy_timeout)).transaction():
                 executor.run_flow(conn, flush_all(), None, audit_key)
     except (sqlite3.Error, StoreError, AuditKeyError) as exc:
         return str(exc)
