@@ -151,7 +151,7 @@ class CommitFloor:
 
 
 @asynccontextmanager
-async def _server_and_store(db: Path | str, base_url: str) -> AsyncGenerator[tuple[Client, list[Any]]]:
+async def server_and_store(db: Path | str, base_url: str) -> AsyncGenerator[tuple[Client, list[Any]]]:
     """The in-process client on pollwarden's server plus a no-op tool, and the store the server opens."""
     factory = timing_controller_factory(DatabaseLocation.parse(db) if isinstance(db, str) else db, base_url)
     stores: list[Any] = []
@@ -190,7 +190,7 @@ async def run(
     times: dict[str, list[float]] = {k: [] for k in ("get", "noop", "durable", "normal", "polled", "not_yet")}
     trips: dict[str, list[tuple[int, int, int]]] = {"polled": [], "not_yet": []}
     async with (
-        _server_and_store(workdir / "check_cost.db" if pg_url is None else pg_url, base_url) as (
+        server_and_store(workdir / "check_cost.db" if pg_url is None else pg_url, base_url) as (
             client,
             stores,
         ),
@@ -292,7 +292,7 @@ async def run(
 async def fsync_phase(kind: str, calls: int, workdir: Path, base_url: str) -> None:
     """Set up, then make `calls` check_status calls of one kind (the run strace counts)."""
     await script_running(base_url, "cost-poll", "cost-idle")
-    async with _server_and_store(workdir / "fsync.db", base_url) as (client, _):
+    async with server_and_store(workdir / "fsync.db", base_url) as (client, _):
         operation_id, expect = ("poll", "polled") if kind == "polled" else ("idle", "not_yet")
         for _ in range(calls):
             result = await client.call_tool("check_status", {"operation_id": operation_id})
