@@ -13,6 +13,9 @@ import threading
 from enum import StrEnum
 from pathlib import Path
 
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
 import pytest
 
 from harness import check, make_harness, track
@@ -20,6 +23,7 @@ from pollwarden.core.errors import StoreError
 from pollwarden.core.vocabulary import Category, DelaySource, Outcome, Status, StopReason
 from pollwarden.store import open_store, statements
 from pollwarden.store.migrations.sqlite import LATEST, MIGRATIONS, split_sql
+from pollwarden.store.sqlite.connection import Session
 from pollwarden.store.sqlite.engine import SQLiteStore
 from pollwarden.surface.server import controller_factory
 from tests.support.fake_provider import FakeProvider, pending
@@ -210,3 +214,38 @@ async def test_every_transaction_runs_on_the_stores_one_database_thread_which_en
         assert set(threading.enumerate()) - before <= used  # no other thread was started for the hops
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+async def test_a_caller_cancelled_after_its_transaction_began_gets_it_committed_and_its_outcome(
+    tmp_path: Path,
+) -> None:
+    # A reservation that committed while its caller was cancelled must come back, so its request is
+    # still sent (inside the check's shield); only a transaction still waiting for BEGIN is rolled back.
+    began, go_on = threading.Event(), threading.Event()
+    outcomes: list[str] = []
+
+    def work(session: Session) -> str:
+        with session.transaction() as conn:
+            began.set()
+            go_on.wait(10)
+            conn.execute("CREATE TABLE committed_marker (x)")
+        return "committed"
+
+    async with open_store(tmp_path / "pw.db") as store:
+        assert isinstance(store, SQLiteStore)
+
+        async def caller() -> None:
+            outcomes.append(await store._db.run(work))
+            await anyio.lowlevel.checkpoint()  # the cancellation lands here
+            outcomes.append("went on after the cancellation")
+
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(caller)
+                await anyio.to_thread.run_sync(began.wait)
+                scope.cancel()
+                go_on.set()
+        assert scope.cancelled_caught
+    assert outcomes == ["committed"]
+    with sqlite3.connect(tmp_path / "pw.db") as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'committed_marker'").fetchone()

@@ -10,8 +10,10 @@ cancelled caller still waits for its unit of work to end: no transaction is
 ever left open, whatever happens to the caller. A caller cancelled while BEGIN
 waited for another process's lock is noticed right after BEGIN: the
 transaction is rolled back (nothing written) and the caller's cancellation
-re-raised; a shielded caller (recording an answer that arrived) is never
-interrupted.
+re-raised. A transaction already past BEGIN runs to its end and its outcome
+is returned (a committed reservation's request is still sent); the caller's
+cancellation lands at its next checkpoint. A shielded caller (recording an
+answer that arrived) is never interrupted.
 
 Durability: the connection runs WAL at `synchronous=FULL`, so a commit is on
 disk before the call returns (the reservation before the request leaves; the
@@ -29,6 +31,7 @@ sets FULL again before it begins).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import queue
 import sqlite3
@@ -143,16 +146,24 @@ class Database:
         try:
             return await asyncio.shield(hop.future)
         except anyio.get_cancelled_exc_class():
-            hop.gone = True  # rolled back after BEGIN (`CallerGone`) unless it is further along
-            with anyio.CancelScope(shield=True):  # the transaction ends before the caller leaves
+            hop.gone = True  # a transaction still waiting for BEGIN is rolled back (`CallerGone`)
+            with anyio.CancelScope(shield=True):  # the unit of work ends before the caller goes on
                 await asyncio.wait((hop.future,))
-            hop.future.exception()  # retrieved: what the caller sees is its cancellation
-            raise
+            if (
+                isinstance(hop.future.exception(), CallerGone)
+                or anyio.current_effective_deadline() > -math.inf
+            ):
+                raise  # nothing written; or a cancellation from outside anyio, which would not come again
+            # It ran to its end (a reservation committed, say): its outcome stands, and the caller's
+            # cancelled scope stops it at its next checkpoint (a reservation's request is still sent).
+            return hop.future.result()
 
     async def close(self) -> None:
         """Close the connection in its thread, and end the thread."""
-        await self.run(lambda s: s.conn.close())
-        self._hops.put(None)
+        try:
+            await self.run(lambda s: s.conn.close())
+        finally:
+            self._hops.put(None)
 
     def _in_thread(self, work: Callable[[Session], T], session: Session) -> T:
         try:
