@@ -206,14 +206,21 @@ async def test_every_transaction_runs_on_the_stores_one_database_thread_which_en
     async with open_store(tmp_path / "pw.db") as store:
         assert isinstance(store, SQLiteStore)
         before = set(threading.enumerate())
-        used = {await store._db.run(lambda _: threading.current_thread()) for _ in range(20)}
+
+        def in_a_transaction(session: Session) -> threading.Thread:
+            with session.transaction(durable=False):
+                return threading.current_thread()
+
+        used = {await store._db.run(in_a_transaction) for _ in range(20)}
         assert len(used) == 1
         (thread,) = used
-        assert thread is not threading.current_thread()
+        assert thread.name == "pollwarden-sqlite"
         assert thread.is_alive()
         assert set(threading.enumerate()) - before <= used  # no other thread was started for the hops
     thread.join(timeout=5)
     assert not thread.is_alive()
+    with pytest.raises(StoreError, match=r"the database .* was closed; nothing was changed"):
+        await store._db.run(in_a_transaction)
 
 
 async def test_a_caller_cancelled_after_its_transaction_began_gets_it_committed_and_its_outcome(
@@ -242,10 +249,50 @@ async def test_a_caller_cancelled_after_its_transaction_began_gets_it_committed_
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as group:
                 group.start_soon(caller)
-                await anyio.to_thread.run_sync(began.wait)
+                assert await anyio.to_thread.run_sync(began.wait, 10)
                 scope.cancel()
                 go_on.set()
         assert scope.cancelled_caught
     assert outcomes == ["committed"]
     with sqlite3.connect(tmp_path / "pw.db") as conn:
         assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'committed_marker'").fetchone()
+
+
+async def test_callers_cancelled_while_waiting_for_their_turn_leave_at_once_and_write_nothing(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "pw.db"
+    left: list[int] = []
+
+    def work(session: Session) -> None:
+        with session.transaction() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS written (x)")
+
+    async with open_store(db) as store:
+        assert isinstance(store, SQLiteStore)
+        holder = sqlite3.connect(db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock: the first caller waits
+        try:
+
+            async def caller(number: int) -> None:
+                try:
+                    await store._db.run(work)
+                finally:
+                    left.append(number)
+
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as group:
+                    for number in range(3):
+                        group.start_soon(caller, number)
+                    await anyio.wait_all_tasks_blocked()  # one waits for BEGIN, two for their turn
+                    scope.cancel()
+                    await anyio.wait_all_tasks_blocked()
+                    # The two behind it did not wait for the lock; the one in BEGIN cannot leave it early.
+                    assert sorted(left) == [1, 2]
+                    holder.execute("ROLLBACK")
+            assert scope.cancelled_caught
+        finally:
+            holder.close()
+        assert sorted(left) == [0, 1, 2]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'written'").fetchone() is None

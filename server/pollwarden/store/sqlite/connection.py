@@ -6,8 +6,9 @@ hands each result back to the event loop (`call_soon_threadsafe`); every use is
 one hop, and a store operation runs its whole transaction (BEGIN IMMEDIATE …
 COMMIT or ROLLBACK) inside that one hop. (anyio's worker threads cost about
 twice as much per hop: `benchmarks/results/check_cost_issue28.md`.) A
-cancelled caller still waits for its unit of work to end: no transaction is
-ever left open, whatever happens to the caller. A caller cancelled while BEGIN
+caller cancelled before its turn leaves at once, and its work is never begun;
+one cancelled later waits for its work to end: no transaction is ever left
+open, whatever happens to the caller. A caller cancelled while BEGIN
 waited for another process's lock is noticed right after BEGIN: the
 transaction is rolled back (nothing written) and the caller's cancellation
 re-raised. A transaction already past BEGIN runs to its end and its outcome
@@ -60,13 +61,27 @@ class CallerGone(BaseException):
 class _Hop:
     """One unit of work for the database thread, and where its outcome goes."""
 
-    __slots__ = ("future", "gone", "loop", "work")
+    __slots__ = ("future", "gone", "lock", "loop", "started", "work")
     work: Callable[[], Any]  # set once its session exists
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.future: asyncio.Future[Any] = loop.create_future()
-        self.gone = False  # its caller was cancelled (and is not shielded): roll back after BEGIN
+        self.lock = threading.Lock()  # `started` and `gone` are decided together
+        self.started = False
+        self.gone = False  # its caller was cancelled (and is not shielded)
+
+    def start(self) -> bool:
+        """In the database thread: whether to run the work (its caller has not left)."""
+        with self.lock:
+            self.started = not self.gone
+            return self.started
+
+    def leave(self) -> bool:
+        """In the event loop, for a cancelled caller: whether its work began (then it is waited for)."""
+        with self.lock:
+            self.gone = True
+            return self.started
 
     def settle(self, value: Any, error: BaseException | None) -> None:
         """Hand the outcome to the waiting caller (in the event loop)."""
@@ -81,11 +96,14 @@ class _Hop:
 def _serve(hops: queue.SimpleQueue[_Hop | None]) -> None:
     """The database thread: each unit of work in turn, until the connection closes."""
     while (hop := hops.get()) is not None:
+        if not hop.start():
+            continue  # its caller left before its turn: nothing begun, nobody waits
         try:
             value, error = hop.work(), None
         except BaseException as exc:  # handed to the caller, raised there
             value, error = None, exc
-        hop.loop.call_soon_threadsafe(hop.settle, value, error)
+        with suppress(RuntimeError):  # the caller's event loop closed: nobody is left to tell
+            hop.loop.call_soon_threadsafe(hop.settle, value, error)
 
 
 def describe(exc: sqlite3.Error, path: Path, busy_timeout: float) -> StoreError:
@@ -128,6 +146,7 @@ class Database:
         # One connection per process, shared by concurrent tool calls: its own thread, one hop at a time.
         self._hops: queue.SimpleQueue[_Hop | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._closed = False
         # The connection's synchronous level (FULL at open; set per transaction, see the module docstring).
         self.synchronous_full = True
         # The file this connection has open; a different file at the path (or none) is refused.
@@ -135,6 +154,8 @@ class Database:
 
     async def run(self, work: Callable[[Session], T]) -> T:
         """Run `work` in the database thread: one hop, whatever it reads and writes."""
+        if self._closed:
+            raise StoreError(f"the database {self.path} was closed; nothing was changed")
         if self._thread is None:
             self._thread = threading.Thread(target=_serve, args=(self._hops,), name="pollwarden-sqlite")
             self._thread.daemon = True  # an unclosed store does not hold the process open
@@ -146,7 +167,9 @@ class Database:
         try:
             return await asyncio.shield(hop.future)
         except anyio.get_cancelled_exc_class():
-            hop.gone = True  # a transaction still waiting for BEGIN is rolled back (`CallerGone`)
+            if not hop.leave():
+                raise  # not begun, and now never will be
+            # Begun: a transaction still waiting for BEGIN is rolled back (`CallerGone`).
             with anyio.CancelScope(shield=True):  # the unit of work ends before the caller goes on
                 await asyncio.wait((hop.future,))
             if (
@@ -159,10 +182,13 @@ class Database:
             return hop.future.result()
 
     async def close(self) -> None:
-        """Close the connection in its thread, and end the thread."""
+        """Close the connection in its thread, and end the thread (once; later uses are refused)."""
+        if self._closed:
+            return
         try:
             await self.run(lambda s: s.conn.close())
         finally:
+            self._closed = True
             self._hops.put(None)
 
     def _in_thread(self, work: Callable[[Session], T], session: Session) -> T:
@@ -206,8 +232,13 @@ class Session:
         if durable != db.synchronous_full:
             conn.execute(sql.SYNCHRONOUS_FULL if durable else sql.SYNCHRONOUS_NORMAL)
             db.synchronous_full = durable
+        self._leave_if_cancelled()  # left before BEGIN: nothing begun
         with observe.db_transaction("sqlite"):  # from BEGIN (waiting for the lock) to COMMIT
-            conn.execute(sql.BEGIN_IMMEDIATE)
+            try:
+                conn.execute(sql.BEGIN_IMMEDIATE)
+            except sqlite3.Error:
+                self._leave_if_cancelled()  # left while BEGIN waited: its cancellation, not the lock's error
+                raise
             try:
                 self._leave_if_cancelled()
                 yield conn
