@@ -16,8 +16,8 @@ for the tests marked `one_engine` (tests/conftest.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,16 @@ async def stores(tmp_path: Path, count: int) -> AsyncGenerator[list[Store]]:
     where = harness.database_in(tmp_path)
     async with AsyncExitStack() as stack:
         yield [await stack.enter_async_context(open_store(where)) for _ in range(count)]
+
+
+@contextmanager
+def _row_held_by_its_own_check(where: DatabaseLocation, operation_id: str) -> Iterator[Any]:
+    """PostgreSQL: another session (the operation's own check, waiting for the pace row) holds its row."""
+    import psycopg
+
+    with psycopg.connect(where.dsn) as session:
+        session.execute("SELECT 1 FROM operations WHERE operation_id = %s FOR UPDATE", (operation_id,))
+        yield session
 
 
 async def kinds(store: Store, operation_id: str) -> list[str]:
@@ -573,8 +583,6 @@ async def test_a_sibling_due_by_its_own_schedule_whose_agent_is_still_coming_is_
 async def test_a_sibling_row_another_transaction_holds_is_skipped_and_handed_a_slot_once_it_is_free(
     tmp_path: Path,
 ) -> None:
-    import psycopg
-
     where = harness.database_in(tmp_path)
     async with open_store(where) as store:
         await _sibling_and_slot_holder(store, where)
@@ -585,8 +593,7 @@ async def test_a_sibling_row_another_transaction_holds_is_skipped_and_handed_a_s
             f"UPDATE operations SET fleet_slot_at = {NOW - 0.1}, request_sent_at = {NOW - 10} "
             "WHERE operation_id = 'holder-2'",
         )
-        with psycopg.connect(where.dsn) as holder:  # the sibling's own check, holding its row
-            holder.execute("SELECT 1 FROM operations WHERE operation_id = 'waiting' FOR UPDATE")
+        with _row_held_by_its_own_check(where, "waiting") as holder:
             with anyio.fail_after(10):  # skipped, never waited for (a wait here would deadlock)
                 sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=2)
             skipped = await store.get("waiting")
@@ -740,14 +747,11 @@ async def test_when_the_principal_that_comes_first_is_skipped_its_slot_is_not_gi
     # bob's operation is in its own check (its row locked, waiting for the pace row): the hand-off skips
     # it. Handing alice's sibling the slot after it would leave bob's unbooked, and bob's turn lost;
     # nothing is handed, and bob's check, once it reaches the pace row, sends in the room left.
-    import psycopg
-
     where = harness.database_in(tmp_path)
     async with open_store(where) as store:
         await _sibling_and_slot_holder(store, where)
         await _bobs(store, where)
-        with psycopg.connect(where.dsn) as bobs_check:
-            bobs_check.execute("SELECT 1 FROM operations WHERE operation_id = 'bobs_oldest' FOR UPDATE")
+        with _row_held_by_its_own_check(where, "bobs_oldest") as bobs_check:
             with anyio.fail_after(10):
                 sent = await check(store, "holder", NOW, fleets=PACED_FLEET, fleet_slots=1)
             oldest, alices = [await store.get(o) for o in ("bobs_oldest", "waiting")]

@@ -329,10 +329,10 @@ def share_on_send(
 
     One that sends while another principal comes first hands that principal's operation waiting
     longest a slot, before its own sibling's, if the principal holds fewer than `fleet_slots`; if it
-    holds them, its turn is next and no sibling is handed one. Otherwise a principal whose few operations are not all waiting at the
-    moment its turn passes loses that turn, while the other's slot goes on from sibling to sibling:
-    simulated with the provider answering in 0.5 s, principals of 15 and 5 operations were up to 23 %
-    from their halves; within 10 % so.
+    holds them, its turn is next and no sibling is handed one. Otherwise a principal whose few
+    operations are not all waiting at the moment its turn passes loses that turn, while the other's
+    slot goes on from sibling to sibling: simulated with the provider answering in 0.5 s, principals
+    of 15 and 5 operations were up to 23 % from their halves; within 10 % so.
     """
     older = sibling_served is not None and sibling_served < served
     other_principal_first = other_booked is not None

@@ -85,8 +85,6 @@ class _Hop:
 
     def settle(self, value: Any, error: BaseException | None) -> None:
         """Hand the outcome to the waiting caller (in the event loop)."""
-        if self.future.done():  # pragma: no cover - the caller always waits for its hop
-            return
         if error is not None:
             self.future.set_exception(error)
         else:
