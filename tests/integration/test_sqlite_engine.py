@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
@@ -296,3 +297,37 @@ async def test_callers_cancelled_while_waiting_for_their_turn_leave_at_once_and_
         assert sorted(left) == [0, 1, 2]
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'written'").fetchone() is None
+
+
+async def test_concurrent_callers_are_served_one_at_a_time_in_the_order_they_came_and_none_is_left_waiting(
+    tmp_path: Path,
+) -> None:
+    served: list[int] = []
+    inside = [0, 0]  # hops in the thread now, the most at once
+
+    def work(number: int) -> Callable[[Session], int]:
+        def in_thread(session: Session) -> int:
+            inside[0] += 1
+            inside[1] = max(inside)
+            with session.transaction(durable=False):
+                served.append(number)
+            inside[0] -= 1
+            return number
+
+        return in_thread
+
+    async with open_store(tmp_path / "pw.db") as store:
+        assert isinstance(store, SQLiteStore)
+        answers: list[int] = []
+
+        async def caller(number: int) -> None:
+            answers.append(await store._db.run(work(number)))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                for number in range(50):
+                    group.start_soon(caller, number)
+                    await anyio.lowlevel.checkpoint()  # each queued before the next starts
+    assert served == list(range(50))  # in the order they came
+    assert sorted(answers) == list(range(50))  # every caller got its own answer
+    assert inside[1] == 1  # never two at once
