@@ -202,6 +202,26 @@ async def test_a_stop_before_any_request_is_written_with_its_story(tmp_path: Pat
     assert story == ["started", "stopped"]
 
 
+async def test_a_check_whose_deadline_passes_while_it_waits_for_the_locks_stops_and_takes_no_pace(
+    tmp_path: Path,
+) -> None:
+    # The call comes before the deadline; the time read once the locks are held (BEGIN, or the row and the
+    # pace row, waited for another process) is past it.
+    fleet: dict[str, FleetSpec | None] = {"acme": FleetSpec(max_requests_per_second=0.1, burst=1)}
+    async with stores(tmp_path, 1) as (store,):
+        await store.create_operation(values("other"), kind="started", at=NOW - 100)
+        await store.create_operation(values("op", deadline_at=NOW + 1), kind="started", at=NOW - 100)
+        await check(store, "other", NOW, fleets=fleet)  # uses the pace: its next slot is 10 s away
+        late = await check(store, "op", NOW + 0.5, fleets=fleet, clock=lambda: NOW + 1.5)
+        record = await store.get("op")
+        story = await kinds(store, "op")
+    assert late.decision.kind == Verdict.STOP
+    assert late.decision.stop_reason == "deadline_exceeded"
+    assert record is not None
+    assert (record.status, record.status_requests_used, record.lease_owner) == (Status.ESCALATED, 0, None)
+    assert story == ["started", "stopped"]
+
+
 async def test_a_webhook_wakes_only_the_operations_its_plan_may_bring_forward(tmp_path: Path) -> None:
     async with stores(tmp_path, 1) as (store,):
         job = {"provider_job_id": "job-shared"}
@@ -366,7 +386,7 @@ async def test_a_followup_is_recorded_with_its_story_and_uses_its_approval(tmp_p
         approval = await store.get_approval("ap-op")
         record = await store.get("op")
         story = await kinds(store, "op")
-    assert recorded is not None
+    assert recorded[1] is True
     assert [(f.followup_id, f.kind, f.status, f.http_status) for f in followups] == [
         ("fu-1", FollowupKind.CANCEL, FollowupStatus.SENT, 202)
     ]
@@ -375,6 +395,48 @@ async def test_a_followup_is_recorded_with_its_story_and_uses_its_approval(tmp_p
     assert record is not None
     assert (record.status, record.version) == (Status.CANCELLED, asked.version + 1)
     assert story[-1] == "cancel_sent"
+
+
+async def test_a_followup_sent_while_the_operation_moved_is_recorded_and_leaves_the_operation_as_it_is(
+    tmp_path: Path,
+) -> None:
+    async with stores(tmp_path, 1) as (store,):
+        asked = await approved_extension(store, "op")
+        # The cancel call is out; meanwhile the operation moves (another approval's extension applied).
+        moved = await store.apply_extension(
+            "op",
+            bound_version=asked.version,
+            changes={"status": Status.WAITING},
+            at=NOW + 2,
+            approval_id=None,
+            payload_extra={},
+        )
+        assert moved is not None
+        recorded, applied = await store.record_followup(
+            followup_id="fu-1",
+            operation_id="op",
+            kind="cancel",
+            status="done",
+            at=NOW + 3,
+            approval_id="ap-op",
+            http_status=202,
+            operation_changes={"status": Status.CANCELLED},
+            expect_version=asked.version,
+        )
+        followups = await store.list_followups("op")
+        approval = await store.get_approval("ap-op")
+        record = await store.get("op")
+        rows = await store.audit_rows("op")
+    assert (recorded.followup_id, applied) == ("fu-1", False)
+    assert [(f.followup_id, f.kind, f.http_status) for f in followups] == [("fu-1", FollowupKind.CANCEL, 202)]
+    assert approval is not None
+    assert approval.status == ApprovalStatus.APPLIED  # the call it approved went out
+    assert record is not None
+    assert (record.status, record.version) == (Status.WAITING, moved.version)  # not cancelled over it
+    assert rows[-1].kind == "cancel_done"
+    assert str(rows[-1].payload_obj["note"]).endswith(
+        f"(version {asked.version} → {moved.version}): not changed"
+    )
 
 
 async def test_a_plan_that_fails_midway_writes_nothing_at_all(tmp_path: Path) -> None:
@@ -400,7 +462,7 @@ async def test_a_plan_that_fails_midway_writes_nothing_at_all(tmp_path: Path) ->
         approval = await store.get_approval("ap-op")
         after = await store.audit_rows("op")
         followups = await store.list_followups("op")
-    assert first is not None
+    assert first[1] is True
     assert record is not None
     assert (record.status, record.version) == (Status.ESCALATED, asked.version)  # the Update rolled back
     assert approval is not None

@@ -457,13 +457,21 @@ def test_the_submission_lease_is_taken_only_when_free(
 
 
 @pytest.mark.parametrize(
-    ("lease", "owner", "applied"),
-    [("me", "me", True), ("peer", "me", False), ("peer", None, True), (None, None, True)],
+    ("lease", "expires_in", "owner", "applied"),
+    [
+        ("me", 5, "me", True),
+        ("peer", 5, "me", False),
+        # Without an owner (a stop decided from a read outside the transaction): never over a submission
+        # another call claimed since and is sending, only over a free or a stale lease.
+        ("peer", 5, None, False),
+        ("peer", 0, None, True),
+        (None, 5, None, True),
+    ],
 )
 def test_a_submission_is_finished_only_by_the_call_holding_it(
-    lease: str | None, owner: str | None, applied: bool
+    lease: str | None, expires_in: float, owner: str | None, applied: bool
 ) -> None:
-    record = operation_record(status=Status.SUBMITTING, lease_owner=lease, lease_expires_at=NOW + 5)
+    record = operation_record(status=Status.SUBMITTING, lease_owner=lease, lease_expires_at=NOW + expires_in)
     plan = plans.finish_plan(
         record,
         owner=owner,
@@ -629,24 +637,30 @@ def test_only_an_operation_stopped_by_a_refusal_is_reopened_and_only_as_shown(
     [
         (None, None, ["Flush", "Execute", "Append:cancel_sent"]),
         ({"status": Status.SUCCEEDED}, 7, ["Flush", "Update", "Execute", "Append:cancel_sent"]),
-        ({"status": Status.SUCCEEDED}, 6, ["Flush"]),  # the operation moved: nothing but the refusals
+        # The operation moved while the call was out: the call is still recorded and told, unchanged.
+        ({"status": Status.SUCCEEDED}, 6, ["Flush", "Execute", "Append:cancel_sent"]),
     ],
 )
-def test_a_follow_up_changes_the_operation_only_if_it_is_still_as_expected(
+def test_a_follow_up_is_always_recorded_and_changes_the_operation_only_if_it_is_still_as_expected(
     operation_changes: dict[str, object] | None, expect_version: int | None, expected: list[str]
 ) -> None:
     record = waiting(version=7)
     followup = FollowupRecord(
-        "fu-1", "op", FollowupKind.CANCEL, FollowupStatus.SENT, None, NOW, NOW, 202, None, None
+        "fu-1", "op", FollowupKind.CANCEL, FollowupStatus.SENT, None, NOW, NOW, 202, None, "approved by ann"
     )
     plan = plans.followup_plan(
         record, followup, operation_changes=operation_changes, expect_version=expect_version
     )
     assert kinds(plan) == expected
-    assert plan.applied is (expected != ["Flush"])
-    if plan.applied:  # the follow-up's own row, with the operation's change in one transaction
-        (insert,) = [w for w in plan.writes if isinstance(w, Execute)]
-        assert insert.params["followup_id"] == "fu-1"
+    moved = operation_changes is not None and expect_version != record.version
+    assert plan.applied is not moved
+    (insert,) = [w for w in plan.writes if isinstance(w, Execute)]
+    assert insert.params["followup_id"] == "fu-1"
+    (told,) = [w.entry for w in plan.writes if isinstance(w, Append)]
+    assert (
+        told.payload["note"] == "approved by ann; the operation changed since (version 6 → 7): not changed"
+    ) is moved
+    assert plan.record.status == (Status.SUCCEEDED if operation_changes and not moved else Status.WAITING)
 
 
 # -- the webhook wake-up ----------------------------------------------------------------------------

@@ -396,7 +396,7 @@ async def send_cancel(
             "last_http_status": code,
             "last_http_at": now,
         }
-    stored = await controller.store.record_followup(
+    _, applied = await controller.store.record_followup(
         followup_id=followup_id,
         operation_id=record.operation_id,
         kind="cancel",
@@ -410,22 +410,21 @@ async def send_cancel(
         expect_version=record.version,
     )
     updated = await controller.load(record.operation_id)
-    if stored is None:
-        return await _result(
-            controller,
-            updated,
-            "cancel_operation",
-            "void",
-            "The operation changed while the cancel answer was recorded; see get_operation.",
-            approval_id=approval_id,
+    if not accepted:
+        outcome = " The operation is unchanged; a person decides."
+    elif applied:
+        outcome = " The operation is cancelled."
+    else:  # recorded, but the operation moved while the call was out (an extension applied, say)
+        outcome = (
+            f" The operation changed while the call was out (it is now {updated.status}), so it was not "
+            "marked cancelled; the cancel call is recorded in its follow-ups and its audit (get_operation)."
         )
     return await _result(
         controller,
         updated,
         "cancel_operation",
         "done" if accepted else "failed",
-        f"The provider answered the cancel call with HTTP {code}."
-        + (" The operation is cancelled." if accepted else " The operation is unchanged; a person decides."),
+        f"The provider answered the cancel call with HTTP {code}." + outcome,
         followup_id=followup_id,
         approval_id=approval_id,
         provider_http_status=code,

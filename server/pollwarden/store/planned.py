@@ -497,8 +497,9 @@ class Store(StoreReads):
         note: str | None = None,
         operation_changes: Mapping[str, object] | None = None,
         expect_version: int | None = None,
-    ) -> FollowupRecord | None:
-        """Record one follow-up and its audit row; optionally change the operation (if still `expect_version`)."""
+    ) -> tuple[FollowupRecord, bool]:
+        """Record one follow-up (it was sent) and its audit row, and change the operation with it if it is
+        still at `expect_version`; (the follow-up, whether `operation_changes` were applied)."""
         followup = FollowupRecord(
             followup_id,
             operation_id,
@@ -517,7 +518,7 @@ class Store(StoreReads):
                 record, followup, operation_changes=operation_changes, expect_version=expect_version
             ),
         )
-        return followup if plan.applied else None
+        return followup, plan.applied
 
     async def audit_event(
         self, operation_id: str, *, kind: str, at: float, note: str | None, extra: Mapping[str, object]

@@ -444,12 +444,18 @@ def finish_plan(
     """Record what a submission led to (not applied: the guard did not hold).
 
     With `owner`, only while that call holds the submission lease, which is
-    released; without one, only while the operation is still submitting (a
-    stop decided with nothing in flight), and a stale lease is cleared too.
-    `job_holder`: the operation holding the job the provider named (one job, one
-    budget) — when it is another, this submission adopts nothing and stops.
+    released; without one, only while the operation is still submitting with
+    nothing in flight (a stop decided from a read outside the transaction must
+    not land on a submission another process claimed since), and a stale lease
+    is cleared too. `job_holder`: the operation holding the job the provider
+    named (one job, one budget) — when it is another, this submission adopts
+    nothing and stops.
     """
-    if record.status != Status.SUBMITTING or (owner is not None and record.lease_owner != owner):
+    if record.status != Status.SUBMITTING:
+        return refused(record)
+    if owner is None and lease_busy(record, at):
+        return refused(record)
+    if owner is not None and record.lease_owner != owner:
         return refused(record)
     released: dict[str, object] = {**changes, "lease_owner": None, "lease_expires_at": None}
     job_id = changes.get("provider_job_id")
@@ -565,15 +571,25 @@ def followup_plan(
     operation_changes: Mapping[str, object] | None,
     expect_version: int | None,
 ) -> Plan:
-    """One follow-up recorded with its story, the operation changed with it (not applied: the operation
-    is no longer at `expect_version`), and the approval it used marked so."""
+    """One follow-up recorded with its story, the operation changed with it, and the approval it used
+    marked so.
+
+    The follow-up was sent, so it is always recorded; only `operation_changes` wait on the operation
+    being still at `expect_version` (not applied: it moved meanwhile, and its story says the change
+    was not made).
+    """
     writes: list[Write] = [FLUSH]
     at = followup.requested_at
+    applied = True
+    note = followup.note
     if operation_changes:
-        if record.version != expect_version:
-            return refused(record)
-        writes.append(Update(operation_changes, at))
-        record = updated(record, operation_changes, at)
+        if record.version == expect_version:
+            writes.append(Update(operation_changes, at))
+            record = updated(record, operation_changes, at)
+        else:
+            applied = False
+            moved = f"the operation changed since (version {expect_version} → {record.version}): not changed"
+            note = moved if note is None else f"{note}; {moved}"
     writes.append(Execute(statements.INSERT_FOLLOWUP, followup.__dict__))
     if followup.approval_id is not None:
         used = {"note": f"used by {followup.followup_id}", "approval_id": followup.approval_id}
@@ -584,8 +600,8 @@ def followup_plan(
         "approval_id": followup.approval_id,
     }
     kind = f"{followup.kind}_{followup.status}"
-    writes.append(Append(event(record, kind, at, note=followup.note, extra=extra)))
-    return Plan(record, tuple(writes))
+    writes.append(Append(event(record, kind, at, note=note, extra=extra)))
+    return Plan(record, tuple(writes), applied=applied)
 
 
 def note_plan(

@@ -34,11 +34,15 @@ def begin_check(session: Session, *, call: CheckCall, key: bytes | None) -> Chec
     try:
         with session.transaction(durable=not plans.quiet_refusal(current.refusals, decision)):
             now = call.time(now)
+            # BEGIN may have waited past a deadline or an allowed time: what is written is the verdict at
+            # the time it is guarded and paced by, or the locked path decides again.
+            if executor.run_flow(conn, gate(current.record, now, *ask), None, key) != decision:
+                raise StaleRow(f"operation {operation_id!r}: the verdict changed while BEGIN waited")
             flow = call.check_flow(current, decision, now)
             return executor.run_flow(conn, flow, None, key, durable=session.durable, fresh=False)
     except StaleRow:
         pass
-    # Another process moved first: decide again with the write lock held, where nothing can change.
+    # Another process moved first, or the time did: decide again with the write lock held.
     with session.transaction(durable=True):
         now = call.time(now)
         current = executor.must_fetch(conn, operation_id)
