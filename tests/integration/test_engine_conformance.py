@@ -368,20 +368,26 @@ async def test_two_people_deciding_one_question_at_once_leave_one_decision(tmp_p
     assert len([kind for kind in story if kind.startswith(("approval_granted", "extension_denied"))]) == 1
 
 
+async def approved_cancel_sent(store: Store, expect_version: int, status: str = "sent") -> tuple[Any, bool]:
+    """Record the cancel call `fu-1` that approval `ap-op` allowed, answered 202, on `op` as it was at
+    `expect_version`; what `record_followup` returns."""
+    return await store.record_followup(
+        followup_id="fu-1",
+        operation_id="op",
+        kind="cancel",
+        status=status,
+        at=NOW + 3,
+        approval_id="ap-op",
+        http_status=202,
+        operation_changes={"status": Status.CANCELLED},
+        expect_version=expect_version,
+    )
+
+
 async def test_a_followup_is_recorded_with_its_story_and_uses_its_approval(tmp_path: Path) -> None:
     async with stores(tmp_path, 1) as (store,):
         asked = await approved_extension(store, "op")
-        recorded = await store.record_followup(
-            followup_id="fu-1",
-            operation_id="op",
-            kind="cancel",
-            status="sent",
-            at=NOW + 3,
-            approval_id="ap-op",
-            http_status=202,
-            operation_changes={"status": Status.CANCELLED},
-            expect_version=asked.version,
-        )
+        recorded = await approved_cancel_sent(store, asked.version)
         followups = await store.list_followups("op")
         approval = await store.get_approval("ap-op")
         record = await store.get("op")
@@ -412,17 +418,7 @@ async def test_a_followup_sent_while_the_operation_moved_is_recorded_and_leaves_
             payload_extra={},
         )
         assert moved is not None
-        recorded, applied = await store.record_followup(
-            followup_id="fu-1",
-            operation_id="op",
-            kind="cancel",
-            status="done",
-            at=NOW + 3,
-            approval_id="ap-op",
-            http_status=202,
-            operation_changes={"status": Status.CANCELLED},
-            expect_version=asked.version,
-        )
+        recorded, applied = await approved_cancel_sent(store, asked.version, status="done")
         followups = await store.list_followups("op")
         approval = await store.get_approval("ap-op")
         record = await store.get("op")
