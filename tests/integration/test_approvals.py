@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
@@ -16,7 +17,7 @@ from mcp_types import ElicitRequestParams, ElicitResult
 from harness import Harness, make_harness, make_operator, view
 from pollwarden.core.clock import FakeClock
 from pollwarden.store import open_store
-from tests.support.fake_provider import FakeProvider, pending
+from tests.support.fake_provider import FakeProvider, http, pending
 
 # SQLite only: the subject is the approval flow's questions; tests marked both_engines are the store's (tests/conftest.py).
 pytestmark = [pytest.mark.anyio, pytest.mark.one_engine]
@@ -421,16 +422,22 @@ async def test_an_approved_cancel_is_sent_once_and_recorded(
     assert len([e for e in fake.log() if e["route"] == "cancel"]) == 1
 
 
-async def test_a_cancel_approved_by_an_operator_is_sent_on_the_next_call(
-    tmp_path: Path, fake: FakeProvider
-) -> None:
+def _cancel_harness(tmp_path: Path, fake: FakeProvider) -> Harness:
+    """A server whose table has [cancel], on the real clock, trusting the key `_cli` signs with."""
     h = make_harness(
         tmp_path,
         fake,
         clock=FakeClock(time.time()),
         table={"cancel": {"path": "/v1/jobs/{job_id}/cancel", "method": "POST"}},
     )
-    h.operator = make_operator(h.tmp / "operator").policy()  # the server trusts the key _cli signs with
+    h.operator = make_operator(h.tmp / "operator").policy()
+    return h
+
+
+async def test_a_cancel_approved_by_an_operator_is_sent_on_the_next_call(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = _cancel_harness(tmp_path, fake)
     async with h.client() as client:
         await _exhaust(h, client, "c2")
         asked = view(await client.call_tool("cancel_operation", {"operation_id": "op-c2"}))
@@ -439,6 +446,30 @@ async def test_a_cancel_approved_by_an_operator_is_sent_on_the_next_call(
         assert _cli(h, "approve", asked["approval_id"]).returncode == 0
         sent = view(await client.call_tool("cancel_operation", {"operation_id": "op-c2"}))
     assert sent["decision"] == "done"
+    assert len([e for e in fake.log() if e["route"] == "cancel"]) == 1
+
+
+async def test_one_approved_cancel_sends_one_cancel_call_when_two_calls_use_it_at_once(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = _cancel_harness(tmp_path, fake)
+    # The provider takes a while to answer the cancel: the second call reads the approval meanwhile.
+    fake.script_cancel("c3", [http(202, body={"id": "c3", "state": "cancelled"}, delay_seconds=0.3)])
+    async with h.client() as client:
+        await _exhaust(h, client, "c3")
+        asked = view(await client.call_tool("cancel_operation", {"operation_id": "op-c3"}))
+        assert _cli(h, "approve", asked["approval_id"]).returncode == 0
+        decisions: list[str] = []
+
+        async def cancel() -> None:
+            decisions.append(
+                view(await client.call_tool("cancel_operation", {"operation_id": "op-c3"}))["decision"]
+            )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel)
+            tg.start_soon(cancel)
+    assert sorted(decisions) == ["done", "refused"]
     assert len([e for e in fake.log() if e["route"] == "cancel"]) == 1
 
 

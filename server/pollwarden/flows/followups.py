@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from pollwarden.access.operator_keys import METHOD_ELICITATION
 from pollwarden.core.records import OperationRecord
 from pollwarden.core.untrusted import quoted
-from pollwarden.core.vocabulary import ApprovalKind
+from pollwarden.core.vocabulary import ApprovalKind, ApprovalStatus
 from pollwarden.flows.approval_flow import Approver, No
 from pollwarden.flows.approvals import (
     check_operator_decision,
@@ -356,8 +356,27 @@ async def send_cancel(
             f"No cancel call was sent: account_context_changed — {detail}.",
             approval_id=approval_id,
         )
-    answer = await controller.http.cancel(table, record.provider_job_id)
     followup_id = f"fu-{uuid.uuid4().hex[:10]}"
+    # The close is the claim: of two calls (or processes) that read the same approval, only the one whose
+    # close changed the row sends (None: another call used it first). One approval, one cancel call.
+    if approval_id is not None and (
+        await controller.store.close_approval(
+            approval_id,
+            status=ApprovalStatus.APPLIED,
+            at=controller.clock.now(),
+            note=f"used by {followup_id}",
+        )
+        is None
+    ):
+        return await _result(
+            controller,
+            await controller.load(plan.operation_id),
+            "cancel_operation",
+            "refused",
+            "No cancel call was sent: the person's approval was already used by another cancel_operation call.",
+            approval_id=approval_id,
+        )
+    answer = await controller.http.cancel(table, record.provider_job_id)
     now = controller.clock.now()
     if isinstance(answer, NoAnswer):
         status = "ambiguous" if answer.sent else "failed"
