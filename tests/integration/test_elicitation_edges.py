@@ -153,6 +153,31 @@ async def test_an_answer_that_arrives_after_the_client_timed_out_is_recorded_and
     assert "answered after the client stopped waiting" in story
 
 
+async def test_a_late_cancel_answer_to_a_question_about_an_operation_that_changed_since_is_void(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    gate = anyio.Event()
+    h = make_harness(tmp_path, fake, table=CANCEL_TABLE)
+    person = answering("accept", {"decision": "cancel_at_provider"}, gate=gate)
+    async with h.client(elicitation_callback=person, mode="legacy") as client:
+        await stopped_operation(h, client, "moved")
+        with pytest.raises(MCPError, match="timed out"):
+            await client.call_tool("cancel_operation", {"operation_id": "op-moved"}, read_timeout_seconds=0.3)
+        # Before the person answers, the operation changes: another person approves an extension.
+        async with h.client(elicitation_callback=answering("accept", {"decision": "approve"})) as other:
+            args = {"operation_id": "op-moved", **TOOLS[0].values[1]}
+            extended = view(await other.call_tool("request_extension", args))
+        assert extended["decision"] == "approved"
+        gate.set()  # the person answers the question about the operation as it was
+        await eventually(lambda: any(row.kind == "cancel_void" for row in read_rows(h.db_path, "op-moved")))
+    async with h.client() as nobody_to_ask:
+        after = view(await nobody_to_ask.call_tool("cancel_operation", {"operation_id": "op-moved"}))
+    assert after["decision"] != "done"
+    assert cancels(fake) == []
+    kinds = [row.kind for row in read_rows(h.db_path, "op-moved")]
+    assert "approval_granted" not in kinds[kinds.index("extension_approved") :]
+
+
 async def test_a_late_dismissal_is_audited_and_changes_nothing(tmp_path: Path, fake: FakeProvider) -> None:
     gate = anyio.Event()
     h = make_harness(tmp_path, fake)

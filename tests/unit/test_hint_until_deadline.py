@@ -103,3 +103,29 @@ def test_the_agent_is_told_waiting_ends_at_the_deadline_unless_a_webhook_wakes_i
     assert shown.retry_after_seconds == 2300.0
     assert "only after the polling deadline" in shown.message
     assert "unless a webhook brings the check forward" in shown.message
+
+
+def test_a_retry_after_past_the_deadline_stops_at_once_even_beside_a_longer_hint() -> None:
+    record = _polling()
+    answer = ProviderAnswer(
+        200,
+        {"retry-after": "3000"},
+        json.dumps({"state": "running", "poll_after_seconds": 3500}).encode(),
+        NOW,
+    )
+    decided = interpret_status_answer(record, provider_table(), answer, rng=SteppedRandom(0.5))
+    assert (decided.status, decided.stop_reason) == (Status.ESCALATED, StopReason.DEADLINE_EXCEEDED)
+    assert decided.stop_detail is not None
+    assert "Retry-After" in decided.stop_detail
+
+
+def test_a_running_answer_that_comes_after_the_deadline_stops_even_with_a_poll_hint() -> None:
+    # Reserved a second before the deadline (3400), answered five seconds after it: running is no
+    # longer an acceptable answer, whatever the provider suggests for the next one.
+    record = polling_record(3399.0)
+    for body in ({}, {"poll_after_seconds": 10}):
+        late = ProviderAnswer(200, {}, json.dumps({"state": "running", **body}).encode(), 3405.0)
+        decided = interpret_status_answer(
+            record, provider_table(), late, rng=SteppedRandom(1.0), sent_at=3399.0
+        )
+        assert (decided.status, decided.stop_reason) == (Status.ESCALATED, StopReason.DEADLINE_EXCEEDED), body

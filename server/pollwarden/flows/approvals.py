@@ -266,13 +266,17 @@ async def record_late_answer(
     request: Mapping[str, object],
     approve: bool | None,
     answer: str,
+    bound_version: int | None = None,
 ) -> None:
     """Record an answer that arrived after the client stopped waiting for the tool call.
 
     An approve or deny becomes the person's decision on an approval, which the
     agent's next call applies as it would an operator's (check_status for an
     extension, cancel_operation for a cancel). No usable answer is audited and
-    changes nothing.
+    changes nothing. With `bound_version` (the operation's version the person
+    was asked about), an answer to a question about an operation that changed
+    since is audited as void and changes nothing: it is not bound to the
+    operation as it is now.
     """
     now = controller.clock.now()
     if approve is None:
@@ -284,7 +288,20 @@ async def record_late_answer(
             extra={},
         )
         return
-    approval = await open_question(controller, await controller.load(operation_id), kind, request)
+    record = await controller.load(operation_id)
+    if bound_version is not None and record.version != bound_version:
+        await controller.store.audit_event(
+            operation_id,
+            kind=f"{kind}_void",
+            at=now,
+            note=(
+                f"the person answered after the client stopped waiting and after the operation changed "
+                f"(version {bound_version} → {record.version}); nothing changed, ask again if still needed"
+            ),
+            extra={},
+        )
+        return
+    approval = await open_question(controller, record, kind, request)
     await controller.store.decide_approval(
         approval.approval_id, approve=approve, by=LATE_ANSWER_BY, at=now, method=METHOD_ELICITATION
     )

@@ -236,6 +236,7 @@ class CancelFlow:
             request=_cancel_request(plan),
             approve=approve,
             answer=missing,
+            bound_version=plan.bound_version,
         )
 
     async def settled(self, controller: Controller, plan: CancelPlan) -> FollowUpResult | None:

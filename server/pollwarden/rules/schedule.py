@@ -63,7 +63,8 @@ def plan_next_check(
 ) -> PlannedCheck:
     """Choose the next check time from the local backoff and the provider's hints.
 
-    `Retry-After` is a minimum: the result is never earlier. A poll hint is a
+    `Retry-After` is a minimum: the result is never earlier (one ending after `deadline` is planned as
+    it is, so that waiting stops). A poll hint is a
     suggestion that replaces the local backoff (with a floor), honoured up to
     `deadline` (DESIGN §1.7): a hint ending after it plans the next check at the
     deadline, never an earlier local backoff. A 429 without guidance backs off
@@ -76,7 +77,10 @@ def plan_next_check(
         suggested, source = max(poll_hint, HINT_FLOOR_FRACTION * base), DelaySource.PROVIDER_POLL_HINT
     else:
         suggested, source = local, DelaySource.LOCAL_BACKOFF
-    if retry_after is not None and retry_after >= suggested:
+    # A Retry-After ending at or after the deadline is planned as it is, whatever the hint: no request
+    # fits before it, so the caller stops at once.
+    past_deadline = retry_after is not None and deadline is not None and now + retry_after >= deadline
+    if retry_after is not None and (retry_after >= suggested or past_deadline):
         return PlannedCheck(now + retry_after, DelaySource.PROVIDER_RETRY_AFTER, mandatory=True)
     if poll_hint is not None and deadline is not None and now + suggested >= deadline:
         return PlannedCheck(max(now, deadline), source, mandatory=False, until_deadline=True)

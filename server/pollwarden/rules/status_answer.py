@@ -198,7 +198,10 @@ def _keep_waiting(
         deadline=record.effective_deadline,
         timed_out_after=timed_out_after,
     )
-    late = None if plan.until_deadline else stop.no_check_fits(record, now, plan.at, mandatory=plan.mandatory)
+    if plan.until_deadline:  # a hint honoured up to the deadline, unless the answer came after it
+        late = stop.deadline_passed(record, now, before="this answer")
+    else:
+        late = stop.no_check_fits(record, now, plan.at, mandatory=plan.mandatory)
     if late is not None:
         return _halt(base, late, retry_after_seconds=retry_after.seconds, rejected_hints=rejected)
     return replace(
