@@ -257,6 +257,25 @@ async def test_a_github_webhook_with_a_wrong_signature_gets_401_and_changes_noth
     assert remembered_events(h) == 0
 
 
+async def test_a_timestamp_of_digits_that_are_not_ascii_gets_401_and_changes_nothing(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # "²" is a digit to str.isdigit but not to int(): it must be refused like any unusable timestamp.
+    fake.script("sup", [pending("running")])
+    h = make_harness(tmp_path, fake, table=STANDARD)
+    async with h.client() as client, receiving(h) as (hooks, _):
+        await waiting_after_first_poll(client, h, "sup")
+        before = version_of(h, "op-sup")
+        body, headers = standard_post("sup", event_id="evt_sup", at=h.clock.now())
+        answer = await hooks.post(
+            "/webhooks/acme", content=body, headers={**headers, "webhook-timestamp": "²".encode("latin-1")}
+        )
+    assert answer.status_code == 401
+    assert "webhook-timestamp" in answer.text
+    assert version_of(h, "op-sup") == before
+    assert remembered_events(h) == 0
+
+
 @pytest.mark.both_engines
 async def test_a_replayed_event_id_is_acknowledged_and_never_wakes_again(
     tmp_path: Path, fake: FakeProvider

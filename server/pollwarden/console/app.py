@@ -161,6 +161,7 @@ def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
         if (
             entry.endswith(":*")
             and host.rpartition(":")[0] == entry[:-2]
+            and host.rpartition(":")[2].isascii()
             and host.rpartition(":")[2].isdigit()
         ):
             return True
@@ -241,7 +242,7 @@ def _session_of(state: _State, request: Request) -> _Session | None:
 def _number(text: str | None, default: int = 1) -> int:
     """A page number from a query: digits only, and no bigger than any page could be (huge ones clamp)."""
     text = (text or "").strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # "²" is a digit to str.isdigit, not to int
         return default
     return int(text[:12])
 

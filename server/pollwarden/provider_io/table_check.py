@@ -216,7 +216,11 @@ def _parse_http(path: Path, raw: bytes, received_at: float) -> ProviderAnswer:
             )
         lines = head.decode("latin-1").split("\n")
         status_parts = lines[0].split(maxsplit=2)
-        if len(status_parts) < 2 or not status_parts[1].isdigit() or len(status_parts[1]) != 3:
+        if (
+            len(status_parts) < 2
+            or not (status_parts[1].isascii() and status_parts[1].isdigit())
+            or len(status_parts[1]) != 3
+        ):
             raise SampleError(
                 f"{path}: {lines[0][:80]!r} is not an HTTP status line; write e.g. 'HTTP/1.1 200 OK'"
             )

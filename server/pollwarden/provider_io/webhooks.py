@@ -129,7 +129,7 @@ def verify(
         return Verified("sha256:" + hashlib.sha256(body).hexdigest(), GITHUB_REMEMBER_SECONDS)
     msg_id = _event_id(headers.get("webhook-id"), "webhook-id")
     raw_timestamp = headers.get("webhook-timestamp", "")
-    if not raw_timestamp.isdigit() or len(raw_timestamp) > 12:
+    if not (raw_timestamp.isascii() and raw_timestamp.isdigit()) or len(raw_timestamp) > 12:
         raise Refused(401, "missing or unusable webhook-timestamp header")
     timestamp = int(raw_timestamp)
     if abs(now - timestamp) > TOLERANCE_SECONDS:
@@ -283,7 +283,7 @@ class WebhookReceiver:
 async def _read_capped(request: Request, limit: int) -> bytes:
     """The request body, refused (413) as soon as it is longer than `limit` bytes."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise Refused(413, f"the body is larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0

@@ -75,7 +75,7 @@ def _allowed_host_forms(entry: str) -> list[str]:
         not host
         or port is None
         or any(ch in host for ch in "/*@ \t")
-        or not (port in ("", "*") or port.isdigit())
+        or not (port in ("", "*") or (port.isascii() and port.isdigit()))
     ):
         raise ConfigError(
             f"--allowed-host {entry!r}: give a host name as clients send it in the Host header, such as "
