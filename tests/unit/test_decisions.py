@@ -524,6 +524,43 @@ def test_a_403_submit_answer_with_the_tables_rate_limit_signal_is_tried_again_la
 
 
 @pytest.mark.parametrize(
+    ("table", "headers", "wait"),
+    [
+        ({"rate_limit": {"min_wait_seconds": 30}}, {}, 30.0),  # the table's documented minimum
+        ({"response": {"retry_after_ms_header": "retry-after-ms"}}, {"retry_after_ms": "45000"}, 45.0),
+        ({}, {"retry_after": "50"}, 50.0),
+    ],
+)
+def test_a_rate_limited_submission_waits_as_long_as_a_rate_limited_status_request_would(
+    table: dict[str, Any], headers: dict[str, str], wait: float
+) -> None:
+    provider = provider_table(table)
+    submit = interpret_submit_answer(_submitting(), provider, _answer(429, **headers), rng=SteppedRandom(0.5))
+    status = interpret_status_answer(_polling(), provider, _answer(429, **headers), rng=SteppedRandom(0.5))
+    assert submit.changes["next_check_at"] == status.next_check_at == NOW + wait
+    assert submit.changes["delay_source"] == DelaySource.PROVIDER_RETRY_AFTER
+
+
+def test_a_submission_rate_limited_without_guidance_backs_off_markedly_longer_than_after_a_503() -> None:
+    table = provider_table()
+    limited = interpret_submit_answer(_submitting(), table, _answer(429), rng=SteppedRandom(1.0))
+    failed = interpret_submit_answer(_submitting(), table, _answer(503), rng=SteppedRandom(1.0))
+    limited_wait = float(limited.changes["next_check_at"]) - NOW  # type: ignore[arg-type]
+    failed_wait = float(failed.changes["next_check_at"]) - NOW  # type: ignore[arg-type]
+    assert limited_wait >= 4 * failed_wait
+
+
+def test_a_submission_told_to_retry_after_the_deadline_stops_instead() -> None:
+    record = _submitting(deadline_at=NOW + 100)
+    outcome = interpret_submit_answer(
+        record, provider_table(), _answer(503, retry_after="1200"), rng=SteppedRandom(0.5)
+    )
+    assert outcome.stop is not None
+    assert outcome.stop.reason == StopReason.DEADLINE_EXCEEDED
+    assert "Retry-After ends 1200 s from now" in outcome.stop.detail
+
+
+@pytest.mark.parametrize(
     ("name", "changes", "expected"),
     [
         ("another call holds a live lease", {"lease_expires_at": NOW + 1}, None),

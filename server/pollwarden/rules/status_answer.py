@@ -214,6 +214,37 @@ def _keep_waiting(
     )
 
 
+def header_wait(
+    table: ProviderTable, headers: Mapping[str, str], *, now: float
+) -> tuple[HintCheck, tuple[RejectedHint, ...]]:
+    """The longest valid wait an answer's headers ask for (`Retry-After`, and the table's milliseconds
+    header), and the values rejected (a status answer's and a submission's alike)."""
+    max_hint = table.limits.max_deadline_seconds
+    waits = [parse_retry_after(headers.get("retry-after"), now=now, max_seconds=max_hint)]
+    if (ms_header := table.response.retry_after_ms_header) is not None:
+        waits.append(parse_retry_after_ms(headers.get(ms_header.lower()), max_seconds=max_hint))
+    return longest_wait(*waits), tuple(w.rejected for w in waits if w.rejected is not None)
+
+
+def rate_limit_wait(
+    table: ProviderTable, headers: Mapping[str, str], *, now: float, retry_after: HintCheck
+) -> tuple[HintCheck, tuple[RejectedHint, ...]]:
+    """The wait a rate-limited answer asks for: `retry_after` (its headers'), else the table's reset
+    header where it applies, else the table's documented shortest wait (GitHub: "at least one
+    minute"); and the reset value rejected, if any. No wait at all: the caller backs off markedly."""
+    rejected: tuple[RejectedHint, ...] = ()
+    reset_header = table.rate_limit.reset_header
+    if retry_after.seconds is None and reset_header is not None and reset_applies(table, headers):
+        max_hint = table.limits.max_deadline_seconds
+        reset = parse_rate_limit_reset(headers.get(reset_header.lower()), now=now, max_seconds=max_hint)
+        rejected = () if reset.rejected is None else (reset.rejected,)
+        retry_after = reset if reset.seconds is not None else retry_after
+    minimum = table.rate_limit.min_wait_seconds
+    if retry_after.seconds is None and minimum is not None:
+        retry_after = HintCheck(seconds=minimum, source="rate_limit_minimum")
+    return retry_after, rejected
+
+
 def answer_about_another_job(
     table: ProviderTable, body: Mapping[str, object], job_id: str | None
 ) -> str | None:
@@ -392,15 +423,12 @@ def _interpret(
     code = answer.status_code
     headers = answer.headers
     request_id = read_request_id(table, headers)
-    header_waits = [parse_retry_after(headers.get("retry-after"), now=now, max_seconds=max_hint)]
-    if (ms_header := table.response.retry_after_ms_header) is not None:
-        header_waits.append(parse_retry_after_ms(headers.get(ms_header.lower()), max_seconds=max_hint))
-    retry_after = longest_wait(*header_waits)
+    retry_after, rejected_waits = header_wait(table, headers, now=now)
     answered = Transition(
         status=Status.WAITING,
         http_status=code,
         provider_request_id=request_id,
-        rejected_hints=tuple(w.rejected for w in header_waits if w.rejected is not None),
+        rejected_hints=rejected_waits,
     )
 
     limit_signal = rate_limited_refusal(table, headers, answer.body) if code == 403 else None
@@ -430,16 +458,8 @@ def _interpret(
             base = replace(base, note=f"HTTP 403 {limit_signal}: the provider's rate limit, not a refusal")
         elif code == 429 and (phrase := rate_limit_phrase(table, answer.body)) is not None:
             base = replace(base, note=f"HTTP 429 whose {table.rate_limit.body_field} says {phrase!r}")
-        reset_header = table.rate_limit.reset_header
-        if retry_after.seconds is None and reset_header is not None and reset_applies(table, headers):
-            reset = parse_rate_limit_reset(headers.get(reset_header.lower()), now=now, max_seconds=max_hint)
-            if reset.rejected is not None:
-                base = replace(base, rejected_hints=(*base.rejected_hints, reset.rejected))
-            retry_after = reset if reset.seconds is not None else retry_after
-        minimum = table.rate_limit.min_wait_seconds
-        if retry_after.seconds is None and minimum is not None:
-            # The provider's documented shortest wait (GitHub: "at least one minute").
-            retry_after = HintCheck(seconds=minimum, source="rate_limit_minimum")
+        retry_after, rejected_reset = rate_limit_wait(table, headers, now=now, retry_after=retry_after)
+        base = replace(base, rejected_hints=(*base.rejected_hints, *rejected_reset))
         if (used_up := stop.rate_limits_used_up(record, code)) is not None:
             return _halt(base, used_up, retry_after_seconds=retry_after.seconds)
         return _keep_waiting(

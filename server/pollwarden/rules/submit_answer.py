@@ -19,13 +19,15 @@ from pollwarden.core.records import OperationRecord
 from pollwarden.core.timefmt import iso
 from pollwarden.core.vocabulary import DelaySource, Status, StopReason
 from pollwarden.rules import stop
-from pollwarden.rules.schedule import earliest_allowed, first_check_at, local_backoff
+from pollwarden.rules.schedule import earliest_allowed, first_check_at, plan_next_check
 from pollwarden.rules.status_answer import (
     NoAnswer,
     ProviderAnswer,
     StatusClass,
     UnusableAnswer,
+    header_wait,
     location_shown,
+    rate_limit_wait,
     sort_status,
 )
 from pollwarden.rules.stop import Stop
@@ -34,7 +36,6 @@ from pollwarden_providers.interpret import (
     RejectedHint,
     get_field,
     parse_json_object,
-    parse_retry_after,
     rate_limited_refusal,
     read_request_id,
 )
@@ -165,10 +166,7 @@ def interpret_submit_answer(
         return _submit_stopped(refused, at=now, http_status=answer.status_code)
 
     code = answer.status_code
-    retry_after = parse_retry_after(
-        answer.headers.get("retry-after"), now=now, max_seconds=table.limits.max_deadline_seconds
-    )
-    rejected = (retry_after.rejected,) if retry_after.rejected is not None else ()
+    retry_after, rejected = header_wait(table, answer.headers, now=now)
 
     def stopped(why: Stop) -> SubmitOutcome:
         return _submit_stopped(why, at=now, http_status=code, rejected=rejected)
@@ -183,12 +181,17 @@ def interpret_submit_answer(
         location = location_shown(answer.headers)
         return stopped(stop.redirected(code, origin=table.origin, location=location, where=" on submission"))
     if sorted_as == StatusClass.RATE_LIMITED:
+        # The same wait as a rate-limited status request: the reset header, the table's documented minimum,
+        # else a markedly longer backoff.
+        retry_after, rejected_reset = rate_limit_wait(table, answer.headers, now=now, retry_after=retry_after)
+        rejected = (*rejected, *rejected_reset)
         used = stop.rate_limits_counted(record)
         if (used_up := stop.rate_limits_used_up(record, code, on_submission=True)) is not None:
             return _submit_stopped(
                 used_up, at=now, http_status=code, changes={"rate_limited_used": used}, rejected=rejected
             )
         return _submit_later(
+            record,
             table,
             rng,
             at=now,
@@ -199,6 +202,7 @@ def interpret_submit_answer(
             attempt=used,
             retry_after=retry_after.seconds,
             rejected=rejected,
+            rate_limited_without_guidance=retry_after.seconds is None,
         )
     if sorted_as == StatusClass.SERVER_ERROR:
         return _submit_unanswered(
@@ -322,6 +326,7 @@ def _submit_unanswered(
         what = f"the submission never left ({detail}); nothing reached the provider"
         resend = "sends it again"
     return _submit_later(
+        record,
         table,
         rng,
         at=at,
@@ -335,6 +340,7 @@ def _submit_unanswered(
 
 
 def _submit_later(
+    record: OperationRecord,
     table: ProviderTable,
     rng: RandomSource,
     *,
@@ -345,15 +351,29 @@ def _submit_later(
     attempt: int,
     retry_after: float | None,
     rejected: tuple[RejectedHint, ...],
+    rate_limited_without_guidance: bool = False,
 ) -> SubmitOutcome:
-    """Still submitting, with the earliest time a start_operation call may send again."""
-    wait = local_backoff(
-        attempt - 1, table.schedule.base_delay_seconds, table.schedule.max_delay_seconds, rng
+    """Still submitting, with the earliest time a start_operation call may send again, planned as a
+    status request's next check is (`plan_next_check`); a stop when that time is past the deadline."""
+    plan = plan_next_check(
+        now=at,
+        attempt=attempt - 1,
+        base=table.schedule.base_delay_seconds,
+        maximum=table.schedule.max_delay_seconds,
+        rng=rng,
+        retry_after=retry_after,
+        rate_limited_without_guidance=rate_limited_without_guidance,
+        deadline=record.effective_deadline,
     )
-    source = DelaySource.LOCAL_BACKOFF
-    if retry_after is not None and retry_after >= wait:
-        wait, source = retry_after, DelaySource.PROVIDER_RETRY_AFTER
-    retry_at = at + wait
+    retry_at, source = plan.at, plan.delay_source
+    if stop.reaches_deadline(record, retry_at):
+        why = "the provider's Retry-After" if plan.mandatory else "the next allowed resend"
+        late = Stop(
+            StopReason.DEADLINE_EXCEEDED,
+            f"{what}; {why} ends {retry_at - at:.0f} s from now, after the {record.deadline_name}: "
+            "no resend of the submission fits inside it",
+        )
+        return _submit_stopped(late, at=at, changes=changes, rejected=rejected)
     detail = (
         f"{what}. Call start_operation again with the same operation_id from {iso(retry_at)}: "
         f"it {resend}; an earlier call sends nothing"
