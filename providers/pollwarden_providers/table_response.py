@@ -199,9 +199,10 @@ class RefineSpec(_CategoryLists):
 class NotFoundSpec(BaseModel):
     """The provider's documented meaning of a 404 on the status path.
 
-    Within ``grace_seconds`` after start a 404 is eventual consistency (still
-    pending); after ``started_at + retention_seconds`` it means the job expired;
-    any other 404 is an integration failure.
+    Within ``grace_seconds`` after start (for a job pollwarden submitted, after
+    the submission that created it was sent) a 404 is eventual consistency
+    (still pending); after ``retention_seconds`` from then it means the job
+    expired; any other 404 is an integration failure.
     """
 
     model_config = MODEL_CONFIG

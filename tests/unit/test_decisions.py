@@ -140,6 +140,21 @@ AFTER_RESPONSE = [
         delay_source=DelaySource.LOCAL_BACKOFF,
     ),
     Case("404 inside the grace window waits", _answer(404), Status.WAITING, record={"started_at": NOW - 10}),
+    # Submitted long after start (a 503 with Retry-After first): the grace counts from the submission.
+    Case(
+        "404 right after a late submission waits",
+        _answer(404),
+        Status.WAITING,
+        record={"started_at": NOW - 600, "submit_sent_at": NOW - 10},
+    ),
+    Case(
+        "404 long after a submission stops",
+        _answer(404),
+        Status.ESCALATED,
+        StopReason.INTEGRATION_FAILURE,
+        record={"started_at": NOW - 600, "submit_sent_at": NOW - 100},
+        detail="100 s after its submission was sent, outside the 30 s grace window",
+    ),
     Case(
         "404 after the grace window",
         _answer(404),

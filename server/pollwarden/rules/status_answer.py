@@ -480,7 +480,12 @@ def _interpret(
         )
 
     if sorted_as == StatusClass.NOT_FOUND:
-        since_start = now - record.started_at
+        # A job pollwarden submitted exists from the submission that created it, however long the earlier
+        # attempts (a 503, a 429) took: the grace for eventual consistency counts from then.
+        submitted = record.submit_sent_at is not None
+        since_start = now - (
+            record.submit_sent_at if record.submit_sent_at is not None else record.started_at
+        )
         retention = table.not_found.retention_seconds
         if since_start < table.not_found.grace_seconds:
             base = replace(answered, note="404 inside the not-found grace window")
@@ -499,7 +504,8 @@ def _interpret(
         return _stop(
             answered,
             StopReason.INTEGRATION_FAILURE,
-            f"HTTP 404 for job {record.provider_job_id} {since_start:.0f} s after start, "
+            f"HTTP 404 for job {record.provider_job_id} {since_start:.0f} s after "
+            f"{'its submission was sent' if submitted else 'start'}, "
             f"outside the {table.not_found.grace_seconds:g} s grace window",
         )
 
