@@ -166,6 +166,31 @@ async def test_after_the_budget_is_used_the_task_asks_the_person_and_an_approved
     assert decided == [{"status": "applied", "decided_method": "task-input"}]
 
 
+async def test_in_tool_confirmation_mode_tasks_get_sends_no_status_request_a_person_must_approve_unasked(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # tasks/get is a protocol request: no client prompt stood before it, so the table's "a person approves
+    # every status request" is asked of a person (tasks/update), never taken as a tool confirmation.
+    fake.script("tc", [pending("running")])
+    h = tasks_harness(tmp_path, fake, table={"approval": {"every_status_request": True}})
+    h.approval_mode = "tool-confirmation"
+    async with task_client(h) as client:
+        task = await start_as_task(client, start_args("tc"))
+        for _ in range(3):
+            h.clock.advance(task.get("pollIntervalMs", 0) / 1000 + 0.01)
+            task = await get_task(client, "op-tc")
+            assert task["status"] == "input_required"
+        assert fake.status_requests("tc") == []
+        (key, request), *others = task["inputRequests"].items()
+        assert others == []
+        assert request["params"]["requestedSchema"]["properties"]["decision"]["enum"][0] == "send"
+        await update_task(client, "op-tc", {key: {"action": "accept", "content": {"decision": "send"}}})
+        await get_task(client, "op-tc")
+    assert len(fake.status_requests("tc")) == 1
+    approved = db_rows(h.db_path, "SELECT decided_method FROM approvals")
+    assert approved == [{"decided_method": "task-input"}]
+
+
 async def test_a_denied_extension_ends_the_task_with_its_stop_reason_and_is_not_asked_again(
     tmp_path: Path, fake: FakeProvider
 ) -> None:

@@ -9,7 +9,8 @@ each answer does; `settle` takes the steps in one order:
 
 1. settled already: a refusal (not allowed now), or an operator's recorded
    decision the flow uses first;
-2. the operator trusts the client's own prompt (``tool-confirmation``): approved;
+2. the operator trusts the client's own prompt (``tool-confirmation``): approved, on a tool call only
+   (a ``tasks/get`` had no prompt before it: `NOT_A_TOOL_CALL`);
 3. the person answered in this call (elicitation, either protocol era):
    approved, or denied / dismissed (nothing happens);
    Steps 2 and 3 count only when the database's approval policy counts their
@@ -52,10 +53,15 @@ class Answer:
     approve: bool | None = None
     # An authenticated HTTP agent (issue 19): its own client's confirmation counts for nothing.
     operator_only: bool = False
+    # A tools/call the client confirmed before sending it; a protocol request (tasks/get) is confirmed by nobody.
+    tool_call: bool = True
 
 
 NOT_ASKED = Answer(asked=False)
 OPERATOR_DECIDES = Answer(asked=False, operator_only=True)
+# A request that is not a tool call (tasks/get): no client prompt stood before it, so tool-confirmation
+# mode approves nothing here; a person answers through tasks/update, the console or the CLI.
+NOT_A_TOOL_CALL = Answer(asked=False, tool_call=False)
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,8 @@ async def settle(flow: Flow[Any, S, R], controller: Controller, subject: S, answ
     if answer.operator_only:
         return await flow.ask_operator(controller, subject)  # nobody decides about their own operation
     counted = (await controller.store.approval_policy()).channels  # the database's policy, as it is now
-    if controller.config.approval_mode == "tool-confirmation" and CHANNEL_TOOL_CONFIRMATION in counted:
+    confirmed = controller.config.approval_mode == "tool-confirmation" and answer.tool_call
+    if confirmed and CHANNEL_TOOL_CONFIRMATION in counted:
         return await flow.approve(controller, subject, TOOL_CONFIRMATION)
     if answer.asked and CHANNEL_ELICITATION in counted:
         if answer.approve:

@@ -58,7 +58,7 @@ from pollwarden.core.records import ApprovalRecord, OperationRecord
 from pollwarden.core.timefmt import iso
 from pollwarden.core.vocabulary import ApprovalKind, ApprovalStatus, Status, StopReason
 from pollwarden.flows import approvals, checking, followups, status_approval
-from pollwarden.flows.approval_flow import NOT_ASKED, OPERATOR_DECIDES, Flow, settle
+from pollwarden.flows.approval_flow import NOT_A_TOOL_CALL, OPERATOR_DECIDES, Flow, settle
 from pollwarden.flows.controller import Controller
 from pollwarden.flows.operator_decision import decide
 from pollwarden.surface.asking import DatabaseUnavailable
@@ -214,7 +214,7 @@ class OperationTasks(Extension):
         per_request = record.provider in controller.per_request_providers
         if per_request:
             plan = await status_approval.plan(controller, stored, wait_seconds=0.0)
-        answer = OPERATOR_DECIDES if principal.authenticated else NOT_ASKED
+        answer = OPERATOR_DECIDES if principal.authenticated else NOT_A_TOOL_CALL
         view = await checking.check_status(controller, stored, plan, answer, wait_seconds=0.0, progress=None)
         if view.status == Status.WAITING and not per_request:
             return _task(controller, record, ownership.renamed(view, principal))  # the hot path: two trips
