@@ -147,6 +147,29 @@ async def test_a_large_plain_body_is_refused_at_the_cap(tmp_path: Path, fake: Fa
     assert f"larger than {MIB} bytes" in answer["stop_detail"]
 
 
+@pytest.mark.parametrize(
+    "unreadable",
+    [
+        pytest.param(
+            {"headers": {"Content-Encoding": "br"}, "raw_body_text": "oops"}, id="unrequested-encoding"
+        ),
+        pytest.param({"raw_body_text": "x" * (2 * MIB)}, id="too-large"),
+    ],
+)
+async def test_a_server_error_whose_body_cannot_be_read_is_still_a_counted_failure_that_keeps_its_retry_after(
+    tmp_path: Path, fake: FakeProvider, unreadable: dict[str, Any]
+) -> None:
+    # A 5xx is decided by its status and headers; its body is never read, so it cannot make it unusable.
+    headers = {"Retry-After": "60", **unreadable.pop("headers", {})}
+    fake.script("down", [Step(status=503, headers=headers, **unreadable)])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        await track(client, "down")
+        answer = await check(client)
+    assert (answer["status"], answer["stop_reason"]) == ("waiting", None)
+    assert (answer["transport_failures_used"], answer["retry_after_seconds"]) == (1, 60.0)
+
+
 async def test_a_trickling_body_is_cut_off_by_the_total_time_and_counted_as_a_transport_failure(
     tmp_path: Path, fake: FakeProvider
 ) -> None:

@@ -402,20 +402,24 @@ class ProviderHTTP:
         if 300 <= response.status_code < 400:
             # Never read or follow a redirect: the Location is only noted.
             return ProviderAnswer(response.status_code, headers, b"", received)
+
+        def unusable(reason: str) -> ProviderAnswer | UnusableAnswer:
+            if response.status_code >= 500:
+                # A server error is decided by its status and headers (a failure counted, its Retry-After
+                # kept): a body nobody reads does not make it unusable.
+                return ProviderAnswer(response.status_code, headers, b"", received)
+            return UnusableAnswer(response.status_code, reason, received)
+
         try:
             decoder = _Decoder(headers.get("content-encoding", ""), self.limits.max_body_bytes)
         except ValueError as exc:
-            return UnusableAnswer(response.status_code, str(exc), received)
+            return unusable(str(exc))
         body = bytearray()
         try:
             async for chunk in response.aiter_raw():
                 body += decoder.feed(chunk)
         except _TooLarge:
-            return UnusableAnswer(
-                response.status_code,
-                f"body larger than {self.limits.max_body_bytes} bytes after decompression",
-                received,
-            )
+            return unusable(f"body larger than {self.limits.max_body_bytes} bytes after decompression")
         except zlib.error:
-            return UnusableAnswer(response.status_code, "body is not valid compressed data", received)
+            return unusable("body is not valid compressed data")
         return ProviderAnswer(response.status_code, headers, redactor.body(bytes(body)), self.now())
