@@ -22,11 +22,13 @@ import pytest
 from harness import check, make_harness, track
 from pollwarden.core.errors import StoreError
 from pollwarden.core.vocabulary import Category, DelaySource, Outcome, Status, StopReason
+from pollwarden.rules.gate import Verdict
 from pollwarden.store import open_store, statements
 from pollwarden.store.migrations.sqlite import LATEST, MIGRATIONS, split_sql
 from pollwarden.store.sqlite.connection import Session
 from pollwarden.store.sqlite.engine import SQLiteStore
 from pollwarden.surface.server import controller_factory
+from tests.integration.test_engine_conformance import NO_FLEET, NOW, values
 from tests.support.fake_provider import FakeProvider, pending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # PostgreSQL: test_postgres_engine.py
@@ -182,6 +184,44 @@ async def test_a_refusal_is_one_trip_without_fsync_and_a_poll_is_two_durable_tri
         # The reservation and the answer, each with what it writes to the audit, committed durably.
         assert tuple(b - a for a, b in zip(after, polled, strict=True)) == (2, 2, 0)
     assert len(fake.status_requests("trips")) == 1
+
+
+async def test_a_refusal_while_another_calls_request_is_in_flight_is_one_relaxed_trip_on_a_moving_clock(
+    tmp_path: Path,
+) -> None:
+    # The busy lease's not_yet says when to come back from the time read under the write lock, which a
+    # real clock has moved since the snapshot: still the same verdict, carried out at once (no rollback
+    # and no second, durable transaction).
+    async with open_store(tmp_path / "p.db") as sender, open_store(tmp_path / "p.db") as store:
+        assert isinstance(store, SQLiteStore)
+        await sender.create_operation(values("op"), kind="started", at=NOW - 100)
+        await sender.begin_check("op", now=NOW, wait_until=NOW, owner="A", lease_seconds=30, fleets=NO_FLEET)
+        moving = [NOW + 1]
+
+        def clock() -> float:
+            moving[0] += 0.001
+            return moving[0]
+
+        before = (
+            store.stats.trips,
+            store.stats.durable_commits,
+            store.stats.relaxed_commits,
+            store.stats.rollbacks,
+        )
+        for _ in range(20):
+            now = moving[0]
+            refused = await store.begin_check(
+                "op", now=now, wait_until=now, owner="B", lease_seconds=30, fleets=NO_FLEET, clock=clock
+            )
+            assert refused is not None
+            assert refused.decision.kind == Verdict.NOT_YET
+        after = (
+            store.stats.trips,
+            store.stats.durable_commits,
+            store.stats.relaxed_commits,
+            store.stats.rollbacks,
+        )
+    assert tuple(b - a for a, b in zip(before, after, strict=True)) == (20, 0, 20, 0)
 
 
 async def test_a_check_through_the_tools_leaves_no_transaction_open_between_calls(

@@ -35,9 +35,12 @@ def begin_check(session: Session, *, call: CheckCall, key: bytes | None) -> Chec
         with session.transaction(durable=not plans.quiet_refusal(current.refusals, decision)):
             now = call.time(now)
             # BEGIN may have waited past a deadline or an allowed time: what is written is the verdict at
-            # the time it is guarded and paced by, or the locked path decides again.
-            if executor.run_flow(conn, gate(current.record, now, *ask), None, key) != decision:
+            # the time it is guarded and paced by (its times, such as a busy lease's retry, read then);
+            # a verdict of another kind is decided again on the locked path.
+            again = executor.run_flow(conn, gate(current.record, now, *ask), None, key)
+            if (again.kind, again.stop_reason) != (decision.kind, decision.stop_reason):
                 raise StaleRow(f"operation {operation_id!r}: the verdict changed while BEGIN waited")
+            decision = again
             flow = call.check_flow(current, decision, now)
             return executor.run_flow(conn, flow, None, key, durable=session.durable, fresh=False)
     except StaleRow:
