@@ -14,7 +14,7 @@ import pytest
 from mcp.client import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
-from harness import Harness, make_harness, make_operator, view
+from harness import Harness, db_rows, make_harness, make_operator, view
 from pollwarden.core.clock import FakeClock
 from pollwarden.store import open_store
 from tests.support.fake_provider import FakeProvider, http, pending
@@ -449,16 +449,21 @@ async def test_a_cancel_approved_by_an_operator_is_sent_on_the_next_call(
     assert len([e for e in fake.log() if e["route"] == "cancel"]) == 1
 
 
+async def _approved_cancel_answered_slowly(h: Harness, client: Any, job: str, delay: float) -> None:
+    """`op-<job>` stopped, its cancel approved by an operator; the provider answers the cancel `delay` s late."""
+    h.fake.script_cancel(job, [http(202, body={"id": job, "state": "cancelled"}, delay_seconds=delay)])
+    await _exhaust(h, client, job)
+    asked = view(await client.call_tool("cancel_operation", {"operation_id": f"op-{job}"}))
+    assert _cli(h, "approve", asked["approval_id"]).returncode == 0
+
+
 async def test_one_approved_cancel_sends_one_cancel_call_when_two_calls_use_it_at_once(
     tmp_path: Path, fake: FakeProvider
 ) -> None:
     h = _cancel_harness(tmp_path, fake)
-    # The provider takes a while to answer the cancel: the second call reads the approval meanwhile.
-    fake.script_cancel("c3", [http(202, body={"id": "c3", "state": "cancelled"}, delay_seconds=0.3)])
     async with h.client() as client:
-        await _exhaust(h, client, "c3")
-        asked = view(await client.call_tool("cancel_operation", {"operation_id": "op-c3"}))
-        assert _cli(h, "approve", asked["approval_id"]).returncode == 0
+        # The provider takes a while to answer the cancel: the second call reads the approval meanwhile.
+        await _approved_cancel_answered_slowly(h, client, "c3", 0.3)
         decisions: list[str] = []
 
         async def cancel() -> None:
@@ -470,6 +475,35 @@ async def test_one_approved_cancel_sends_one_cancel_call_when_two_calls_use_it_a
             tg.start_soon(cancel)
             tg.start_soon(cancel)
     assert sorted(decisions) == ["done", "refused"]
+    assert len([e for e in fake.log() if e["route"] == "cancel"]) == 1
+
+
+async def test_an_approved_cancel_whose_call_the_client_gives_up_on_is_still_recorded_once_sent(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    h = _cancel_harness(tmp_path, fake)
+    async with h.client() as client:
+        await _approved_cancel_answered_slowly(h, client, "c4", 0.5)
+        with anyio.CancelScope() as gave_up:
+
+            async def give_up_once_the_call_is_out() -> None:
+                for _ in range(500):  # bounded: 5 s
+                    if [e for e in fake.log() if e["route"] == "cancel"]:
+                        gave_up.cancel()
+                        return
+                    await anyio.sleep(0.01)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(give_up_once_the_call_is_out)
+                await client.call_tool("cancel_operation", {"operation_id": "op-c4"})
+        for _ in range(500):  # the server records the provider's answer after the client left
+            if db_rows(h.db_path, "SELECT 1 FROM followups"):
+                break
+            await anyio.sleep(0.01)
+        after = view(await client.call_tool("get_operation", {"operation_id": "op-c4"}))
+    followups = db_rows(h.db_path, "SELECT status, http_status FROM followups")
+    assert followups == [{"status": "done", "http_status": 202}]
+    assert after["status"] == "cancelled"
     assert len([e for e in fake.log() if e["route"] == "cancel"]) == 1
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
+import anyio
 from pydantic import BaseModel, Field
 
 from pollwarden.access.operator_keys import METHOD_ELICITATION
@@ -357,96 +358,101 @@ async def send_cancel(
             f"No cancel call was sent: account_context_changed — {detail}.",
             approval_id=approval_id,
         )
-    followup_id = f"fu-{uuid.uuid4().hex[:10]}"
-    # The close is the claim: of two calls (or processes) that read the same approval, only the one whose
-    # close changed the row sends (None: another call used it first). One approval, one cancel call.
-    if approval_id is not None and (
-        await controller.store.close_approval(
-            approval_id,
-            status=ApprovalStatus.APPLIED,
-            at=controller.clock.now(),
-            note=f"used by {followup_id}",
+    # From the claim to the record, shielded as a status request is: a caller that gives up while the
+    # cancel call is out must not lose what the provider answered, nor leave the approval used unrecorded.
+    # The call is bounded by its total timeout, so the shield is too.
+    with anyio.CancelScope(shield=True):
+        followup_id = f"fu-{uuid.uuid4().hex[:10]}"
+        # The close is the claim: of two calls (or processes) that read the same approval, only the one whose
+        # close changed the row sends (None: another call used it first). One approval, one cancel call.
+        if approval_id is not None and (
+            await controller.store.close_approval(
+                approval_id,
+                status=ApprovalStatus.APPLIED,
+                at=controller.clock.now(),
+                note=f"used by {followup_id}",
+            )
+            is None
+        ):
+            return await _result(
+                controller,
+                await controller.load(plan.operation_id),
+                "cancel_operation",
+                "refused",
+                "No cancel call was sent: the person's approval was already used by another cancel_operation call.",
+                approval_id=approval_id,
+            )
+        answer = await controller.http.cancel(table, record.provider_job_id)
+        now = controller.clock.now()
+        if isinstance(answer, NoAnswer):
+            status = "ambiguous" if answer.sent else "failed"
+            await controller.store.record_followup(
+                followup_id=followup_id,
+                operation_id=record.operation_id,
+                kind="cancel",
+                status=status,
+                at=now,
+                approval_id=approval_id,
+                note=f"{answer.detail}; approved by {by} (authenticated by {method}); not retried",
+            )
+            return await _result(
+                controller,
+                await controller.load(record.operation_id),
+                "cancel_operation",
+                status,  # type: ignore[arg-type]
+                f"The cancel call got no answer ({answer.detail}); it is not retried automatically. "
+                "A person checks the provider's console.",
+                followup_id=followup_id,
+                approval_id=approval_id,
+            )
+        code = answer.status_code
+        text = (
+            truncate_text(answer.body.decode("utf-8", "replace"))
+            if not isinstance(answer, UnusableAnswer)
+            else answer.reason
         )
-        is None
-    ):
-        return await _result(
-            controller,
-            await controller.load(plan.operation_id),
-            "cancel_operation",
-            "refused",
-            "No cancel call was sent: the person's approval was already used by another cancel_operation call.",
-            approval_id=approval_id,
-        )
-    answer = await controller.http.cancel(table, record.provider_job_id)
-    now = controller.clock.now()
-    if isinstance(answer, NoAnswer):
-        status = "ambiguous" if answer.sent else "failed"
-        await controller.store.record_followup(
+        accepted = not isinstance(answer, UnusableAnswer) and 200 <= code < 300
+        changes: dict[str, object] | None = None
+        if accepted:
+            changes = {
+                "status": "cancelled",
+                "stop_reason": "cancelled",
+                "stop_detail": f"cancelled at the provider by {by} (HTTP {code}); nothing resubmitted",
+                "last_http_status": code,
+                "last_http_at": now,
+            }
+        _, applied = await controller.store.record_followup(
             followup_id=followup_id,
             operation_id=record.operation_id,
             kind="cancel",
-            status=status,
+            status="done" if accepted else "failed",
             at=now,
             approval_id=approval_id,
-            note=f"{answer.detail}; approved by {by} (authenticated by {method}); not retried",
+            http_status=code,
+            answer=text,
+            note=f"approved by {by} (authenticated by {method})",
+            operation_changes=changes,
+            expect_version=record.version,
         )
+        updated = await controller.load(record.operation_id)
+        if not accepted:
+            outcome = " The operation is unchanged; a person decides."
+        elif applied:
+            outcome = " The operation is cancelled."
+        else:  # recorded, but the operation moved while the call was out (an extension applied, say)
+            outcome = (
+                f" The operation changed while the call was out (it is now {updated.status}), so it was not "
+                "marked cancelled; the cancel call is recorded in its follow-ups and its audit (get_operation)."
+            )
         return await _result(
             controller,
-            await controller.load(record.operation_id),
+            updated,
             "cancel_operation",
-            status,  # type: ignore[arg-type]
-            f"The cancel call got no answer ({answer.detail}); it is not retried automatically. "
-            "A person checks the provider's console.",
+            "done" if accepted else "failed",
+            f"The provider answered the cancel call with HTTP {code}." + outcome,
             followup_id=followup_id,
             approval_id=approval_id,
+            provider_http_status=code,
+            provider_answer=text,
         )
-    code = answer.status_code
-    text = (
-        truncate_text(answer.body.decode("utf-8", "replace"))
-        if not isinstance(answer, UnusableAnswer)
-        else answer.reason
-    )
-    accepted = not isinstance(answer, UnusableAnswer) and 200 <= code < 300
-    changes: dict[str, object] | None = None
-    if accepted:
-        changes = {
-            "status": "cancelled",
-            "stop_reason": "cancelled",
-            "stop_detail": f"cancelled at the provider by {by} (HTTP {code}); nothing resubmitted",
-            "last_http_status": code,
-            "last_http_at": now,
-        }
-    _, applied = await controller.store.record_followup(
-        followup_id=followup_id,
-        operation_id=record.operation_id,
-        kind="cancel",
-        status="done" if accepted else "failed",
-        at=now,
-        approval_id=approval_id,
-        http_status=code,
-        answer=text,
-        note=f"approved by {by} (authenticated by {method})",
-        operation_changes=changes,
-        expect_version=record.version,
-    )
-    updated = await controller.load(record.operation_id)
-    if not accepted:
-        outcome = " The operation is unchanged; a person decides."
-    elif applied:
-        outcome = " The operation is cancelled."
-    else:  # recorded, but the operation moved while the call was out (an extension applied, say)
-        outcome = (
-            f" The operation changed while the call was out (it is now {updated.status}), so it was not "
-            "marked cancelled; the cancel call is recorded in its follow-ups and its audit (get_operation)."
-        )
-    return await _result(
-        controller,
-        updated,
-        "cancel_operation",
-        "done" if accepted else "failed",
-        f"The provider answered the cancel call with HTTP {code}." + outcome,
-        followup_id=followup_id,
-        approval_id=approval_id,
-        provider_http_status=code,
-        provider_answer=text,
-    )
+    raise AssertionError("unreachable: a shield nobody cancels lets every exception through")
