@@ -25,6 +25,7 @@ import anyio
 import pytest
 
 import harness
+from pollwarden.audit.chain import key_problem
 from pollwarden.audit.entry import REFUSALS_PER_SUMMARY
 from pollwarden.core.errors import StoreError
 from pollwarden.core.records import ApprovalRecord, CheckStart, OperationRecord, WakeOutcome
@@ -97,6 +98,26 @@ async def check(store: Store, operation_id: str, now: float, **extra: Any) -> Ch
     )
     assert started is not None
     return started
+
+
+async def test_a_store_opened_with_another_key_than_the_chains_refuses_before_writing_anything(
+    tmp_path: Path,
+) -> None:
+    # A mistyped POLLWARDEN_AUDIT_KEY: every row it appended would break the chain for the real key.
+    where = harness.database_in(tmp_path)
+    async with open_store(where, audit_key=b"the key") as store:
+        await store.create_operation(values("op"), kind="started", at=NOW - 100)
+        await check(store, "op", NOW)  # an operation row after the opening one (PostgreSQL: its own chain)
+        rows = len(await store.audit_rows("op"))
+    assert key_problem(where, b"the key") is None
+    problem = key_problem(where, b"a typo")
+    assert problem is not None
+    assert "POLLWARDEN_AUDIT_KEY is not the key that wrote the audit chain" in problem
+    with pytest.raises(StoreError, match="not the key that wrote the audit chain"):
+        async with open_store(where, audit_key=b"a typo") as store:
+            await store.audit_event("op", kind="noted", at=NOW, note=None, extra={})
+    async with open_store(where, audit_key=b"the key") as store:
+        assert len(await store.audit_rows("op")) == rows  # nothing was written with the wrong key
 
 
 async def test_a_guarded_update_raced_by_two_stores_is_written_once(tmp_path: Path) -> None:

@@ -87,6 +87,7 @@ __all__ = [
     "read_rows",
     "row_hash",
     "write_anchor",
+    "wrong_key",
 ]
 
 AUDIT_KEY_ENV = "POLLWARDEN_AUDIT_KEY"
@@ -215,9 +216,42 @@ def key_problem(db_path: Path | str | DatabaseLocation, key: bytes | None) -> st
         return None
     with open_read_only(where) as conn:
         head = conn.execute(_HEAD[where.is_sqlite]).fetchone()
-    if head is None or int(head[0]) == 0:
+        if head is None or int(head[0]) == 0:
+            return None
+        return key_mismatch(int(head[0]), bool(head[1]), key) or _not_the_writers_key(conn, where, key)
+
+
+def wrong_key(db_path: Path | str | DatabaseLocation, key: bytes) -> str | None:
+    """Why `key` is not the key that wrote this keyed chain, or None (it is, or the chain is not keyed).
+
+    Checked wherever a store opens with a key (servers and operator commands alike): a mistyped key
+    would otherwise append rows that break the chain for the real key, and read as tampering later.
+    """
+    where = location_of(db_path)
+    if where.is_sqlite and not where.path.is_file():
         return None
-    return key_mismatch(int(head[0]), bool(head[1]), key)
+    with open_read_only(where) as conn:
+        return _not_the_writers_key(conn, where, key)
+
+
+def _not_the_writers_key(conn: AuditReader, where: DatabaseLocation, key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    per_operation = has_operation_chains(conn, where)
+    found = conn.execute(
+        f"{audit_rows_sql(per_operation=per_operation)} WHERE keyed ORDER BY seq DESC LIMIT 1"
+    )
+    raw = found.fetchone()
+    if raw is None:
+        return None
+    row = audit_row(raw)
+    if hmac.compare_digest(row.hash_with(key), row.hash):
+        return None
+    return (
+        f"{AUDIT_KEY_ENV} is not the key that wrote the audit chain (its last keyed row, seq {row.seq}, does "
+        "not verify with it): set the key the chain was written with; nothing was recorded "
+        "(`pollwarden audit verify` with the right key tells whether the chain itself is intact)"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -244,6 +278,18 @@ class AuditRow:
     position: int = 0
     link: str = CHAIN
     payload_obj: dict[str, object] = field(default_factory=dict[str, object], compare=False, hash=False)
+
+    def hash_with(self, key: bytes | None) -> str:
+        """The hash this row's stored text has under `key` (None: unkeyed), for comparing with `hash`."""
+        return row_hash(
+            prev_hash=self.prev_hash,
+            seq=self.position,
+            operation_id=self.operation_id,
+            at=self.at,
+            kind=self.kind,
+            payload=self.payload,
+            key=key,
+        )
 
 
 @dataclass(frozen=True)

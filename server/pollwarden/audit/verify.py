@@ -54,7 +54,6 @@ from pollwarden.audit.chain import (
     location_of,
     open_read_only,
     parse_payload,
-    row_hash,
 )
 
 if TYPE_CHECKING:
@@ -277,16 +276,7 @@ def check_rows(
             unkeyed_prefix += 1
         if not hmac.compare_digest(row.prev_hash, linked_to):
             return result(seq, f"prev_hash of row {seq} does not match the hash of {before}")
-        recomputed = row_hash(
-            prev_hash=row.prev_hash,
-            seq=row.position,
-            operation_id=row.operation_id,
-            at=row.at,
-            kind=row.kind,
-            payload=row.payload,
-            key=key if row.keyed else None,
-        )
-        if not hmac.compare_digest(recomputed, row.hash):
+        if not hmac.compare_digest(row.hash_with(key if row.keyed else None), row.hash):
             reason = "row edited" + (", or the key differs from the one that wrote it" if row.keyed else "")
             return result(seq, f"hash mismatch at row {seq} ({reason})")
 

@@ -16,6 +16,9 @@ from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio.to_thread
+
+from pollwarden.audit.chain import wrong_key
 from pollwarden.core.errors import StoreError
 from pollwarden.store.browse import MetricsSnapshot, OperationFacets, OperationFilter, OperationPage
 from pollwarden.store.location import DatabaseLocation, Engine
@@ -51,8 +54,22 @@ async def open_store(
     audit_key: bytes | None = None,
     busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
 ) -> AsyncGenerator[Store]:
-    """Open (creating and migrating) the database at `location`: a path, a URL, or a `DatabaseLocation`."""
+    """Open (creating and migrating) the database at `location`: a path, a URL, or a `DatabaseLocation`.
+
+    With `audit_key`, a keyed chain must have been written with that key (`audit.chain.wrong_key`):
+    `StoreError` otherwise, before anything is written.
+    """
     where = location if isinstance(location, DatabaseLocation) else DatabaseLocation.parse(location)
+    async with _opened(where, audit_key, busy_timeout_seconds) as store:
+        if audit_key is not None and (problem := await anyio.to_thread.run_sync(wrong_key, where, audit_key)):
+            raise StoreError(problem)
+        yield store
+
+
+@asynccontextmanager
+async def _opened(
+    where: DatabaseLocation, audit_key: bytes | None, busy_timeout_seconds: float
+) -> AsyncGenerator[Store]:
     if where.engine == Engine.POSTGRES:
         try:
             from pollwarden.store.postgres.engine import open_postgres
