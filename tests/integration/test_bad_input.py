@@ -385,3 +385,21 @@ def test_serving_http_on_a_non_loopback_host_is_refused_unless_asked_for(tmp_pat
     assert "--allow-non-loopback" in done.stderr
     assert done.stdout == ""
     assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize("command", [["serve", "--transport", "http"], ["webhooks"], ["metrics"]])
+@pytest.mark.parametrize("port", ["70000", "-5"])
+def test_a_port_outside_0_to_65535_is_refused_in_one_line_naming_the_range(
+    tmp_path: Path, command: list[str], port: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pollwarden", *command, "--port", port, "--db", str(tmp_path / "x.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"--port {port}: give a TCP port from 0 to 65535" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""

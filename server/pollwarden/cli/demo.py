@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 from mcp.client import Client
 
-from pollwarden.audit.chain import read_rows
+from pollwarden.audit.chain import audit_key_from_env, read_rows
 from pollwarden.audit.story import render_story
 from pollwarden.audit.verify import verify_chain
 from pollwarden.cli.demo_provider import http, pending, running_demo_provider, succeeded
@@ -123,7 +123,7 @@ def run_demo(db: str | None = None) -> int:
             _say(f"\naudit story of {operation_id} (pollwarden audit show {operation_id}):")
             for line in render_story(read_rows(where, operation_id)):
                 _say(f"  {line}")
-        verdict = verify_chain(where, None)
+        verdict = verify_chain(where, audit_key_from_env())  # the key the demo's server wrote with
         _say(f"\naudit chain: {'OK' if verdict.ok else 'BROKEN'}, {verdict.rows_checked} rows")
         ok = (
             done["status"] == "succeeded"

@@ -10,6 +10,10 @@ from pollwarden.surface.listening import HttpOptions
 
 def http_options(args: argparse.Namespace, *, verifier_configured: bool = False) -> HttpOptions:
     """The listening options from the shared HTTP flags (`verifier_configured`: bearer tokens guard /mcp)."""
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(
+            f"--port {args.port}: give a TCP port from 0 to 65535 (0: any free port), e.g. 8765"
+        )
     if args.max_connections < 1:
         raise ConfigError("--max-connections must be 1 or more")
     if not args.request_timeout > 0:
