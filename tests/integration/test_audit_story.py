@@ -208,3 +208,20 @@ async def test_a_keyed_server_never_extends_an_unkeyed_chain_until_an_operator_r
     assert [row.kind for row in read_rows(h_db)] == ["tracking", "audit_rekey", "polled"]
     assert verify_chain(h_db, key.encode(), rekeyed_at=2).ok
     assert not verify_chain(h_db, key.encode()).ok
+
+
+async def test_a_submission_the_provider_refused_is_told_with_its_answer_not_as_a_stop_before_polling(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    fake.script_submit([http(400, body={"error": "bad"})])
+    h = make_harness(tmp_path, fake)
+    async with h.client() as client:
+        refused = view(
+            await client.call_tool(
+                "start_operation", {"provider": "acme", "operation_id": "op-sub", "submit": {"report": "x"}}
+            )
+        )
+    assert refused["stop_reason"] == "integration_failure"
+    last = render_story(read_rows(h.db_path, "op-sub"))[-1]
+    assert "submission answered 400: integration failure, escalated (HTTP 400 on submission" in last
+    assert "before polling" not in last

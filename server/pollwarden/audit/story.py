@@ -182,8 +182,18 @@ def _story_line(row: AuditRow) -> str:
         if reason is None:
             note = p.get("note")
             return f"{at} stopped" + (f": {_note(note)}" if note else "")
-        text = f"{at} {_words(reason)} before polling"
-        return text + (", escalated" if p.get("status") == "escalated" else "")
+        escalated = ", escalated" if p.get("status") == "escalated" else ""
+        if p.get("provider_job_id") is None and p.get("submit_sent_at") is not None:
+            # A submission that was sent and ended here: say what came back, not "before polling".
+            http = p.get("http_status")
+            came = (
+                f"submission answered {_value(http)}"
+                if http is not None
+                else "submission sent, no usable answer"
+            )
+            note = p.get("note")
+            return f"{at} {came}: {_words(reason)}{escalated}" + (f" ({_note(note)})" if note else "")
+        return f"{at} {_words(reason)} before polling{escalated}"
     if kind == "not_yet_summary":
         return _refusals_line(row, "early check", "early checks", "not yet")
     if kind == "stopped_summary":
