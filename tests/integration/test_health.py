@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import sqlite3
 import time
 from pathlib import Path
 
@@ -96,6 +97,26 @@ def test_doctor_fails_on_a_missing_database_file_and_creates_none(tmp_path: Path
     assert cmd_doctor(args, out) == 1
     assert f"{FAIL} database: no database at {missing}" in out.getvalue()
     assert not missing.exists()
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("kind", ["empty file", "another program's database"])
+def test_doctor_reads_a_sqlite_file_that_is_not_pollwardens_and_changes_nothing_in_it(
+    tmp_path: Path, kind: str
+) -> None:
+    other = tmp_path / "other.db"
+    if kind == "empty file":
+        other.touch()
+    else:
+        with sqlite3.connect(other) as conn:
+            conn.execute("CREATE TABLE x (a)")
+    other.chmod(0o644)
+    before = other.read_bytes(), other.stat().st_mode
+    args = build_parser().parse_args(["doctor", "--db", str(other)])
+    out = io.StringIO()
+    assert cmd_doctor(args, out) == 1
+    assert f"{FAIL} database: {other} is not a pollwarden database" in out.getvalue()
+    assert (other.read_bytes(), other.stat().st_mode) == before  # not migrated, not re-moded
 
 
 @pytest.mark.postgres_only

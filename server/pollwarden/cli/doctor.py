@@ -1,7 +1,8 @@
 """``pollwarden doctor``: check a deployment from the command line, one line per finding.
 
-Checks the database (present, reachable, migrated; a SQLite file is never
-created here, a PostgreSQL database is opened as a server opens it), the
+Checks the database (present, reachable, migrated; a SQLite file is only read,
+never created, migrated or changed here; a PostgreSQL database is opened as a
+server opens it), the
 provider tables, each table's credential and webhook secret (present or not:
 a value is never printed, not even its length), the operator keys, the audit
 key against the chain, and this machine's clock against the database server's
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -21,11 +23,12 @@ from typing import TextIO
 
 import anyio
 
-from pollwarden.audit.chain import audit_key_from_env, key_problem
+from pollwarden.audit.chain import audit_key_from_env, key_problem, open_read_only
 from pollwarden.cli.options import add_database_options, require_existing_database, with_examples
 from pollwarden.config import ServerConfig, load_config, load_provider_tables
 from pollwarden.core.errors import PollwardenError
-from pollwarden.store import open_store
+from pollwarden.store import DatabaseLocation, open_store
+from pollwarden.store.sqlite.engine import SQLiteStore
 from pollwarden_providers.table import ProviderTable
 
 __all__ = ["MAX_SKEW_SECONDS", "Finding", "add_doctor_command", "diagnose", "table_findings"]
@@ -72,10 +75,41 @@ def table_findings(tables: Mapping[str, ProviderTable], environ: Mapping[str, st
     return found
 
 
+def _sqlite_findings(where: DatabaseLocation) -> list[Finding]:
+    """A SQLite file read as it is, never written (no migration, no mode change): a server's, and how old."""
+    try:
+        with open_read_only(where) as conn:
+            has_operations = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'operations'"
+            ).fetchone()
+            version = int(conn.execute(SQLiteStore.schema_version_sql).fetchone()[0])
+    except (PollwardenError, sqlite3.DatabaseError) as exc:
+        return [
+            Finding(
+                FAIL, "database", f"{where.path} is not a pollwarden database ({exc}); nothing was changed"
+            )
+        ]
+    if has_operations is None:
+        return [Finding(FAIL, "database", f"{where.path} is not a pollwarden database (no operations table)")]
+    if version < SQLiteStore.latest_schema:
+        behind = (
+            f"{where.path} is at schema step {version}, this pollwarden needs {SQLiteStore.latest_schema}: "
+            "the server migrates it when it starts (back the file up first)"
+        )
+        return [Finding(WARN, "database", behind), Finding(OK, "clock", "SQLite on this machine: one clock")]
+    reachable = Finding(OK, "database", f"{where.path} is reachable and migrated (read, not written)")
+    return [reachable, Finding(OK, "clock", "SQLite on this machine: one clock")]
+
+
 async def _database_findings(config: ServerConfig, clock: Callable[[], float]) -> list[Finding]:
     where = config.database
+    if where.is_sqlite:
+        try:
+            require_existing_database(where)
+        except PollwardenError as exc:
+            return [Finding(FAIL, "database", str(exc))]
+        return await anyio.to_thread.run_sync(_sqlite_findings, where)
     try:
-        require_existing_database(where)
         async with open_store(where, busy_timeout_seconds=config.busy_timeout_seconds) as store:
             problem = await store.not_ready()
             if problem is not None:
