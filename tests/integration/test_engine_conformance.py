@@ -25,13 +25,15 @@ import anyio
 import pytest
 
 import harness
-from pollwarden.audit.chain import key_problem
+from pollwarden.access.approval_policy import ApprovalPolicy
+from pollwarden.audit.chain import REKEY_OPERATION, key_problem
 from pollwarden.audit.entry import REFUSALS_PER_SUMMARY
+from pollwarden.audit.verify import verify_chain
 from pollwarden.core.errors import StoreError
 from pollwarden.core.records import ApprovalRecord, CheckStart, OperationRecord, WakeOutcome
 from pollwarden.core.vocabulary import ApprovalStatus, DelaySource, FollowupKind, FollowupStatus, Status
 from pollwarden.rules.gate import Verdict
-from pollwarden.store import DatabaseLocation, Store, open_store
+from pollwarden.store import DatabaseLocation, Store, open_store, plans
 from pollwarden_providers.table_limits import FleetSpec
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]
@@ -118,6 +120,32 @@ async def test_a_store_opened_with_another_key_than_the_chains_refuses_before_wr
             await store.audit_event("op", kind="noted", at=NOW, note=None, extra={})
     async with open_store(where, audit_key=b"the key") as store:
         assert len(await store.audit_rows("op")) == rows  # nothing was written with the wrong key
+
+
+async def test_each_approval_policy_change_is_told_in_the_one_chain_and_the_chain_verifies(
+    tmp_path: Path,
+) -> None:
+    where = harness.database_in(tmp_path)
+    raised = ApprovalPolicy(require_operator_key=True, channels=frozenset({"operator"}))
+    async with open_store(where) as store:
+        await store.create_operation(values("op"), kind="started", at=NOW - 100)
+        assert await store.write_approval_policy(raised, at=NOW, by="ann", only_raising_to_a_key=False)
+        assert await store.write_approval_policy(raised, at=NOW + 1, by="ann", only_raising_to_a_key=False)
+        assert await store.write_approval_policy(
+            ApprovalPolicy(), at=NOW + 2, by="bob", only_raising_to_a_key=False
+        )
+        await store.create_operation(values("later"), kind="started", at=NOW + 3)
+        told = [row.payload_obj for row in await store.audit_rows(REKEY_OPERATION)]
+    # The same policy written again (a server starting) is no decision: two changes, two rows.
+    assert [(p["note"], p["before"], p["after"]) for p in told] == [
+        (
+            "approval policy changed by ann",
+            plans.policy_facts(ApprovalPolicy()),
+            {"require_operator_key": True, "channels": ["operator"], "operator_key_ids": []},
+        ),
+        ("approval policy changed by bob", plans.policy_facts(raised), plans.policy_facts(ApprovalPolicy())),
+    ]
+    assert verify_chain(where, None).ok
 
 
 async def test_a_guarded_update_raced_by_two_stores_is_written_once(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from pollwarden.store.plans import Append, Plan
 from pollwarden.store.reads import Row, StoreReads
 from pollwarden.store.rows import StoredOperation, new_operation_values, stored
 from pollwarden.store.transactions import (
+    AboutTheChain,
     CarryOut,
     CheckCall,
     Flow,
@@ -605,9 +606,15 @@ class Store(StoreReads):
         }
 
         def flow() -> Flow[bool]:
-            return (yield Query(statements.WRITE_APPROVAL_POLICY, params)) is not None
+            before = yield Query(statements.APPROVAL_POLICY)
+            if (yield Query(statements.WRITE_APPROVAL_POLICY, params)) is None:
+                return False
+            changed = plans.policy_change(before, policy, at=at, by=by)
+            if changed is not None:  # an operator's decision: told in the one chain, by whom and how
+                yield AboutTheChain(changed)
+            return True
 
-        return await self._transact(flow(), audit=False)
+        return await self._transact(flow())
 
     async def seal(self, *, at: float) -> int:
         """Seal every operation's audit chain that moved since the last seal; how many were named.

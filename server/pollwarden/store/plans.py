@@ -15,11 +15,14 @@ budget is used, a request is in flight) are `pollwarden.rules.stop`'s and the ga
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pollwarden.access.approval_policy import ApprovalPolicy
+from pollwarden.audit.chain import REKEY_OPERATION
 from pollwarden.audit.entry import AuditEvent, PendingRefusals, event, lease_recovered
+from pollwarden.core.errors import ConfigError
 from pollwarden.core.records import ApprovalRecord, FollowupRecord, OperationRecord
 from pollwarden.core.vocabulary import (
     ApprovalStatus,
@@ -47,6 +50,7 @@ from pollwarden.store.pace_reads import FirstOtherPrincipal, needs_booked_slots,
 from pollwarden_providers.table_limits import FleetSpec
 
 __all__ = [
+    "POLICY_CHANGED",
     "Append",
     "CountRefusal",
     "Execute",
@@ -67,6 +71,8 @@ __all__ = [
     "may_wake",
     "note_plan",
     "opening_event",
+    "policy_change",
+    "policy_facts",
     "question_plan",
     "quiet_refusal",
     "reopen_plan",
@@ -151,6 +157,9 @@ class Execute:
 Write = Flush | Update | Append | CountRefusal | SetPace | HandSlot | Execute
 
 FLUSH = Flush()
+
+# The chain row that tells an approval policy change (`policy_change`).
+POLICY_CHANGED = "approval_policy_changed"
 
 
 @dataclass(frozen=True)
@@ -602,6 +611,40 @@ def followup_plan(
     kind = f"{followup.kind}_{followup.status}"
     writes.append(Append(event(record, kind, at, note=note, extra=extra)))
     return Plan(record, tuple(writes), applied=applied)
+
+
+def policy_facts(policy: ApprovalPolicy) -> dict[str, object]:
+    """What an approval policy requires, as its audit row tells it (key ids, never the keys)."""
+    return {
+        "require_operator_key": policy.require_operator_key,
+        "channels": sorted(policy.channels),
+        "operator_key_ids": sorted(k.key_id for k in policy.operator_keys),
+    }
+
+
+def policy_change(
+    stored: Sequence[object] | None, policy: ApprovalPolicy, *, at: float, by: str
+) -> AuditEvent | None:
+    """The chain's row telling that the approval policy changed from `stored` (its row as read) to
+    `policy`, by `by`; None when nothing changed (a server writing the same policy again)."""
+    try:
+        was = (
+            None
+            if stored is None
+            else policy_facts(ApprovalPolicy.stored(bool(stored[0]), str(stored[1]), str(stored[2])))
+        )
+    except ConfigError:
+        was = {"unreadable": True}  # a row edited into nonsense, now replaced
+    now = policy_facts(policy)
+    if was == now:
+        return None
+    payload = {
+        "decision": POLICY_CHANGED,
+        "note": f"approval policy changed by {by}",
+        "before": was,
+        "after": now,
+    }
+    return AuditEvent(REKEY_OPERATION, at, POLICY_CHANGED, payload)
 
 
 def note_plan(

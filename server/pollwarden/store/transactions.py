@@ -10,6 +10,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pollwarden.audit.entry import AuditEvent
 from pollwarden.core.errors import StoreError
 from pollwarden.core.records import (
     CheckStart,
@@ -75,7 +76,15 @@ class LockHead:
     """Lock the one audit chain's head before an operation's first row (PostgreSQL; SQLite holds it)."""
 
 
-Request = Locked | Query | Queue | CarryOut | LockPayload | LockHead
+@dataclass(frozen=True)
+class AboutTheChain:
+    """Append `entry`, a row about the database itself and no operation (`audit.REKEY_OPERATION`), to the
+    one chain: its head locked and moved in this transaction."""
+
+    entry: AuditEvent
+
+
+Request = Locked | Query | Queue | CarryOut | LockPayload | LockHead | AboutTheChain
 # A flow yields a request, or a tuple of them (sent together: one trip on PostgreSQL), and gets the answers.
 Flow = Generator[Request | tuple[Request, ...], Any, T]
 

@@ -21,7 +21,17 @@ from pollwarden.store.postgres.executor import Writer, operation
 from pollwarden.store.postgres.pace_turn import PaceTurn, PaceTurnStuck
 from pollwarden.store.reads import Row
 from pollwarden.store.rows import StoredOperation
-from pollwarden.store.transactions import CarryOut, Flow, Locked, LockHead, LockPayload, Query, Queue, Request
+from pollwarden.store.transactions import (
+    AboutTheChain,
+    CarryOut,
+    Flow,
+    Locked,
+    LockHead,
+    LockPayload,
+    Query,
+    Queue,
+    Request,
+)
 from pollwarden.surface.tool_errors import shown
 
 # Reservations remembered for a one-trip answer (an entry is dropped when its answer comes).
@@ -119,6 +129,8 @@ class PostgresBase(Store):
                 await tx.queue(sql.LOCK_PAYLOAD, {"request_fingerprint": request.request_fingerprint})
             elif isinstance(request, LockHead):
                 await writer.head_first(lock=True)
+            elif isinstance(request, AboutTheChain):
+                await writer.append_to_chain(request.entry)
             return None
 
         async def read(request: Request, sent: Any) -> Any:

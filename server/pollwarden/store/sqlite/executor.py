@@ -28,7 +28,7 @@ from pollwarden.store.planned import T
 from pollwarden.store.plans import Append, CountRefusal, Execute, Flush, HandSlot, Plan, Update
 from pollwarden.store.rows import StoredOperation, stored, writable
 from pollwarden.store.sqlite import sql
-from pollwarden.store.transactions import CarryOut, Flow, Locked, Query, Queue, Request, drive
+from pollwarden.store.transactions import AboutTheChain, CarryOut, Flow, Locked, Query, Queue, Request, drive
 
 
 def fetch(conn: sqlite3.Connection, operation_id: str) -> StoredOperation | None:
@@ -121,6 +121,8 @@ def run_flow(
             conn.execute(request.statement, dict(request.params)).fetchall()
         elif isinstance(request, CarryOut):
             return carry_out(conn, request.current, request.plan, key, durable=durable, fresh=fresh)
+        elif isinstance(request, AboutTheChain):
+            append(conn, request.entry, key)
         return None  # LockPayload, LockHead: the write lock serialises them already
 
     return drive(flow, answer)
