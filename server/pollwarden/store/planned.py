@@ -614,7 +614,7 @@ class Store(StoreReads):
                 yield AboutTheChain(changed)
             return True
 
-        return await self._transact(flow())
+        return await self._transact(flow(), audit=False)  # the chain's head is locked only for a change
 
     async def seal(self, *, at: float) -> int:
         """Seal every operation's audit chain that moved since the last seal; how many were named.
