@@ -199,6 +199,40 @@ async def test_an_operator_denial_keeps_the_resubmission_unsent(tmp_path: Path, 
     assert submissions(fake) == 1
 
 
+async def test_tracking_a_job_whose_fingerprint_equals_a_failed_payloads_does_not_let_it_be_resent_unasked(
+    tmp_path: Path, fake: FakeProvider
+) -> None:
+    # A payload shaped like the tracking key ({"provider_job_id": …}) has a tracked job's fingerprint;
+    # tracking that job sends nothing, so the failed submission still decides.
+    h = make_harness(tmp_path, fake)
+    payload = {"provider_job_id": "zzz"}
+    async with h.client() as client:
+        fake.script_new_jobs([failed("disk full")])
+        args = {"provider": "acme", "operation_id": "op-first", "submit": payload}
+        view(await client.call_tool("start_operation", args))
+        assert (
+            view(await client.call_tool("check_status", {"operation_id": "op-first", "wait_seconds": 30}))[
+                "stop_reason"
+            ]
+            == "provider_failure"
+        )
+        fake.script("zzz", [pending("running")])
+        tracked = view(
+            await client.call_tool(
+                "start_operation", {"provider": "acme", "operation_id": "op-track", "provider_job_id": "zzz"}
+            )
+        )
+        assert tracked["status"] == "waiting"
+        held = view(
+            await client.call_tool(
+                "start_operation", {"provider": "acme", "operation_id": "op-b", "submit": payload}
+            )
+        )
+    assert (held["status"], held["provider_job_id"]) == ("submitting", None)
+    assert "A person must decide" in held["message"]
+    assert submissions(fake) == 1
+
+
 async def test_a_payload_still_in_flight_is_not_a_resubmission_and_its_operation_stays_idempotent(
     tmp_path: Path, fake: FakeProvider
 ) -> None:

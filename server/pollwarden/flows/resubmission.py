@@ -61,14 +61,15 @@ class ResubmissionPlan(BaseModel):
 async def earlier_outcome(store: Store, fingerprint: str, *, exclude: str | None) -> OperationRecord | None:
     """The latest earlier operation of this payload, if it ended or escalated (a person must approve).
 
-    Held resubmissions are skipped (they sent nothing); the latest of the rest
-    decides: one still in flight or succeeded is not a reason to ask. Every
+    Held resubmissions and operations that only track a job are skipped (they
+    sent nothing: a tracked job's fingerprint can equal a payload's); the latest
+    of the rest decides: one still in flight or succeeded is not a reason to ask. Every
     principal's operations count (issue 30): the provider saw that payload fail
     whoever sent it. Another principal's is never named to the caller
     (`another_principal`).
     """
     for record in await store.operations_of_fingerprint(fingerprint):
-        if record.operation_id == exclude or record.held_for_approval:
+        if record.operation_id == exclude or record.held_for_approval or record.submit_payload_json is None:
             continue
         return record if record.status in NEEDS_A_PERSON else None
     return None
