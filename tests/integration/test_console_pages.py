@@ -436,6 +436,11 @@ async def test_the_operation_page_takes_the_id_an_agent_chose_and_names_the_owne
         none = await client.get(base + "/operation", params={"id": "nothing"})
         assert none.status_code == 404
         assert "No operation" in none.text
+        # An id no operation can have (PostgreSQL refuses a NUL in text): missing, not a server error.
+        for odd in ("a\x00b", "line\nbreak"):
+            missing = await client.get(base + "/operation", params={"id": odd})
+            assert missing.status_code == 404, odd
+            assert "No operation" in missing.text
 
 
 async def test_the_operation_page_offers_an_extension_only_where_the_agent_may_ask_and_shows_each_budget_of_its_limit(

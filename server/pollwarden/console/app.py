@@ -426,8 +426,9 @@ def create_app(settings: ConsoleSettings) -> ASGIApp:
         operation_id = request.query_params.get("id", "")
         store = state.the_store()
         record = await store.get(operation_id) if operation_id else None
-        if record is None and operation_id:
-            # An id as the agent chose it: the one principal's operation of that id (issue 29).
+        if record is None and operation_id.isprintable() and operation_id:
+            # An id as the agent chose it: the one principal's operation of that id (issue 29). An id with
+            # a control character (PostgreSQL refuses a NUL in text) is no operation's: missing.
             found = await anyio.to_thread.run_sync(audit_operation_ids, database, operation_id)
             named = resolve_name(operation_id, found)
             if named.operation_id is not None and named.operation_id != operation_id:
