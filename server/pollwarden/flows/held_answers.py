@@ -4,7 +4,8 @@ A status request goes out only under a committed reservation. If the database
 fails after the provider answered (a restart, a lock held past its timeout), the
 answer is not lost and the request is never sent again: this process keeps the
 answer (what `apply_answer` would write) and records it as soon as it can — on
-a bounded schedule in the background, and first thing in the next
+a doubling schedule in the background, then every `MAX_RETRY_SECONDS` for as
+long as this process runs (it is never dropped), and first thing in the next
 `check_status` of that operation in this process. Until then the reservation's
 lease stays in the database, so no other check sends for the operation; if the
 lease expires first, another check may send, and the held answer is then
@@ -16,6 +17,7 @@ recorded (`answer_held_message`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,8 +30,8 @@ from pollwarden.store import Store
 
 log = logging.getLogger("pollwarden")
 
-# The background schedule: first try after this, doubling up to the cap, this many tries in all
-# (about ten minutes), while the process lives.
+# The background schedule: first try after this, doubling up to the cap, then at the cap while the
+# process lives; after this many tries (about ten minutes) the log says the answer is still held.
 FIRST_RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 10.0
 RETRY_ATTEMPTS = 64
@@ -105,8 +107,12 @@ class HeldAnswers:
         return updated
 
     async def record_in_background(self, store: Store, clock: Clock, operation_id: str) -> None:
-        """Try to record the operation's held answer on the bounded schedule; give up (logged) after it."""
-        for delay in retry_delays():
+        """Try to record the operation's held answer: on the doubling schedule, then every
+        `MAX_RETRY_SECONDS` until it is recorded (here or by a check) or the process ends; never dropped,
+        so a database back after a long outage still gets the answer, and no request is sent for it again."""
+        for tries, delay in enumerate(
+            itertools.chain(retry_delays(), itertools.repeat(MAX_RETRY_SECONDS)), 1
+        ):
             await clock.sleep(delay)
             if operation_id not in self._held:
                 return  # recorded by a check meanwhile
@@ -114,11 +120,11 @@ class HeldAnswers:
                 await self.record(store, operation_id)
                 return
             except StoreError:
-                continue
-        log.error(
-            "the answer for %s could not be recorded in %d tries; its lease expires and the next check "
-            "sends again",
-            operation_id,
-            RETRY_ATTEMPTS,
-        )
-        self._held.pop(operation_id, None)
+                if tries == RETRY_ATTEMPTS:
+                    log.error(
+                        "the answer for %s could not be recorded in %d tries; it stays held and is tried "
+                        "again every %g s while this process runs",
+                        operation_id,
+                        RETRY_ATTEMPTS,
+                        MAX_RETRY_SECONDS,
+                    )
