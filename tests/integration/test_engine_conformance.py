@@ -33,7 +33,7 @@ from pollwarden.core.errors import StoreError
 from pollwarden.core.records import ApprovalRecord, CheckStart, OperationRecord, WakeOutcome
 from pollwarden.core.vocabulary import ApprovalStatus, DelaySource, FollowupKind, FollowupStatus, Status
 from pollwarden.rules.gate import Verdict
-from pollwarden.store import DatabaseLocation, Store, open_store, plans
+from pollwarden.store import DatabaseLocation, Store, open_store
 from pollwarden_providers.table_limits import FleetSpec
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_engines]
@@ -140,10 +140,10 @@ async def test_each_approval_policy_change_is_told_in_the_one_chain_and_the_chai
     assert [(p["note"], p["before"], p["after"]) for p in told] == [
         (
             "approval policy changed by ann",
-            plans.policy_facts(ApprovalPolicy()),
+            ApprovalPolicy().facts(),
             {"require_operator_key": True, "channels": ["operator"], "operator_key_ids": []},
         ),
-        ("approval policy changed by bob", plans.policy_facts(raised), plans.policy_facts(ApprovalPolicy())),
+        ("approval policy changed by bob", raised.facts(), ApprovalPolicy().facts()),
     ]
     assert verify_chain(where, None).ok
 

@@ -23,7 +23,7 @@ The functions here are pure; the store reads and writes the one row.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from pollwarden.access.operator_keys import (
@@ -84,6 +84,19 @@ class ApprovalPolicy:
     def key_lines(self) -> str:
         """The trusted keys as stored: one public key line each."""
         return "\n".join(k.line() for k in self.operator_keys)
+
+    def facts(self) -> dict[str, object]:
+        """What the policy requires, as the audit tells it (key ids, never the keys)."""
+        return {
+            "require_operator_key": self.require_operator_key,
+            "channels": sorted(self.channels),
+            "operator_key_ids": sorted(k.key_id for k in self.operator_keys),
+        }
+
+    @classmethod
+    def from_row(cls, row: Sequence[object] | None) -> ApprovalPolicy:
+        """The policy from its row as read (`require_operator_key, channels, operator_keys`); none: the default."""
+        return cls() if row is None else cls.stored(bool(row[0]), str(row[1]), str(row[2]))
 
     @classmethod
     def stored(cls, require: bool, channels: str, keys: str) -> ApprovalPolicy:

@@ -204,12 +204,15 @@ _HEAD = {
 }
 
 
-def key_problem(db_path: Path | str | DatabaseLocation, key: bytes | None) -> str | None:
+def key_problem(
+    db_path: Path | str | DatabaseLocation, key: bytes | None, *, verify_key: bool = True
+) -> str | None:
     """Why a server with `key` (or without one) must not append to this chain, or None when it may.
 
     Checked when a server starts, before any request is sent: a chain whose
     head disagrees with the key would refuse the first audit row, and a status
-    request's answer must never be sent without being recorded.
+    request's answer must never be sent without being recorded. `verify_key=False`:
+    the key itself was checked already (`wrong_key`, when the store opened).
     """
     where = location_of(db_path)
     if where.is_sqlite and not where.path.is_file():
@@ -218,7 +221,10 @@ def key_problem(db_path: Path | str | DatabaseLocation, key: bytes | None) -> st
         head = conn.execute(_HEAD[where.is_sqlite]).fetchone()
         if head is None or int(head[0]) == 0:
             return None
-        return key_mismatch(int(head[0]), bool(head[1]), key) or _not_the_writers_key(conn, where, key)
+        mismatch = key_mismatch(int(head[0]), bool(head[1]), key)
+        if mismatch is not None or not verify_key:
+            return mismatch
+        return _not_the_writers_key(conn, where, key)
 
 
 def wrong_key(db_path: Path | str | DatabaseLocation, key: bytes) -> str | None:

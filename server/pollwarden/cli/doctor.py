@@ -77,6 +77,13 @@ def table_findings(tables: Mapping[str, ProviderTable], environ: Mapping[str, st
 
 def _sqlite_findings(where: DatabaseLocation) -> list[Finding]:
     """A SQLite file read as it is, never written (no migration, no mode change): a server's, and how old."""
+    found = _sqlite_database(where)
+    if found.level == FAIL:
+        return [found]
+    return [found, Finding(OK, "clock", "SQLite on this machine: one clock")]
+
+
+def _sqlite_database(where: DatabaseLocation) -> Finding:
     try:
         with open_read_only(where) as conn:
             has_operations = conn.execute(
@@ -84,21 +91,18 @@ def _sqlite_findings(where: DatabaseLocation) -> list[Finding]:
             ).fetchone()
             version = int(conn.execute(SQLiteStore.schema_version_sql).fetchone()[0])
     except (PollwardenError, sqlite3.DatabaseError) as exc:
-        return [
-            Finding(
-                FAIL, "database", f"{where.path} is not a pollwarden database ({exc}); nothing was changed"
-            )
-        ]
+        return Finding(
+            FAIL, "database", f"{where.path} is not a pollwarden database ({exc}); nothing was changed"
+        )
     if has_operations is None:
-        return [Finding(FAIL, "database", f"{where.path} is not a pollwarden database (no operations table)")]
+        return Finding(FAIL, "database", f"{where.path} is not a pollwarden database (no operations table)")
     if version < SQLiteStore.latest_schema:
         behind = (
             f"{where.path} is at schema step {version}, this pollwarden needs {SQLiteStore.latest_schema}: "
             "the server migrates it when it starts (back the file up first)"
         )
-        return [Finding(WARN, "database", behind), Finding(OK, "clock", "SQLite on this machine: one clock")]
-    reachable = Finding(OK, "database", f"{where.path} is reachable and migrated (read, not written)")
-    return [reachable, Finding(OK, "clock", "SQLite on this machine: one clock")]
+        return Finding(WARN, "database", behind)
+    return Finding(OK, "database", f"{where.path} is reachable and migrated (read, not written)")
 
 
 async def _database_findings(config: ServerConfig, clock: Callable[[], float]) -> list[Finding]:

@@ -72,7 +72,6 @@ __all__ = [
     "note_plan",
     "opening_event",
     "policy_change",
-    "policy_facts",
     "question_plan",
     "quiet_refusal",
     "reopen_plan",
@@ -613,29 +612,16 @@ def followup_plan(
     return Plan(record, tuple(writes), applied=applied)
 
 
-def policy_facts(policy: ApprovalPolicy) -> dict[str, object]:
-    """What an approval policy requires, as its audit row tells it (key ids, never the keys)."""
-    return {
-        "require_operator_key": policy.require_operator_key,
-        "channels": sorted(policy.channels),
-        "operator_key_ids": sorted(k.key_id for k in policy.operator_keys),
-    }
-
-
 def policy_change(
     stored: Sequence[object] | None, policy: ApprovalPolicy, *, at: float, by: str
 ) -> AuditEvent | None:
     """The chain's row telling that the approval policy changed from `stored` (its row as read) to
     `policy`, by `by`; None when nothing changed (a server writing the same policy again)."""
     try:
-        was = (
-            None
-            if stored is None
-            else policy_facts(ApprovalPolicy.stored(bool(stored[0]), str(stored[1]), str(stored[2])))
-        )
+        was = None if stored is None else ApprovalPolicy.from_row(stored).facts()
     except ConfigError:
         was = {"unreadable": True}  # a row edited into nonsense, now replaced
-    now = policy_facts(policy)
+    now = policy.facts()
     if was == now:
         return None
     payload = {

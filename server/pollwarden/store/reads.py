@@ -139,7 +139,7 @@ class StoreReads(ABC):
     async def approval_policy(self) -> ApprovalPolicy:
         """The database's approval policy (`pollwarden.access.approval_policy`): the one row every process reads."""
         row = await self._read_one(statements.APPROVAL_POLICY)
-        return ApprovalPolicy() if row is None else ApprovalPolicy.stored(bool(row[0]), row[1], row[2])
+        return ApprovalPolicy.from_row(row)
 
     async def operation_facets(self) -> OperationFacets:
         """Every provider, stop reason and owner some operation has (to filter by)."""

@@ -171,7 +171,10 @@ def controller_factory(
                 audit_key=audit_key_from_env(env),
                 busy_timeout_seconds=config.busy_timeout_seconds,
             ) as store:
-                if (problem := key_problem(config.database, audit_key_from_env(env))) is not None:
+                # The key itself was checked as the store opened (`wrong_key`): here, keyed or not.
+                if (
+                    problem := key_problem(config.database, audit_key_from_env(env), verify_key=False)
+                ) is not None:
                     raise StoreError(problem)  # refuse before any request could go out unrecorded
                 policed = await serving_config(store, config, at=real_clock.now())  # the database's policy
                 # Held answers are retried here while the process lives (`pollwarden.flows.held_answers`).
